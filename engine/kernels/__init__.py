@@ -1,0 +1,52 @@
+"""Op families, each a torch reference and (on CUDA) a Triton kernel; `get_ops` picks a backend."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+from engine.kernels.activation import silu_and_mul_ref
+from engine.kernels.attention import paged_attention_ref
+from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
+from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
+from engine.kernels.rope import qk_norm_rope_store_ref
+from engine.kernels.sampling import accept_prefix_ref, argmax_ref
+
+BACKENDS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    rms_norm: Callable
+    add_rms_norm: Callable
+    qk_norm_rope_store: Callable
+    paged_attention: Callable
+    linear: Callable
+    silu_and_mul: Callable
+    argmax: Callable
+    accept_prefix: Callable
+
+
+def torch_ops(batch_invariant: bool = False) -> Ops:
+    return Ops(
+        name="torch",
+        rms_norm=rms_norm_ref,
+        add_rms_norm=add_rms_norm_ref,
+        qk_norm_rope_store=qk_norm_rope_store_ref,
+        paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
+        linear=linear_batch_invariant_ref if batch_invariant else linear_ref,
+        silu_and_mul=silu_and_mul_ref,
+        argmax=argmax_ref,
+        accept_prefix=accept_prefix_ref,
+    )
+
+
+def get_ops(backend: str, batch_invariant: bool = False) -> Ops:
+    if backend == "torch":
+        return torch_ops(batch_invariant)
+    if backend == "triton":
+        from engine.kernels.triton_ops import triton_ops
+
+        return triton_ops(batch_invariant)
+    raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")

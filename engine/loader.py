@@ -1,0 +1,98 @@
+"""Checkpoint resolution (local directory or hub cache) and safetensors loading."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or does not fit what loads it."""
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
+    """A local HF-layout directory, else a hub repo id resolved from the local cache
+    (the network is tried only when HF_HUB_OFFLINE is not set)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} is a file; expected a directory with config.json")
+    name = str(name_or_path)
+    if name.count("/") != 1 or name.startswith(("/", ".", "~")):
+        raise CheckpointError(f"checkpoint {name!r}: no such directory, and not a hub repo id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+    except Exception as cached_err:
+        if offline:
+            raise CheckpointError(
+                f"checkpoint {name!r} is not in the hub cache and HF_HUB_OFFLINE=1 forbids a download"
+            ) from cached_err
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {name!r}: not found locally and the hub download failed: {err}") from err
+
+
+def read_config(directory: Path) -> dict:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: missing config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path}: not valid JSON ({err})") from err
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The shard list from model.safetensors.index.json, else the single model.safetensors."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{index}: not a safetensors index ({err})") from err
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shards that do not exist: {', '.join(missing)}")
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(directory.glob("*.safetensors"))
+    if found:
+        return found
+    raise CheckpointError(f"{directory}: no model.safetensors, no index, no *.safetensors")
+
+
+def load_tensors(directory: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(directory):
+        try:
+            tensors.update(load_file(str(file), device=str(device)))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise CheckpointError(f"{file}: cannot read safetensors ({err})") from err
+    return tensors
+
+
+def take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], where: Path | str) -> torch.Tensor:
+    """Pop one named tensor and check its shape, with an error that names the checkpoint."""
+    if name not in tensors:
+        raise CheckpointError(f"{where}: missing tensor {name!r}")
+    t = tensors.pop(name)
+    if tuple(t.shape) != tuple(shape):
+        raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t

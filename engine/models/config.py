@@ -1,0 +1,192 @@
+"""Model configurations parsed from HF-style config.json dicts."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.loader import CheckpointError
+
+
+def _rope_theta(d: dict, where: str) -> float:
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise CheckpointError(f"{where}: rope type {rope_type!r} is not supported (only default RoPE)")
+    theta = d.get("rope_theta", params.get("rope_theta"))
+    if theta is None:
+        raise CheckpointError(f"{where}: config has neither rope_theta nor rope_parameters.rope_theta")
+    return float(theta)
+
+
+def _need(d: dict, key: str, where: str):
+    if key not in d:
+        raise CheckpointError(f"{where}: config.json lacks {key!r}")
+    return d[key]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The decoder-stack geometry shared by the Qwen3 target and DFlash drafters."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str) -> Geometry:
+        hidden = int(_need(d, "hidden_size", where))
+        heads = int(_need(d, "num_attention_heads", where))
+        g = cls(
+            vocab_size=int(_need(d, "vocab_size", where)),
+            hidden_size=hidden,
+            intermediate_size=int(_need(d, "intermediate_size", where)),
+            num_layers=int(_need(d, "num_hidden_layers", where)),
+            num_heads=heads,
+            num_kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=_rope_theta(d, where),
+            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+        )
+        if g.num_heads % g.num_kv_heads:
+            raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of {g.num_kv_heads}")
+        return g
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class Qwen3Config:
+    geometry: Geometry
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "target") -> Qwen3Config:
+        archs = d.get("architectures") or []
+        if d.get("model_type") != "qwen3" and "Qwen3ForCausalLM" not in archs:
+            raise CheckpointError(
+                f"{where}: not a Qwen3 dense checkpoint (model_type={d.get('model_type')!r}, architectures={archs})"
+            )
+        eos = d.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        return cls(Geometry.from_dict(d, where), bool(d.get("tie_word_embeddings", False)), eos_ids)
+
+
+ZLAB = "zlab"
+DEEPSPEC = "deepspec"
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """A DFlash/DSpark drafter: z-lab layout (anchor-drop, B-1 drafts) or DeepSpec (anchor-first, B drafts)."""
+
+    geometry: Geometry
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+    layout: str
+    markov_rank: int = 0
+    num_target_layers: int | None = None
+
+    @property
+    def anchor_first(self) -> bool:
+        return self.layout == DEEPSPEC
+
+    @property
+    def drafts_per_round(self) -> int:
+        return self.block_size if self.anchor_first else self.block_size - 1
+
+    @property
+    def feature_size(self) -> int:
+        return len(self.target_layer_ids) * self.geometry.hidden_size
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "drafter") -> DFlashConfig:
+        nested = d.get("dflash_config")
+        if isinstance(nested, dict):
+            layout = ZLAB
+            block = nested.get("block_size", d.get("block_size"))
+            mask = nested.get("mask_token_id")
+            layers = nested.get("target_layer_ids")
+        elif "target_layer_ids" in d:
+            layout = DEEPSPEC if ("num_anchors" in d or int(d.get("markov_rank") or 0) > 0) else ZLAB
+            block, mask, layers = d.get("block_size"), d.get("mask_token_id"), d.get("target_layer_ids")
+        else:
+            raise CheckpointError(f"{where}: not a DFlash drafter config (no dflash_config, no target_layer_ids)")
+        for key, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", layers)):
+            if value is None:
+                raise CheckpointError(f"{where}: drafter config lacks {key}")
+        if int(block) < 2:
+            raise CheckpointError(f"{where}: block_size must be >= 2, got {block}")
+        return cls(
+            geometry=Geometry.from_dict(d, where),
+            block_size=int(block),
+            mask_token_id=int(mask),
+            target_layer_ids=tuple(int(i) for i in layers),
+            layout=layout,
+            markov_rank=int(d.get("markov_rank") or 0),
+            num_target_layers=d.get("num_target_layers"),
+        )
+
+    def check_fits(self, target: Qwen3Config) -> None:
+        """Geometry checks against the target; the error names both values."""
+        t, g = target.geometry, self.geometry
+        pairs = [
+            ("hidden_size", g.hidden_size, t.hidden_size),
+            ("num_attention_heads", g.num_heads, t.num_heads),
+            ("num_key_value_heads", g.num_kv_heads, t.num_kv_heads),
+            ("head_dim", g.head_dim, t.head_dim),
+            ("vocab_size", g.vocab_size, t.vocab_size),
+            ("rope_theta", g.rope_theta, t.rope_theta),
+        ]
+        if self.num_target_layers is not None:
+            pairs.append(("num_target_layers", int(self.num_target_layers), t.num_layers))
+        for name, mine, theirs in pairs:
+            if mine != theirs:
+                raise CheckpointError(f"drafter {name}={mine} does not match the target's {name}={theirs}")
+        ids = self.target_layer_ids
+        if not ids:
+            raise CheckpointError("drafter target_layer_ids is empty")
+        if any(b <= a for a, b in zip(ids, ids[1:])):
+            raise CheckpointError(f"drafter target_layer_ids {list(ids)} must be strictly increasing")
+        if ids[0] < 0 or ids[-1] >= t.num_layers:
+            raise CheckpointError(
+                f"drafter target_layer_ids {list(ids)} out of range for a target with {t.num_layers} layers"
+            )
+        if not 0 <= self.mask_token_id < t.vocab_size:
+            raise CheckpointError(f"drafter mask_token_id={self.mask_token_id} outside the target vocab {t.vocab_size}")
+
+    def to_zlab_dict(self) -> dict:
+        g = self.geometry
+        return {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "block_size": self.block_size,
+            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)},
+            "num_target_layers": self.num_target_layers,
+            "num_hidden_layers": g.num_layers,
+            "hidden_size": g.hidden_size,
+            "intermediate_size": g.intermediate_size,
+            "num_attention_heads": g.num_heads,
+            "num_key_value_heads": g.num_kv_heads,
+            "head_dim": g.head_dim,
+            "rope_theta": g.rope_theta,
+            "max_position_embeddings": g.max_position_embeddings,
+            "rms_norm_eps": g.rms_norm_eps,
+            "vocab_size": g.vocab_size,
+            "tie_word_embeddings": True,
+            "layer_types": ["full_attention"] * g.num_layers,
+        }
