@@ -1,0 +1,3 @@
+from trace_tools.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""Parsing the engine's per-round trace and the lossless children's result lines.
+
+A field is read as the first non-empty run of ASCII digits in the value that
+follows `name=` (the value ends at whitespace), so `request=req-3` reads 3.
+Names match at a word boundary, so `accepted_draft=` never matches inside
+`xaccepted_draft=`. Field order is free and unknown fields are ignored.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ROUND_MARKER = re.compile(r"\bDFlash round\b")
+LOSSLESS_MARKER = "[lossless]"
+
+ROUND_FIELDS = ("request", "gated", "verified_draft", "accepted_draft", "committed_tokens")
+LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused_divergences")
+
+
+class TraceError(ValueError):
+    """A line that announces itself as a round or lossless line but cannot be read."""
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    request: int
+    gated: bool
+    verified_draft: int
+    accepted_draft: int
+    committed_tokens: int
+
+
+@dataclass(frozen=True)
+class LosslessLine:
+    test: str
+    requests: int
+    compared_tokens: int
+    excused_divergences: int
+
+
+def _value(text: str, name: str) -> str | None:
+    # `\S*` bounds the value at whitespace: `gated= verified_draft=4` must not read gated as 4.
+    m = re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}=(\S*)", text)
+    return None if m is None else m.group(1)
+
+
+def _counts(text: str, names: tuple[str, ...], lineno: int, line: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in names:
+        value = _value(text, name)
+        digits = None if value is None else re.search(r"[0-9]+", value)  # [0-9], not \d: ASCII only
+        if digits is None:
+            what = "lacks" if value is None else "has no digits in"
+            raise TraceError(f"line {lineno}: {what} field {name}=: {line.rstrip()!r}")
+        out[name] = int(digits.group())
+    return out
+
+
+def _check_lines(lines: Iterable[str]) -> None:
+    if isinstance(lines, str):  # iterating a str yields characters: no line would ever match
+        raise TypeError("pass an iterable of lines (e.g. text.splitlines()), not one string")
+
+
+def levers_trace_rows(lines: Iterable[str]) -> list[RoundRow]:
+    """One RoundRow per `DFlash round` line, in input order; other lines are ignored."""
+    _check_lines(lines)
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        m = ROUND_MARKER.search(line)
+        if m is None:
+            continue
+        f = _counts(line[m.end():], ROUND_FIELDS, lineno, line)
+        if f["gated"] not in (0, 1):
+            raise TraceError(f"line {lineno}: gated={f['gated']} is neither 0 nor 1: {line.rstrip()!r}")
+        rows.append(RoundRow(
+            request=f["request"],
+            gated=f["gated"] == 1,
+            verified_draft=f["verified_draft"],
+            accepted_draft=f["accepted_draft"],
+            committed_tokens=f["committed_tokens"],
+        ))
+    return rows
+
+
+def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
+    """One LosslessLine per `[lossless]` line printed by a lossless child test."""
+    _check_lines(lines)
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        at = line.find(LOSSLESS_MARKER)
+        if at < 0:
+            continue
+        text = line[at + len(LOSSLESS_MARKER):]
+        test = _value(text, "test")
+        if not test:
+            raise TraceError(f"line {lineno}: lacks field test=: {line.rstrip()!r}")
+        out.append(LosslessLine(test=test, **_counts(text, LOSSLESS_COUNTS, lineno, line)))
+    return out
