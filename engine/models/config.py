@@ -1,4 +1,5 @@
 """Model configurations parsed from HF-style config.json dicts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -160,7 +161,7 @@ class DFlashConfig:
         ids = self.target_layer_ids
         if not ids:
             raise CheckpointError("drafter target_layer_ids is empty")
-        if any(b <= a for a, b in zip(ids, ids[1:])):
+        if any(b <= a for a, b in zip(ids, ids[1:], strict=False)):
             raise CheckpointError(f"drafter target_layer_ids {list(ids)} must be strictly increasing")
         if ids[0] < 0 or ids[-1] >= t.num_layers:
             raise CheckpointError(

@@ -4,6 +4,7 @@ Context injection: ctx = hidden_norm(fc(concat(target features))). Every layer p
 its own k/v projections and prepends those rows to the block's keys/values; block rows see every
 context row and each other (no causal mask inside the block). Embedding and LM head are the target's.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,11 @@ class DraftAttention(nn.Module):
         self.k_norm = RMSNorm(g.head_dim, g.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, ctx: torch.Tensor, q_rope: torch.Tensor, k_rope: torch.Tensor,
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        q_rope: torch.Tensor,
+        k_rope: torch.Tensor,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         g = self.g
@@ -153,11 +158,90 @@ class DFlashDraftModel(nn.Module):
         expected = model.state_dict()
         missing = sorted(set(expected) - set(tensors))
         if missing:
-            raise CheckpointError(f"{directory}: drafter checkpoint lacks {missing[:4]}{'...' if len(missing) > 4 else ''}")
+            raise CheckpointError(
+                f"{directory}: drafter checkpoint lacks {missing[:4]}{'...' if len(missing) > 4 else ''}"
+            )
         for name, param in expected.items():
             if tuple(tensors[name].shape) != tuple(param.shape):
-                raise CheckpointError(
-                    f"{directory}: tensor {name!r} has shape {tuple(tensors[name].shape)}, expected {tuple(param.shape)}"
-                )
+                got = tuple(tensors[name].shape)
+                raise CheckpointError(f"{directory}: tensor {name!r} has shape {got}, expected {tuple(param.shape)}")
         model.load_state_dict({k: tensors[k] for k in expected}, strict=True)
         return model.to(device=device, dtype=dtype)
+
+
+class DFlashDrafter:
+    """Inference side of the drafter on an `Ops` backend: context rows are projected once and
+    their K/V stored into the drafter's paged cache; the block runs non-causally over it."""
+
+    def __init__(
+        self,
+        cfg: DFlashConfig,
+        tensors: dict[str, torch.Tensor],
+        *,
+        where: str,
+        target,
+        device: torch.device,
+        dtype: torch.dtype,
+        ops,
+    ):
+        from engine.loader import take
+        from engine.models.layers import LayerWeights
+
+        g = cfg.geometry
+        self.cfg, self.g, self.ops, self.target = cfg, g, ops, target
+        tensors = {k: v for k, v in tensors.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+
+        def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            return take(tensors, name, shape, where).to(device=device, dtype=dtype).contiguous()
+
+        self.fc = load("fc.weight", (g.hidden_size, cfg.feature_size))
+        self.hidden_norm = load("hidden_norm.weight", (g.hidden_size,))
+        self.layers = [
+            LayerWeights.take(tensors, f"layers.{i}.", g, where).to(device, dtype) for i in range(g.num_layers)
+        ]
+        self.norm = load("norm.weight", (g.hidden_size,))
+        # Every layer's k|v projection of the context rows in one GEMM.
+        self.ctx_kv = torch.cat([w.qkv[g.q_size :] for w in self.layers]).contiguous()
+        self.markov_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("markov_head.")}
+        if tensors:
+            raise CheckpointError(f"{where}: unexpected drafter tensors {sorted(tensors)[:4]}")
+        self.cos_sin = rope_cos_sin(g.max_position_embeddings, g.head_dim, g.rope_theta, device)
+
+    def store_context(
+        self,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Project target feature rows [C, n_taps * H] and write each layer's context K/V."""
+        g, ops = self.g, self.ops
+        ctx = ops.rms_norm(ops.linear(features, self.fc), self.hidden_norm, g.rms_norm_eps)
+        kv = ops.linear(ctx, self.ctx_kv)
+        rows, width = kv.shape[0], 2 * g.kv_size
+        for i, w in enumerate(self.layers):
+            k = kv[:, i * width : i * width + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
+            v = kv[:, i * width + g.kv_size : (i + 1) * width].view(rows, g.num_kv_heads, g.head_dim)
+            k_cache, v_cache = kv_caches[i]
+            ops.qk_norm_rope_store(
+                None, k, v, positions, slot_mapping, None, w.k_norm, self.cos_sin, k_cache, v_cache, g.rms_norm_eps
+            )
+
+    def forward_block(
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Block rows [N * B] -> final-normed hidden [N * B, H]; meta must be non-causal."""
+        from engine.models.layers import decoder_layer
+
+        h = F.embedding(block_ids, self.target.embed)
+        residual = None
+        for i, w in enumerate(self.layers):
+            k_cache, v_cache = kv_caches[i]
+            h, residual = decoder_layer(
+                self.ops, self.g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin
+            )
+        return self.ops.add_rms_norm(h, residual, self.norm, self.g.rms_norm_eps)[0]

@@ -1,0 +1,438 @@
+"""Engine: the one start path, add_request / step / generate."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.kernels import get_ops
+from engine.knobs import Knobs, read_knobs
+from engine.kv_cache import BlockManager, kv_bytes_per_block
+from engine.loader import load_tensors, read_config, resolve_checkpoint
+from engine.models.config import DFlashConfig, Qwen3Config
+from engine.models.dflash import DFlashDrafter
+from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.request import Finish, Request
+from engine.runner import ModelRunner
+from engine.sampler import sample_rows
+from engine.scheduler import Plan, Scheduler
+from engine.spec import draft_limit, round_drafts, settle
+from engine.trace import enable_trace, log_round
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer)
+
+
+@dataclass
+class SpecStats:
+    """Counters of the speculative path; rounds count request-rounds (one per request per verify)."""
+
+    rounds: int = 0
+    gated_rounds: int = 0
+    draft_forwards: int = 0
+    drafts: int = 0
+    draft_tokens_verified: int = 0
+    draft_tokens_accepted: int = 0
+    committed_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean committed tokens per speculating (non-gated) request-round."""
+        spec = self.rounds - self.gated_rounds
+        return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
+
+
+@dataclass(frozen=True)
+class Levers:
+    max_batch: int
+    max_drafts: int
+    trace: bool
+
+
+def resolve_levers(config: EngineConfig, knobs: Knobs) -> Levers:
+    """Explicit config values win over the environment; None means "take the environment"."""
+
+    def pick(explicit, from_env):
+        return from_env if explicit is None else explicit
+
+    return Levers(
+        max_batch=pick(config.spec_max_batch, knobs.spec.max_batch),
+        max_drafts=pick(config.spec_max_drafts, knobs.spec.max_drafts),
+        trace=pick(config.trace, knobs.test_log),
+    )
+
+
+def _device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("EngineConfig.device='cuda' but no CUDA device is available")
+    return torch.device(config.device)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        # Knobs first: a malformed variable refuses to start before any weight is read.
+        self.levers = resolve_levers(config, read_knobs())
+        self.config = config
+        self.device = _device(config)
+        self.dtype = (
+            _DTYPES[config.dtype]
+            if config.dtype != "auto"
+            else (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        )
+        backend = config.backend if config.backend != "auto" else ("triton" if self.device.type == "cuda" else "torch")
+        if backend == "triton" and self.device.type != "cuda":
+            raise ValueError("the triton backend needs a CUDA device; use backend='torch' on CPU")
+        self.ops = get_ops(backend, config.batch_invariant)
+
+        target_dir = resolve_checkpoint(config.model)
+        self.target_cfg = Qwen3Config.from_dict(read_config(target_dir), where=str(target_dir))
+        self.draft_cfg: DFlashConfig | None = None
+        if config.draft_model:
+            draft_dir = resolve_checkpoint(config.draft_model)
+            self.draft_cfg = DFlashConfig.from_dict(read_config(draft_dir), where=str(draft_dir))
+            self.draft_cfg.check_fits(self.target_cfg)
+
+        self.target = Qwen3ForCausalLM(
+            self.target_cfg,
+            load_tensors(target_dir),
+            where=str(target_dir),
+            device=self.device,
+            dtype=self.dtype,
+            ops=self.ops,
+        )
+        self.drafter: DFlashDrafter | None = None
+        if self.draft_cfg is not None:
+            self.drafter = DFlashDrafter(
+                self.draft_cfg,
+                load_tensors(draft_dir),
+                where=str(draft_dir),
+                target=self.target,
+                device=self.device,
+                dtype=self.dtype,
+                ops=self.ops,
+            )
+            if self.levers.max_drafts > self.draft_cfg.drafts_per_round:
+                log.info(
+                    "max_drafts=%d exceeds the drafter's %d drafts per round: no trim",
+                    self.levers.max_drafts,
+                    self.draft_cfg.drafts_per_round,
+                )
+        self.tokenizer = _load_tokenizer(target_dir)
+        self.eos_ids = _eos_ids(self.target_cfg, target_dir, self.tokenizer)
+
+        self.headroom = self.draft_cfg.block_size if self.draft_cfg else 0
+        limits = [self.target_cfg.geometry.max_position_embeddings]
+        if self.draft_cfg:
+            limits.append(self.draft_cfg.geometry.max_position_embeddings)
+        self.max_model_len = min(limits) if config.max_model_len is None else config.max_model_len
+        if config.max_model_len is None:
+            self.max_model_len = min(self.max_model_len, DEFAULT_MAX_MODEL_LEN)
+        elif config.max_model_len > min(limits):
+            raise ValueError(
+                f"EngineConfig.max_model_len={config.max_model_len} exceeds the models' limit {min(limits)}"
+            )
+        bs = config.kv_block_size
+        max_blocks_per_seq = -(-self.max_model_len // bs)
+        num_blocks = self._num_kv_blocks(max_blocks_per_seq)
+        self.blocks = BlockManager(num_blocks, bs)
+        use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
+        self.runner = ModelRunner(
+            self.target,
+            self.drafter,
+            num_blocks=num_blocks,
+            block_size=bs,
+            max_num_seqs=config.max_num_seqs,
+            max_blocks_per_seq=max_blocks_per_seq,
+            use_graphs=use_graphs,
+        )
+        self.scheduler = Scheduler(
+            self.blocks,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            self.headroom,
+            has_drafter=self.drafter is not None,
+            max_batch=self.levers.max_batch,
+        )
+        self.stats = SpecStats()
+        self._next_index = 0
+        self._rejected: list[Request] = []
+        if self.levers.trace:
+            enable_trace()
+        log.info(
+            "engine ready: %s%s on %s/%s (%s backend, graphs %s), %d KV blocks of %d, max_model_len %d",
+            target_dir.name,
+            f" + drafter {draft_dir.name}" if self.drafter else "",
+            self.device,
+            self.dtype,
+            backend,
+            "on" if use_graphs else "off",
+            num_blocks,
+            bs,
+            self.max_model_len,
+        )
+
+    # -- public API --------------------------------------------------------------------------------
+    @property
+    def drafts_per_round(self) -> int:
+        return self.draft_cfg.drafts_per_round if self.draft_cfg else 0
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> str:
+        """Queue a request; a request the engine cannot serve finishes at once as `rejected`."""
+        params = params or SamplingParams()
+        ids, error = self._encode(prompt)
+        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        req = Request(self._next_index, ids, params, frozenset(stop))
+        self._next_index += 1
+        error = error or self._admission_error(req)
+        if error:
+            log.warning("%s rejected: %s", req.id, error)
+            req.finish(Finish.REJECTED, error)
+            self._rejected.append(req)
+            return req.id
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + req.index
+            req.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.scheduler.add(req)
+        return req.id
+
+    def has_unfinished(self) -> bool:
+        return bool(self._rejected) or self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; returns an output for every request it touched."""
+        touched, self._rejected = self._rejected, []
+        scheduled = self.scheduler.schedule()
+        if scheduled is not None:
+            reqs, plan = scheduled.requests, scheduled.decision.plan
+            if plan is Plan.PREFILL:
+                self._prefill(reqs)
+            elif plan is Plan.DECODE:
+                self._decode(reqs)
+            else:
+                self._speculate(reqs, gated=plan is Plan.GATED)
+            touched += reqs
+        outputs = [self._output(r) for r in touched]
+        for r in touched:
+            if r.finished:
+                self.scheduler.release(r)
+        return outputs
+
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        wanted, done = set(ids), {}
+        while wanted - done.keys():
+            for out in self.step():
+                if out.finished and out.request_id in wanted:
+                    done[out.request_id] = out
+        return [done[i] for i in ids]
+
+    # -- steps -------------------------------------------------------------------------------------
+    def _prefill(self, reqs: list[Request]) -> None:
+        for r in reqs:
+            self.runner.assign_blocks(r)
+        logits, greedy, features = self.runner.prefill(reqs)
+        tokens = self._sample(logits, greedy, [(r, 1) for r in reqs]).tolist()
+        offset = 0
+        for r, token in zip(reqs, tokens, strict=True):
+            n = len(r.prompt_ids)
+            r.num_kv = n
+            if features is not None and r.params.speculate:
+                r.ctx_pending, r.draft_kv_len, r.draft_ready = [features[offset : offset + n]], 0, True
+            offset += n
+            r.commit([token])
+
+    def _decode(self, reqs: list[Request]) -> None:
+        ids = self.runner._tensor([r.current_token for r in reqs]).view(-1, 1)
+        res = self.runner.extend(reqs, ids)
+        tokens = self._sample(res.logits, res.greedy, [(r, 1) for r in reqs]).tolist()
+        for r, token in zip(reqs, tokens, strict=True):
+            r.num_kv += 1
+            r.drop_draft_state()  # a plain decode advances outside the speculative path
+            r.commit([token])
+
+    def _speculate(self, reqs: list[Request], gated: bool) -> None:
+        """One verify round for the batch; gated: k = 0, no drafter forward, capture kept."""
+        n = len(reqs)
+        k = round_drafts(self.drafts_per_round, self.levers.max_drafts, gated)
+        span = 1 + k
+        limits = [draft_limit(k, r.remaining) for r in reqs]
+        current = self.runner._tensor([r.current_token for r in reqs]).view(n, 1)
+        if k:
+            drafts = self.runner.draft(reqs)[:, :k]
+            ids = torch.cat([current, drafts], dim=1)
+            self.stats.draft_forwards += 1
+        else:
+            drafts, ids = current[:, :0], current
+        res = self.runner.extend(reqs, ids)
+        targets = self._sample(res.logits, res.greedy, [(r, span) for r in reqs]).view(n, span)
+        accepted = self.ops.accept_prefix(drafts, targets, self.runner._tensor(limits))
+        host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
+        keep: list[int] = []
+        for i, (r, row) in enumerate(zip(reqs, host, strict=True)):
+            outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
+            self._count(outcome, gated)
+            if self.levers.trace:
+                log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
+            if not r.finished:
+                keep += range(i * span, i * span + outcome.accepted_draft + 1)
+        self._append_context(reqs, res.features, keep)
+
+    def _append_context(self, reqs: list[Request], features: torch.Tensor, keep: list[int]) -> None:
+        """Feature rows of each surviving request's [current, d1..dn] join its drafter context;
+        copied out of the (graph-owned) output buffer in one gather."""
+        if not keep:
+            return
+        rows = features.index_select(0, self.runner._tensor(keep))
+        offset = 0
+        for r in reqs:
+            if r.finished:
+                continue
+            grown = r.num_kv - r.draft_kv_len - sum(t.shape[0] for t in r.ctx_pending)
+            r.ctx_pending.append(rows[offset : offset + grown])
+            offset += grown
+
+    def _count(self, outcome, gated: bool) -> None:
+        s = self.stats
+        s.rounds += 1
+        s.gated_rounds += gated
+        s.committed_tokens += outcome.committed
+        if gated:
+            return
+        s.drafts += 1
+        s.draft_tokens_verified += outcome.verified_draft
+        s.draft_tokens_accepted += outcome.accepted_draft
+        if len(s.accepted_by_position) < self.drafts_per_round:
+            s.accepted_by_position += [0] * (self.drafts_per_round - len(s.accepted_by_position))
+        for pos in range(outcome.accepted_draft):
+            s.accepted_by_position[pos] += 1
+
+    def _sample(self, logits: torch.Tensor, greedy: torch.Tensor, rows: list[tuple[Request, int]]) -> torch.Tensor:
+        params = [r.params for r, count in rows for _ in range(count)]
+        gens = [r.generator for r, count in rows for _ in range(count)]
+        return sample_rows(logits, greedy, params, gens)
+
+    # -- admission -----------------------------------------------------------------------------------
+    def _encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return [], "text prompt but the model has no tokenizer; pass token ids"
+            return list(self.tokenizer.encode(prompt, add_special_tokens=False)), None
+        try:
+            return [int(t) for t in prompt], None
+        except (TypeError, ValueError):
+            return [], f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"
+
+    def _admission_error(self, req: Request) -> str | None:
+        n, budget, vocab = len(req.prompt_ids), req.params.max_tokens, self.target_cfg.geometry.vocab_size
+        if n == 0:
+            return "empty prompt"
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            return f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})"
+        limit = self.max_model_len - self.headroom
+        why = f"the context limit {limit}" + (
+            f" (max_model_len {self.max_model_len} minus the drafter's block headroom {self.headroom})"
+            if self.headroom
+            else ""
+        )
+        if n >= limit:
+            return f"prompt of {n} tokens is longer than {why}"
+        if n + budget > limit:
+            return f"prompt ({n} tokens) + max_tokens ({budget}) = {n + budget} exceeds {why}"
+        need = self.scheduler.blocks_needed(req)
+        if need > self.blocks.capacity:
+            return f"needs {need} KV blocks but the cache holds {self.blocks.capacity}"
+        return None
+
+    def _num_kv_blocks(self, max_blocks_per_seq: int) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        want = self.config.max_num_seqs * max_blocks_per_seq + 1
+        g = self.target_cfg.geometry
+        per_block = kv_bytes_per_block(g.num_layers, self.config.kv_block_size, g.num_kv_heads, g.head_dim, self.dtype)
+        if self.draft_cfg:
+            d = self.draft_cfg.geometry
+            per_block += kv_bytes_per_block(
+                d.num_layers, self.config.kv_block_size, d.num_kv_heads, d.head_dim, self.dtype
+            )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            reserve = 4 << 30  # activations, logits and graph pools
+            budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
+        else:
+            budget = 8 << 30
+        fits = max(2, budget // per_block)
+        if fits < want:
+            log.warning("KV cache limited to %d blocks (wanted %d) by the memory budget", fits, want)
+        return int(min(want, fits))
+
+    def _output(self, r: Request) -> RequestOutput:
+        new = r.output_ids[r.streamed :]
+        r.streamed = len(r.output_ids)
+        text = ""
+        if r.finished and self.tokenizer is not None and r.output_ids:
+            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
+        return RequestOutput(
+            r.id,
+            r.prompt_ids,
+            list(r.output_ids),
+            new,
+            r.finished,
+            r.finish_reason.value if r.finish_reason else None,
+            r.error,
+            text,
+        )
+
+
+def _load_tokenizer(directory: Path):
+    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except Exception as err:  # a checkpoint without a usable tokenizer still serves token ids
+        log.warning("%s: tokenizer not loadable (%s); token-id prompts only", directory, err)
+        return None
+
+
+def _eos_ids(cfg: Qwen3Config, directory: Path, tokenizer) -> tuple[int, ...]:
+    ids = set(cfg.eos_token_ids)
+    gen = directory / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return tuple(sorted(int(i) for i in ids))

@@ -1,0 +1,107 @@
+"""The Qwen3 decoder layer on an `Ops` backend, shared by the target and the drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.kernels import Ops
+from engine.loader import take
+from engine.models.config import Geometry
+
+
+@dataclass
+class AttnMeta:
+    """Where this step's rows go in the paged cache and what each query may see."""
+
+    slot_mapping: torch.Tensor  # [T] int64, -1: do not write
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32, rows cached after this step
+    query_start_loc: torch.Tensor  # [B+1] int32
+    max_query_len: int
+    causal: bool = True
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [q + 2 kv, H]
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 I, H]
+    down: torch.Tensor
+
+    @classmethod
+    def take(cls, tensors: dict, prefix: str, g: Geometry, where: str) -> LayerWeights:
+        h, d = g.hidden_size, g.head_dim
+
+        def t(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            return take(tensors, prefix + name, shape, where)
+
+        return cls(
+            input_norm=t("input_layernorm.weight", (h,)),
+            qkv=torch.cat(
+                [
+                    t("self_attn.q_proj.weight", (g.q_size, h)),
+                    t("self_attn.k_proj.weight", (g.kv_size, h)),
+                    t("self_attn.v_proj.weight", (g.kv_size, h)),
+                ]
+            ),
+            q_norm=t("self_attn.q_norm.weight", (d,)),
+            k_norm=t("self_attn.k_norm.weight", (d,)),
+            o=t("self_attn.o_proj.weight", (h, g.q_size)),
+            post_norm=t("post_attention_layernorm.weight", (h,)),
+            gate_up=torch.cat(
+                [t("mlp.gate_proj.weight", (g.intermediate_size, h)), t("mlp.up_proj.weight", (g.intermediate_size, h))]
+            ),
+            down=t("mlp.down_proj.weight", (h, g.intermediate_size)),
+        )
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> LayerWeights:
+        return LayerWeights(**{k: v.to(device=device, dtype=dtype).contiguous() for k, v in vars(self).items()})
+
+
+def decoder_layer(
+    ops: Ops,
+    g: Geometry,
+    w: LayerWeights,
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    meta: AttnMeta,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos_sin: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer; returns (mlp_out, residual). The layer's output (residual stream) is their sum:
+    the add is deferred into the next layer's fused add+norm."""
+    eps = g.rms_norm_eps
+    if residual is None:
+        x, residual = ops.rms_norm(h, w.input_norm, eps), h
+    else:
+        x, residual = ops.add_rms_norm(h, residual, w.input_norm, eps)
+    rows = x.shape[0]
+    qkv = ops.linear(x, w.qkv)
+    q = qkv[:, : g.q_size].view(rows, g.num_heads, g.head_dim)
+    k = qkv[:, g.q_size : g.q_size + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
+    v = qkv[:, g.q_size + g.kv_size :].view(rows, g.num_kv_heads, g.head_dim)
+    q = ops.qk_norm_rope_store(
+        q, k, v, positions, meta.slot_mapping, w.q_norm, w.k_norm, cos_sin, k_cache, v_cache, eps
+    )
+    o = ops.paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.seq_lens,
+        meta.query_start_loc,
+        meta.max_query_len,
+        g.head_dim**-0.5,
+        meta.causal,
+    )
+    h = ops.linear(o.view(rows, g.q_size), w.o)
+    x, residual = ops.add_rms_norm(h, residual, w.post_norm, eps)
+    return ops.linear(ops.silu_and_mul(ops.linear(x, w.gate_up)), w.down), residual

@@ -1,0 +1,83 @@
+"""A request's state: tokens, budget, KV blocks and drafter context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from engine.config import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Finish(str, Enum):
+    STOP = "stop"  # EOS or a stop token (included in the output)
+    LENGTH = "length"  # max_tokens reached
+    REJECTED = "rejected"  # refused at admission; `error` says why
+
+
+@dataclass(eq=False)
+class Request:
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: Finish | None = None
+    error: str | None = None
+    slot: int = -1  # row of the block-table tensor
+    blocks: list[int] = field(default_factory=list)
+    num_kv: int = 0  # tokens whose K/V are committed in the target cache
+    generator: torch.Generator | None = None
+    # Drafter state: feature rows not yet in the drafter cache, and how many rows are.
+    draft_ready: bool = False
+    ctx_pending: list[torch.Tensor] = field(default_factory=list)
+    draft_kv_len: int = 0
+    streamed: int = 0  # output tokens already reported by step()
+
+    @property
+    def id(self) -> str:
+        return f"req-{self.index}"
+
+    @property
+    def current_token(self) -> int:
+        """The last sampled token: next step's input, its K/V not yet written."""
+        return self.output_ids[-1]
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def commit(self, tokens: list[int]) -> int:
+        """Append tokens until a stop token or the budget ends the request; returns how many."""
+        for n, token in enumerate(tokens, start=1):
+            self.output_ids.append(token)
+            if token in self.stop_ids:
+                self.finish(Finish.STOP)
+                return n
+            if self.remaining <= 0:
+                self.finish(Finish.LENGTH)
+                return n
+        return len(tokens)
+
+    def finish(self, reason: Finish, error: str | None = None) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.error = error
+        self.drop_draft_state()
+
+    def drop_draft_state(self) -> None:
+        self.draft_ready = False
+        self.ctx_pending = []
+        self.draft_kv_len = 0

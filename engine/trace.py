@@ -1,0 +1,39 @@
+"""The per-round trace line (PEGAINFER_TEST_LOG=1), written to stderr through `logging`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+TRACE = logging.getLogger("engine.trace")
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at emit time (pytest may swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+def enable_trace() -> None:
+    if not any(isinstance(h, _StderrHandler) for h in TRACE.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("[%(levelname)s] %(message)s"))
+        TRACE.addHandler(handler)
+    TRACE.setLevel(logging.DEBUG)
+    TRACE.propagate = False
+
+
+def log_round(request_id: str, gated: bool, verified_draft: int, accepted_draft: int, committed_tokens: int) -> None:
+    TRACE.debug(
+        "DFlash round request=%s gated=%d verified_draft=%d accepted_draft=%d committed_tokens=%d",
+        request_id,
+        int(gated),
+        verified_draft,
+        accepted_draft,
+        committed_tokens,
+    )
