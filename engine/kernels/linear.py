@@ -1,8 +1,12 @@
 """Dense projections y = x @ W^T (weights stored [N, K] as in HF checkpoints)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
+
+from engine.kernels._triton import cdiv, jit, next_pow2
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -14,3 +18,166 @@ def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.T
     if x.shape[0] == 0:
         return x.new_empty(0, weight.shape[0])
     return torch.cat([F.linear(x[i : i + 1], weight) for i in range(x.shape[0])])
+
+
+# --- Triton ---------------------------------------------------------------------------------
+tl = None  # triton.language, bound by _triton.bind at the first launch
+# At decode batch sizes a projection is pure weight streaming, which cuBLAS does at ~64% of copy
+# bandwidth on an H200. The skinny kernel tiles N (and optionally K: split-K with a deterministic
+# second pass) so that enough weight bytes are in flight; cuBLAS takes over above SKINNY_M_MAX.
+
+
+class SkinnyConfig(NamedTuple):
+    block_m: int  # 1: FMA GEMV path (M == 1 only); >= 16: tl.dot path
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Largest M served by the skinny kernel; F.linear (cuBLAS) above. Set from the H200 sweep
+# (`python -m engine.bench.kernels`).
+SKINNY_M_MAX = 64
+# Tuned configs: {(N, K): {M bucket (power of two): SkinnyConfig fields}}; pasted from the sweep.
+SKINNY_CONFIGS: dict[tuple[int, int], dict[int, tuple[int, int, int, int, int, int]]] = {}
+# Batch-invariant GEMM: one tiling for every M, no split-K.
+INVARIANT_CONFIG = SkinnyConfig(block_m=32, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3)
+_TARGET_PROGRAMS = 264  # ~2 per SM on an H200 (132 SMs)
+
+
+@jit(do_not_specialize=["M"])
+def _linear_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rk0 = tl.arange(0, BLOCK_K)
+    if BLOCK_M == 1:
+        # GEMV: elementwise FMAs into a [BLOCK_N, BLOCK_K] accumulator, one reduction at the end.
+        rm = pid_m + tl.arange(0, 1)
+        m_ok = rm < M
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            rk = k + rk0
+            if EVEN_K:
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+                x = tl.load(x_row + rk)
+            else:
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
+                x = tl.load(x_row + rk, mask=rk < k_hi, other=0.0)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc = tl.sum(acc2, axis=1)[None, :]
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            rk = k + rk0
+            if EVEN_K:
+                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+            else:
+                k_ok = (rk < k_hi)[None, :]
+                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:  # fp32 partials [SPLIT_K, M, N], summed in a fixed order by _splitk_reduce_kernel
+        part = y_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
+        tl.store(part, acc, mask=mask)
+
+
+@jit
+def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(p_ptr + s * M * N + idx, mask=ok, other=0.0)
+    tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def default_skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
+    """Untuned fallback for shapes missing from SKINNY_CONFIGS."""
+    if m == 1:
+        block_m, block_n, block_k = 1, 32, 256
+    else:
+        block_m, block_n, block_k = max(16, next_pow2(m)), 64, 128 if m <= 16 else 64
+    tiles = cdiv(n, block_n) * cdiv(m, block_m)
+    split_k = 1
+    while split_k < 8 and tiles * split_k < _TARGET_PROGRAMS and k // (split_k * 2) >= 4 * block_k:
+        split_k *= 2
+    return SkinnyConfig(block_m, block_n, block_k, split_k, 4, 3)
+
+
+def skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
+    table = SKINNY_CONFIGS.get((n, k))
+    if table:
+        bucket = next_pow2(m)
+        if bucket in table:
+            cfg = SkinnyConfig(*table[bucket])
+            if cfg.block_m != 1 or m == 1:
+                return cfg
+    return default_skinny_config(m, n, k)
+
+
+def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
+    """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
+    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    even_k = k % cfg.block_k == 0
+    out = y if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
+    grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
+    _linear_kernel[grid](
+        x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=even_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if cfg.split_k > 1:
+        block = 1024
+        _splitk_reduce_kernel[(cdiv(m * n, block),)](
+            out, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4
+        )
+    return y
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Triton skinny-M projection up to SKINNY_M_MAX rows, cuBLAS above."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if m == 0 or m > SKINNY_M_MAX or weight.stride(-1) != 1 or weight.stride(0) != weight.shape[1]:
+        return F.linear(x, weight)
+    n, k = weight.shape
+    y = linear_with_config(_as_rows(x), weight, skinny_config(m, n, k))
+    return y.view(*x.shape[:-1], n)
+
+
+def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant Triton GEMM: fixed tiles and K order for every M, so row i is bit-identical
+    whether the call has 1 or 64 rows."""
+    n = weight.shape[0]
+    y = linear_with_config(_as_rows(x), weight.contiguous(), INVARIANT_CONFIG)
+    return y.view(*x.shape[:-1], n)

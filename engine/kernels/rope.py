@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels._triton import cdiv, jit, next_pow2
 from engine.kernels.norm import rms_norm_ref
 
 
@@ -58,3 +59,106 @@ def qk_norm_rope_store_ref(
     if q is None:
         return None
     return apply_rope_ref(rms_norm_ref(q, q_norm_weight, eps), cs).contiguous()
+
+
+# --- Triton ---------------------------------------------------------------------------------
+tl = None  # triton.language, bound by _triton.bind at the first launch
+
+@jit
+def _norm_rope_heads(
+    row_ptr, stride_h, heads, hmask, w_ptr, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr
+):
+    """RMSNorm + rotate-half RoPE of [HEADS, D] rows; rounds where the reference rounds."""
+    d = tl.arange(0, D)
+    partner = (d + D // 2) % D
+    ptrs = row_ptr + heads[:, None] * stride_h
+    x = tl.load(ptrs + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(ptrs + partner[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    w = tl.load(w_ptr + d).to(tl.float32)[None, :]
+    wp = tl.load(w_ptr + partner).to(tl.float32)[None, :]
+    n = (w * (x * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
+    npart = (wp * (xp * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
+    rot = tl.where(d[None, :] < D // 2, -npart, npart)
+    a = (n * cos.to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
+    b = (rot * sin.to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
+    return (a + b).to(OUT_TY)
+
+
+@jit
+def _qk_norm_rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, qw_ptr, kw_ptr, cs_ptr, kc_ptr, vc_ptr, qo_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
+    stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch, block_size, eps,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, HAS_Q: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    d = tl.arange(0, D)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cs = cs_ptr + pos * stride_cs + d % (D // 2)
+    cos = tl.load(cs)[None, :]
+    sin = tl.load(cs + D // 2)[None, :]
+    n_kv_progs = tl.cdiv(HKV, HB)
+    if j < n_kv_progs:
+        heads = j * HB + tl.arange(0, HB)
+        hmask = heads < HKV
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            kc_ty = kc_ptr.dtype.element_ty
+            k = _norm_rope_heads(k_ptr + t * stride_kt, stride_kh, heads, hmask, kw_ptr, cos, sin, eps, kc_ty, D)
+            blk = slot // block_size
+            off = slot % block_size
+            kdst = kc_ptr + blk * stride_kcb + off * stride_kco + heads[:, None] * stride_kch + d[None, :]
+            tl.store(kdst, k, mask=hmask[:, None])
+            v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :], mask=hmask[:, None])
+            vdst = vc_ptr + blk * stride_vcb + off * stride_vco + heads[:, None] * stride_vch + d[None, :]
+            tl.store(vdst, v.to(vc_ptr.dtype.element_ty), mask=hmask[:, None])
+    elif HAS_Q:
+        heads = (j - n_kv_progs) * HB + tl.arange(0, HB)
+        hmask = heads < HQ
+        qo_ty = qo_ptr.dtype.element_ty
+        q = _norm_rope_heads(q_ptr + t * stride_qt, stride_qh, heads, hmask, qw_ptr, cos, sin, eps, qo_ty, D)
+        tl.store(qo_ptr + t * (HQ * D) + heads[:, None] * D + d[None, :], q, mask=hmask[:, None])
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    eps: float,
+) -> torch.Tensor | None:
+    """Triton `qk_norm_rope_store_ref` in one launch: grid (T, kv-head groups + q-head groups).
+
+    q/k/v may be strided head views into a fused projection (the last dim must be unit-stride).
+    """
+    num_tokens, num_kv_heads, head_dim = k.shape
+    assert head_dim == next_pow2(head_dim) and head_dim >= 2, "head_dim must be a power of two"
+    q_out = None
+    if q is not None:
+        q_out = torch.empty(q.shape, dtype=torch.promote_types(q.dtype, q_norm_weight.dtype), device=q.device)
+    if num_tokens == 0:
+        return q_out
+    num_q_heads = q.shape[1] if q is not None else 0
+    # ~1K elements per program keeps every head block in registers.
+    hb = min(next_pow2(max(num_q_heads, num_kv_heads)), max(1, 1024 // head_dim))
+    grid = (num_tokens, cdiv(num_kv_heads, hb) + cdiv(num_q_heads, hb))
+    q_, qw = (q, q_norm_weight) if q is not None else (k, k_norm_weight)
+    for t in (q_, k, v):
+        assert t.stride(-1) == 1, "q/k/v need a unit-stride head_dim"
+    _qk_norm_rope_store_kernel[grid](
+        q_, k, v, positions, slot_mapping, qw, k_norm_weight, cos_sin, k_cache, v_cache,
+        q_out if q_out is not None else k_cache,
+        q_.stride(0), q_.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_cache.shape[1], eps,
+        HQ=num_q_heads, HKV=num_kv_heads, D=head_dim, HB=hb, HAS_Q=q is not None, num_warps=4,
+    )
+    return q_out

@@ -1,0 +1,87 @@
+"""Lazy triton binding for the kernel modules.
+
+Kernels sit beside their torch references, but `import engine` must work without triton, and
+whether a kernel is compiled or interpreted (`TRITON_INTERPRET=1`) is decided when triton
+decorates it. So `@jit` only records the function; the first launch of any kernel of a module
+imports triton, binds `tl` in that module, and swaps every recorded kernel for the real
+`triton.jit` object (after that, launches go straight to triton). Kernel modules use
+`from __future__ import annotations` so `tl.constexpr` annotations stay unevaluated until then.
+"""
+from __future__ import annotations
+
+import importlib.util
+import threading
+from typing import Any
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+_lock = threading.Lock()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("the triton backend needs the `triton` package (pip install triton)")
+
+
+class LazyKernel:
+    """A kernel declared with `@jit`, turned into a triton kernel at its first launch."""
+
+    def __init__(self, fn, options: dict[str, Any]):
+        self.fn, self.options = fn, options
+
+    def __getitem__(self, grid):
+        return bind(self.fn.__globals__)[self.fn.__name__][grid]
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"{self.fn.__name__} is a triton kernel: launch it as kernel[grid](...)")
+
+
+def jit(fn=None, **options):
+    """`triton.jit`, deferred to the first launch (see the module docstring)."""
+    if fn is None:
+        return lambda f: LazyKernel(f, options)
+    return LazyKernel(fn, options)
+
+
+def bind(module_globals: dict) -> dict:
+    """Import triton and replace the module's LazyKernels (helpers first: kernels call them by name)."""
+    require_triton()
+    with _lock:
+        if module_globals.get("tl") is None:
+            import triton
+            import triton.language as tl
+
+            _fix_interpreter_index()
+            for name, value in list(module_globals.items()):
+                if isinstance(value, LazyKernel):
+                    module_globals[name] = triton.jit(value.fn, **value.options)
+            module_globals["tl"] = tl
+    return module_globals
+
+
+def _fix_interpreter_index() -> None:
+    """Under TRITON_INTERPRET=1 with numpy >= 2.4, `range(lo, hi)` over loaded scalars fails
+    (triton-lang/triton#9171, fixed upstream after 3.6): interpreter scalars are 1-element arrays
+    and numpy no longer converts those with int(). Apply the upstream one-line fix."""
+    try:
+        from triton import knobs
+        from triton.runtime import interpreter
+    except ImportError:  # older triton: nothing to patch
+        return
+    if not knobs.runtime.interpret or getattr(interpreter, "_pegaspec_index_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    interpreter._pegaspec_index_fix = True

@@ -1,0 +1,31 @@
+"""The triton backend: every `Ops` field backed by a Triton kernel (GEMMs above the skinny-M
+crossover go to cuBLAS). Imported only when the triton backend is asked for."""
+from __future__ import annotations
+
+from functools import partial
+
+from engine.kernels import Ops
+from engine.kernels._triton import require_triton
+from engine.kernels.activation import silu_and_mul
+from engine.kernels.attention import paged_attention
+from engine.kernels.linear import linear, linear_batch_invariant
+from engine.kernels.norm import add_rms_norm, rms_norm
+from engine.kernels.rope import qk_norm_rope_store
+from engine.kernels.sampling import accept_prefix, argmax
+
+
+def triton_ops(batch_invariant: bool = False) -> Ops:
+    """batch_invariant: fixed-tile GEMM for every M and one attention config for every batch/span,
+    so a row's output is bit-identical however many rows share the step."""
+    require_triton()
+    return Ops(
+        name="triton",
+        rms_norm=rms_norm,
+        add_rms_norm=add_rms_norm,
+        qk_norm_rope_store=qk_norm_rope_store,
+        paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
+        linear=linear_batch_invariant if batch_invariant else linear,
+        silu_and_mul=silu_and_mul,
+        argmax=argmax,
+        accept_prefix=accept_prefix,
+    )
