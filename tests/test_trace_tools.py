@@ -26,7 +26,8 @@ from trace_tools import (
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "trace"
-ENGINE_LINE = "[DEBUG] DFlash round request=req-3 gated=0 verified_draft=4 accepted_draft=2 committed_tokens=3"
+ENGINE_LINE = ("[DEBUG] DFlash round request=req-3 gated=0 verified_draft=4 accepted_draft=2 "
+               "committed_tokens=3")
 
 
 def line(req: int, gated: int, verified: int, accepted: int, committed: int | None = None) -> str:
@@ -72,7 +73,8 @@ def test_field_names_match_at_a_word_boundary():
 
 def test_fields_before_the_marker_are_not_read():
     # A log prefix that happens to carry `request=` must not stand in for the round's own field.
-    prefix = "ctx request=req-8 | [DEBUG] DFlash round gated=1 verified_draft=0 accepted_draft=0 committed_tokens=1"
+    prefix = ("ctx request=req-8 | [DEBUG] DFlash round gated=1 verified_draft=0 accepted_draft=0 "
+              "committed_tokens=1")
     with pytest.raises(TraceError, match="request="):
         levers_trace_rows([prefix])
 
@@ -130,7 +132,8 @@ def test_sample_log_parses_one_row_per_round_line():
 def test_reads_lossless_lines():
     lines = [
         "gates/test_lossless.py::test_greedy_matches_plain_greedy [INFO] engine: loaded",
-        "[lossless] test=test_greedy_matches_plain_greedy requests=5 compared_tokens=320 excused_divergences=1",
+        "[lossless] test=test_greedy_matches_plain_greedy requests=5 compared_tokens=320 "
+        "excused_divergences=1",
         "[lossless] excused_divergences=0 compared_tokens=64 test=test_short requests=2 note=x",
         ".",
     ]
@@ -180,7 +183,8 @@ def test_unresumed_requests_is_checked_per_request_and_in_order(trace, unresumed
 
 # ---- run record ----
 
-HEADER = RecordHeader("abc1234-dirty", "NVIDIA H200", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/ -n 6")
+HEADER = RecordHeader("abc1234-dirty", "NVIDIA H200", "fixture:tiny", "2026-11-29T08:16:27Z",
+                      "pytest gates/ -n 6")
 ROWS = [
     RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True),
     RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_DRAFTS=4", 0, 64, 4, None, False),
@@ -191,7 +195,8 @@ def test_render_record_has_header_and_one_row_per_case():
     text = render_record(HEADER, ROWS)
     assert "- head: `abc1234-dirty`" in text and "- device: NVIDIA H200" in text
     assert "- weights: fixture:tiny" in text and "- command: `pytest gates/ -n 6`" in text
-    assert "| child | env | gated rows | speculating rows | max drafts | excused divergences | verdict |" in text
+    columns = "| child | env | gated rows | speculating rows | max drafts | excused divergences | verdict |"
+    assert columns in text
     assert "| test_greedy_matches_plain_greedy | MAX_BATCH=1 | 315 | 0 | - | 0 | pass |" in text
     assert "| test_concurrent_heterogeneous_is_lossless | MAX_DRAFTS=4 | 0 | 64 | 4 | - | FAIL |" in text
 
