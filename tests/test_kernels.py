@@ -1,0 +1,435 @@
+"""Triton kernels against their torch references.
+
+On CPU the kernels run under the Triton interpreter (fp32/fp16, small shapes); on a CUDA host the
+same tests run compiled, plus the GPU-only checks (bf16, Qwen3-4B shapes, batch-invariance
+bit-exactness, CUDA-graph replay). Every output and cache is poisoned (NaN / sentinel) before a
+run, so an element a kernel fails to write cannot match its reference by accident.
+
+Tolerance policy: relative error = ||out - ref|| / ||ref|| (fp32 math on both sides), bounded per
+dtype by TOL; kernels that only select or compare (argmax, accept_prefix, cache copies of v, the
+residual sum) must match exactly.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # must precede the first kernel launch (kernels bind triton lazily, see _triton.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="triton is not installed: the triton backend cannot be tested")
+
+import numpy as np  # noqa: E402
+
+from engine.kernels import activation, attention, get_ops, linear, norm, rope, sampling  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Attention rounds the probabilities to the KV dtype before the PV product.
+ATTN_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (bf16, 4B shapes, graphs)")
+POISON_INT = -7777
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "kernel output has NaN/inf (an unwritten or misread element)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def poison_empty(monkeypatch):
+    """torch.empty / empty_like return NaN (float) or POISON_INT (int) filled tensors."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool and t.numel():
+            t.fill_(POISON_INT)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+
+
+@pytest.fixture
+def row_invariant_dot(monkeypatch):
+    """The interpreter's tl.dot is numpy matmul, whose OpenBLAS kernels round a row differently
+    depending on its position in the tile. Tensor cores do not, so for the batch-invariance tests
+    the interpreter gets a row-independent dot (same products, fixed per-row summation)."""
+    if not INTERPRET:
+        return
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        out = np.einsum("mk,kn->mn", a.data.astype(np.float32), b.data.astype(np.float32))
+        return interpreter.TensorHandle(out.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+# --- norm -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0, 64), (1, 64), (5, 300), (2, 3, 96), (3, 2560)])
+def test_rms_norm(dtype, shape):
+    torch.manual_seed(0)
+    x, w = randn(*shape, dtype=dtype, scale=3.0), randn(shape[-1], dtype=dtype)
+    out, ref = norm.rms_norm(x, w, 1e-6), norm.rms_norm_ref(x, w, 1e-6)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    if x.numel():
+        assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0, 64), (4, 256), (2, 3, 100)])
+def test_add_rms_norm(dtype, shape):
+    torch.manual_seed(1)
+    x, r, w = randn(*shape, dtype=dtype), randn(*shape, dtype=dtype), randn(shape[-1], dtype=dtype)
+    out, summed = norm.add_rms_norm(x, r, w, 1e-5)
+    ref, ref_sum = norm.add_rms_norm_ref(x, r, w, 1e-5)
+    assert torch.equal(summed, ref_sum)
+    if x.numel():
+        assert rel_err(out, ref) < TOL[dtype]
+
+
+def test_rms_norm_strided_rows():
+    torch.manual_seed(2)
+    wide = randn(6, 200)
+    x, w = wide[:, 40:168], randn(128)  # rows of a wider buffer: stride 200
+    assert rel_err(norm.rms_norm(x, w, 1e-6), norm.rms_norm_ref(x, w, 1e-6)) < TOL[torch.float32]
+
+
+# --- qk norm + rope + store -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (2, 2, 16), (4, 1, 64), (8, 2, 32)])
+@pytest.mark.parametrize("with_q", [True, False])
+def test_qk_norm_rope_store(dtype, hq, hkv, d, with_q):
+    torch.manual_seed(3)
+    t, page, blocks = 9, 16, 4
+    qkv = randn(t, (hq + 2 * hkv) * d, dtype=dtype, scale=2.0)  # fused projection: strided views
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
+    positions = torch.randint(0, 100, (t,), device=DEV)
+    slots = torch.tensor([0, -1, 15, 16, 17, 31, -1, 47, 63], device=DEV)  # page boundaries, skips
+    cos_sin = rope.rope_cos_sin(128, d, 1e6, DEV)
+    qw, kw = randn(d, dtype=dtype), randn(d, dtype=dtype)
+    caches = [torch.full((blocks, page, hkv, d), float("nan"), dtype=dtype, device=DEV) for _ in range(4)]
+    kc, vc, kc_ref, vc_ref = caches
+    args = (positions, slots, qw if with_q else None, kw, cos_sin)
+    q_out = rope.qk_norm_rope_store(q if with_q else None, k, v, *args, kc, vc, 1e-6)
+    q_ref = rope.qk_norm_rope_store_ref(q if with_q else None, k, v, *args, kc_ref, vc_ref, 1e-6)
+    if with_q:
+        assert q_out.is_contiguous() and q_out.dtype == q_ref.dtype
+        assert rel_err(q_out, q_ref) < TOL[dtype]
+    else:
+        assert q_out is None
+    assert torch.equal(kc.isnan(), kc_ref.isnan()), "written slots differ (slot -1 must be skipped)"
+    written = ~kc_ref.isnan()
+    assert rel_err(kc[written], kc_ref[written]) < TOL[dtype]
+    assert torch.equal(vc.nan_to_num(POISON_INT), vc_ref.nan_to_num(POISON_INT))
+
+
+def test_qk_norm_rope_store_empty():
+    kc = torch.zeros(2, 16, 2, 32, device=DEV)
+    k = randn(0, 2, 32)
+    cs = rope.rope_cos_sin(16, 32, 1e4, DEV)
+    empty = torch.zeros(0, dtype=torch.int64, device=DEV)
+    out = rope.qk_norm_rope_store(randn(0, 4, 32), k, k, empty, empty, randn(32), randn(32), cs, kc, kc, 1e-6)
+    assert out.shape == (0, 4, 32)
+
+
+# --- paged attention --------------------------------------------------------------------------
+
+def make_paged(spans, ctxs, hq, hkv, d, dtype, page=16, spare_blocks=3):
+    """Caches full of NaN except the rows each sequence owns; unused block-table entries point at
+    a NaN block. Blocks are shuffled so a sequence's pages are not contiguous."""
+    seq_lens = [c + s for c, s in zip(ctxs, spans, strict=True)]
+    need = [-(-n // page) for n in seq_lens]
+    max_blocks = max(need + [1]) + 1
+    num_blocks = sum(need) + spare_blocks
+    perm = torch.randperm(num_blocks - 1).tolist()
+    poison_block = num_blocks - 1
+    bt = torch.full((len(spans), max_blocks), poison_block, dtype=torch.int32)
+    kc = torch.full((num_blocks, page, hkv, d), float("nan"), dtype=dtype)
+    vc = kc.clone()
+    for b, n in enumerate(seq_lens):
+        blocks, perm = perm[: need[b]], perm[need[b] :]
+        bt[b, : need[b]] = torch.tensor(blocks, dtype=torch.int32)
+        for pos in range(n):
+            kc[blocks[pos // page], pos % page] = torch.randn(hkv, d).to(dtype)
+            vc[blocks[pos // page], pos % page] = torch.randn(hkv, d).to(dtype)
+    qsl = torch.zeros(len(spans) + 1, dtype=torch.int32)
+    qsl[1:] = torch.tensor(spans).cumsum(0)
+    q = (torch.randn(int(qsl[-1]), hq, d) * 2).to(dtype)
+    to = lambda t: t.to(DEV)
+    return to(q), to(kc), to(vc), to(bt), to(torch.tensor(seq_lens, dtype=torch.int32)), to(qsl), max(spans)
+
+
+ATTN_CASES = [
+    # spans, cached context before each span, hq, hkv, d, causal, forced splits
+    ([1, 3, 8, 0], [5, 17, 40, 3], 4, 2, 32, True, None),  # ragged + a 0-length row
+    ([1, 1, 1], [60, 15, 0], 4, 1, 16, True, None),  # decode, GQA 4, page boundary, first token
+    ([1, 1], [100, 33], 2, 2, 64, True, 4),  # decode, MHA, flash-decoding split
+    ([1, 2], [70, 16], 8, 2, 32, True, 8),  # split with a span: causal inside partitions
+    ([5, 0, 7], [30, 9, 0], 4, 2, 32, False, None),  # drafter block: non-causal
+    ([8, 8], [16, 47], 4, 4, 16, False, 2),  # non-causal + split
+    ([24], [9], 2, 1, 32, True, None),  # prefill: several q tiles
+    ([1], [200], 4, 2, 128, True, None),  # head_dim 128, auto split
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spans,ctxs,hq,hkv,d,causal,splits", ATTN_CASES)
+def test_paged_attention(dtype, spans, ctxs, hq, hkv, d, causal, splits):
+    torch.manual_seed(4)
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)
+    out = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal, num_splits=splits)
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert rel_err(out, ref) < ATTN_TOL[dtype]
+
+
+def test_paged_attention_padding_rows_untouched():
+    """Rows past query_start_loc[B] (a padded launch) are neither read as queries nor written."""
+    torch.manual_seed(5)
+    q, kc, vc, bt, seq, qsl, mq = make_paged([1, 1], [40, 7], 4, 2, 32, torch.float32)
+    q_pad = torch.cat([q, torch.full_like(q[:2], float("nan"))])
+    out = attention.paged_attention(q_pad, kc, vc, bt, seq, qsl, mq, 32**-0.5, True, num_splits=4)
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, 32**-0.5, True)
+    assert rel_err(out[:2], ref) < ATTN_TOL[torch.float32]
+    assert out[2:].isnan().all()
+
+
+def _invariance_check(dtype, hq, hkv, d, causal):
+    spans, ctxs = [8, 1, 1, 3, 1, 1, 1], [40, 10, 70, 5, 16, 31, 2]
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)
+    run = lambda q_, bt_, seq_, span: attention.paged_attention(
+        q_, kc, vc, bt_, seq_, torch.tensor([0, span], dtype=torch.int32, device=DEV), span,
+        d**-0.5, causal, batch_invariant=True,
+    )
+    full = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal, batch_invariant=True)
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal, batch_invariant=True)
+    assert rel_err(full, ref) < ATTN_TOL[dtype]
+    # Each row of the span computed alone (a decode at its position) or as a shorter span.
+    for i in range(spans[0]):
+        alone_len = torch.tensor([ctxs[0] + i + 1 if causal else ctxs[0] + spans[0]], dtype=torch.int32, device=DEV)
+        assert torch.equal(run(q[i : i + 1], bt[:1], alone_len, 1)[0], full[i]), f"span row {i}"
+    assert torch.equal(run(q[:3], bt[:1], seq[:1] - 5 if causal else seq[:1], 3), full[:3])
+    # Every other sequence alone vs in the batch of 7.
+    for b in range(1, len(spans)):
+        lo, hi = int(qsl[b]), int(qsl[b + 1])
+        assert torch.equal(run(q[lo:hi], bt[b : b + 1], seq[b : b + 1], hi - lo), full[lo:hi]), f"seq {b}"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 32), (4, 4, 16)])
+def test_paged_attention_batch_invariant(row_invariant_dot, causal, hq, hkv, d):
+    torch.manual_seed(6)
+    _invariance_check(torch.float32, hq, hkv, d, causal)
+
+
+# --- linear -----------------------------------------------------------------------------------
+
+LINEAR_CASES = [
+    (1, 96, 256, linear.SkinnyConfig(1, 32, 64, 1, 4, 2)),  # GEMV
+    (1, 40, 1000, linear.SkinnyConfig(1, 32, 128, 4, 4, 2)),  # GEMV, ragged K, split-K
+    (3, 64, 200, linear.SkinnyConfig(16, 32, 64, 2, 4, 2)),  # dot path, split-K, ragged K
+    (17, 130, 96, linear.SkinnyConfig(32, 64, 32, 1, 4, 2)),  # ragged N, one M tile
+    (40, 64, 128, linear.SkinnyConfig(16, 32, 32, 4, 4, 2)),  # several M tiles + split-K
+    (5, 48, 160, None),  # the default heuristic
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,cfg", LINEAR_CASES)
+def test_linear_skinny(dtype, m, n, k, cfg):
+    torch.manual_seed(7)
+    x, w = randn(m, k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
+    cfg = cfg or linear.default_skinny_config(m, n, k)
+    out = linear.linear_with_config(x, w, cfg)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, linear.linear_ref(x.float(), w.float())) < TOL[dtype]
+
+
+def test_linear_dispatch(monkeypatch):
+    torch.manual_seed(8)
+    w = randn(64, 96)
+    for shape in [(0, 96), (1, 96), (2, 3, 96), (9, 96)]:
+        x = randn(*shape)
+        out = linear.linear(x, w)
+        assert out.shape == (*shape[:-1], 64)
+        if x.numel():
+            assert rel_err(out, linear.linear_ref(x, w)) < TOL[torch.float32]
+    monkeypatch.setattr(linear, "SKINNY_M_MAX", 4)  # above the crossover: F.linear
+    x = randn(9, 96)
+    assert torch.equal(linear.linear(x, w), linear.linear_ref(x, w))
+    # A tuned table entry is used for its bucket (and a GEMV entry never serves M > 1).
+    monkeypatch.setattr(linear, "SKINNY_CONFIGS", {(64, 96): {1: (1, 16, 32, 1, 2, 1), 2: (16, 16, 32, 2, 4, 1)}})
+    assert linear.skinny_config(1, 64, 96) == linear.SkinnyConfig(1, 16, 32, 1, 2, 1)
+    assert linear.skinny_config(2, 64, 96).split_k == 2
+    assert linear.skinny_config(4, 64, 96) == linear.default_skinny_config(4, 64, 96)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_linear_batch_invariant(row_invariant_dot, dtype):
+    torch.manual_seed(9)
+    n, k = 80, 200  # ragged against the fixed 64-wide N and K tiles
+    x, w = randn(64, k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
+    full = linear.linear_batch_invariant(x, w)
+    assert rel_err(full, linear.linear_batch_invariant_ref(x.float(), w.float())) < TOL[dtype]
+    for rows in (1, 7, 33):
+        assert torch.equal(linear.linear_batch_invariant(x[:rows], w), full[:rows]), rows
+    assert torch.equal(linear.linear_batch_invariant(x[5:6], w), full[5:6])
+    assert linear.linear_batch_invariant(x[:0], w).shape == (0, n)
+
+
+# --- activation, sampling -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(0, 64), (3, 200), (2, 2, 2 * 1100)])
+def test_silu_and_mul(dtype, shape):
+    torch.manual_seed(10)
+    x = randn(*shape, dtype=dtype, scale=3.0)
+    out, ref = activation.silu_and_mul(x), activation.silu_and_mul_ref(x)
+    assert out.shape == ref.shape
+    if x.numel():
+        assert rel_err(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [7, 300, 5000, 151936])
+def test_argmax(dtype, vocab):
+    torch.manual_seed(11)
+    logits = randn(4, vocab, dtype=dtype)
+    logits[1] = torch.randint(0, 3, (vocab,), device=DEV).to(dtype)  # many ties: lowest index wins
+    logits[2] = float("-inf")  # torch returns 0
+    logits[3, vocab // 2 :] = logits[3].max() + 1  # tie spanning chunks
+    assert torch.equal(sampling.argmax(logits), sampling.argmax_ref(logits))
+    assert sampling.argmax(logits[:0]).shape == (0,)
+
+
+def test_accept_prefix():
+    torch.manual_seed(12)
+    for n, k in [(0, 4), (6, 0), (9, 1), (33, 4), (5, 16)]:
+        targets = torch.randint(0, 3, (n, k + 1), device=DEV)
+        noise = torch.randint(0, 3, (n, k), device=DEV)
+        drafts = torch.where(torch.rand(n, k, device=DEV) < 0.7, targets[:, :k], noise)
+        limits = torch.randint(0, k + 1, (n,), device=DEV)
+        if n:
+            drafts[0], limits[0] = targets[0, :k], k  # full acceptance
+        for lim in (limits, limits.int()):
+            ref = sampling.accept_prefix_ref(drafts, targets, lim)
+            assert torch.equal(sampling.accept_prefix(drafts, targets, lim), ref)
+
+
+def test_triton_ops_fields():
+    for inv in (False, True):
+        ops = get_ops("triton", batch_invariant=inv)
+        assert ops.name == "triton"
+        assert ops.linear is (linear.linear_batch_invariant if inv else linear.linear)
+        assert ops.paged_attention.keywords == {"batch_invariant": inv}
+        assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
+
+
+# --- GPU only ---------------------------------------------------------------------------------
+
+QWEN3_4B = dict(hidden=2560, hq=32, hkv=8, d=128, inter=9728, vocab=151936)
+
+
+@gpu
+def test_gpu_4b_shapes():
+    torch.manual_seed(13)
+    g, bf = QWEN3_4B, torch.bfloat16
+    x, r, w = randn(8, g["hidden"], dtype=bf), randn(8, g["hidden"], dtype=bf), randn(g["hidden"], dtype=bf)
+    assert rel_err(norm.add_rms_norm(x, r, w, 1e-6)[0], norm.add_rms_norm_ref(x, r, w, 1e-6)[0]) < TOL[bf]
+    t = 9
+    qkv = randn(t, (g["hq"] + 2 * g["hkv"]) * g["d"], dtype=bf)
+    q, k, v = qkv.split([g["hq"] * g["d"], g["hkv"] * g["d"], g["hkv"] * g["d"]], dim=1)
+    q, k, v = (z.view(t, -1, g["d"]) for z in (q, k, v))
+    cs = rope.rope_cos_sin(4096, g["d"], 1e6, DEV)
+    pos, slots = torch.arange(100, 100 + t, device=DEV), torch.arange(t, device=DEV) * 7
+    qw, kw = randn(g["d"], dtype=bf), randn(g["d"], dtype=bf)
+    caches = [torch.zeros(8, 16, g["hkv"], g["d"], dtype=bf, device=DEV) for _ in range(4)]
+    out = rope.qk_norm_rope_store(q, k, v, pos, slots, qw, kw, cs, caches[0], caches[1], 1e-6)
+    ref = rope.qk_norm_rope_store_ref(q, k, v, pos, slots, qw, kw, cs, caches[2], caches[3], 1e-6)
+    assert rel_err(out, ref) < TOL[bf] and rel_err(caches[0], caches[2]) < TOL[bf]
+    for m in (1, 4, 16, 64):
+        for n, kk in [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]:
+            xm, wm = randn(m, kk, dtype=bf), randn(n, kk, dtype=bf, scale=0.05)
+            assert rel_err(linear.linear(xm, wm), linear.linear_ref(xm.float(), wm.float())) < TOL[bf], (m, n, kk)
+    logits = randn(16, g["vocab"], dtype=bf)
+    assert torch.equal(sampling.argmax(logits), sampling.argmax_ref(logits))
+    h = randn(16, 2 * g["inter"], dtype=bf)
+    assert rel_err(activation.silu_and_mul(h), activation.silu_and_mul_ref(h)) < TOL[bf]
+
+
+@gpu
+@pytest.mark.parametrize("spans,ctxs", [([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]), ([1], [8000]),
+                                        ([9, 9, 1], [600, 1800, 40]), ([64], [300])])
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_attention_4b(spans, ctxs, causal):
+    torch.manual_seed(14)
+    g = QWEN3_4B
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
+    out = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
+    assert rel_err(out, ref) < ATTN_TOL[torch.bfloat16]
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_attention_batch_invariant_bitexact(causal):
+    torch.manual_seed(15)
+    g = QWEN3_4B
+    _invariance_check(torch.bfloat16, g["hq"], g["hkv"], g["d"], causal)
+
+
+@gpu
+@pytest.mark.parametrize("n,k", [(6144, 2560), (2560, 9728), (151936, 2560)])
+def test_gpu_linear_batch_invariant_bitexact(n, k):
+    torch.manual_seed(16)
+    x, w = randn(64, k, dtype=torch.bfloat16), randn(n, k, dtype=torch.bfloat16, scale=0.05)
+    full = linear.linear_batch_invariant(x, w)
+    for rows in (1, 7, 16, 33):
+        assert torch.equal(linear.linear_batch_invariant(x[:rows], w), full[:rows]), rows
+    assert torch.equal(linear.linear_batch_invariant(x[9:10], w), full[9:10])
+
+
+@gpu
+@pytest.mark.parametrize("spans,causal", [([1, 1], True), ([9, 9], True), ([16], False)])
+def test_gpu_attention_graph_replay(spans, causal):
+    """Capture once, then replay with new seq_lens and q: the kernel reads every bound on device."""
+    torch.manual_seed(17)
+    g = QWEN3_4B
+    scale = g["d"] ** -0.5
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, [3000] * len(spans), g["hq"], g["hkv"], g["d"], torch.bfloat16)
+    run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, scale, causal)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # compile + warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for ctx in ([5, 2000], [1500, 17], [3000, 0], [63, 64]):
+        ctx = ctx[: len(spans)]
+        seq.copy_(torch.tensor([c + s for c, s in zip(ctx, spans, strict=True)], dtype=torch.int32, device=DEV))
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, scale, causal)
+        assert rel_err(out, ref) < ATTN_TOL[torch.bfloat16], ctx
