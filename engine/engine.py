@@ -257,6 +257,24 @@ class Engine:
                     done[out.request_id] = out
         return [done[i] for i in ids]
 
+    def last_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """fp32 logits after a prefill of prompt_ids on an idle engine (used by the regret oracle)."""
+        if self.scheduler.has_work():
+            raise RuntimeError("last_logits needs an idle engine")
+        req = Request(self._next_index, [int(t) for t in prompt_ids], SamplingParams(max_tokens=1), frozenset())
+        error = self._admission_error(req)
+        if error:
+            raise ValueError(error)
+        self.scheduler.add(req)
+        self.scheduler.schedule()
+        try:
+            self.runner.assign_blocks(req)
+            logits, _, _ = self.runner.prefill([req])
+        finally:
+            req.finish(Finish.LENGTH)
+            self.scheduler.release(req)
+        return logits[0].float()
+
     # -- steps -------------------------------------------------------------------------------------
     def _prefill(self, reqs: list[Request]) -> None:
         for r in reqs:

@@ -1,4 +1,5 @@
 """Checkpoint resolution (local directory or hub cache) and safetensors loading."""
+
 from __future__ import annotations
 
 import json

@@ -1,0 +1,103 @@
+"""CLI: `python -m engine generate --prompt "..."` streams a completion."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from engine.config import EngineConfig, SamplingParams
+from engine.fixture.paths import shipped_pair
+
+
+def _parser() -> argparse.ArgumentParser:
+    target, drafter = shipped_pair("tiny")
+    p = argparse.ArgumentParser(prog="python -m engine", description="pegaspec: Qwen3 + DFlash speculative decoding")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate one completion and stream it to stdout")
+    g.add_argument(
+        "--model", default=str(target), help="target checkpoint dir or hub id (default: shipped tiny fixture)"
+    )
+    g.add_argument("--draft-model", default=None, help=f"DFlash drafter dir or hub id (the fixture's: {drafter})")
+    g.add_argument("--prompt", required=True, help="prompt text")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    g.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    g.add_argument("--no-cuda-graphs", action="store_true")
+    g.add_argument("--max-batch", type=int, default=None, help="load gate (default: PEGAINFER_SPEC_MAX_BATCH)")
+    g.add_argument("--max-drafts", type=int, default=None, help="draft trim (default: PEGAINFER_SPEC_MAX_DRAFTS)")
+    g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    return p
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from engine.engine import Engine
+
+    engine = Engine(
+        EngineConfig(
+            model=args.model,
+            draft_model=args.draft_model,
+            device=args.device,
+            dtype=args.dtype,
+            backend=args.backend,
+            cuda_graphs=not args.no_cuda_graphs,
+            max_num_seqs=1,
+            spec_max_batch=args.max_batch,
+            spec_max_drafts=args.max_drafts,
+        )
+    )
+    if engine.tokenizer is None:
+        print("error: this checkpoint has no tokenizer; the CLI takes text prompts", file=sys.stderr)
+        return 2
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
+    start = time.perf_counter()
+    engine.add_request(args.prompt, params)
+    shown, out = "", None
+    while engine.has_unfinished():
+        for out in engine.step():
+            text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            if text.startswith(shown):  # hold back while a multi-byte character is incomplete
+                sys.stdout.write(text[len(shown) :])
+                sys.stdout.flush()
+                shown = text
+    elapsed = time.perf_counter() - start
+    sys.stdout.write("\n")
+    if out is not None and out.error:
+        print(f"error: request rejected: {out.error}", file=sys.stderr)
+        return 1
+    n = len(out.token_ids) if out else 0
+    summary = f"{n} tokens in {elapsed:.2f} s ({n / elapsed:.1f} tok/s), finish_reason={out.finish_reason}"
+    if engine.drafter is not None and engine.stats.rounds:
+        summary += f", {engine.stats.tokens_per_round:.2f} tokens per verify round"
+    print(summary, file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return _generate(args)
+    except ValueError as err:  # bad knobs, bad config, bad checkpoints: one clear line
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

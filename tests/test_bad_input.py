@@ -1,0 +1,128 @@
+"""Bad input gets a clear error and loses nothing: the rest of the batch still finishes correctly."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.loader import CheckpointError
+from tests.checkpoints import make_drafter
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_target):
+    return Engine(EngineConfig(model=str(tiny_target), device="cpu", max_model_len=64))
+
+
+GOOD = [[5, 6, 7, 8], [1, 2, 3]]
+
+
+def _alone(engine, prompts, params):
+    return [engine.generate([p], params)[0].token_ids for p in prompts]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([], "empty prompt"),
+        ([1] * 64, "longer than the context limit 64"),
+        ([1] * 40, r"prompt \(40 tokens\) \+ max_tokens \(30\) = 70 exceeds the context limit 64"),
+        ([1, 2, 999], "outside the vocabulary"),
+        ("text", "no tokenizer"),
+    ],
+)
+def test_bad_request_is_rejected_and_others_finish(engine, bad, message):
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    outs = engine.generate([GOOD[0], bad, GOOD[1]], params)
+    assert outs[1].finish_reason == "rejected" and outs[1].token_ids == []
+    assert re.search(message, outs[1].error)
+    assert [outs[0].token_ids, outs[2].token_ids] == _alone(engine, GOOD, params)
+
+
+@pytest.mark.parametrize("max_tokens", [0, -3, 1.5, True])
+def test_bad_max_tokens_is_a_clear_error(max_tokens):
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1)])
+def test_bad_sampling_params(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_missing_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="no such directory"):
+        Engine(EngineConfig(model=str(tmp_path / "nope"), device="cpu"))
+
+
+def test_missing_config(tmp_path, tiny_target):
+    shutil.copytree(tiny_target, tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="missing config.json"):
+        Engine(EngineConfig(model=str(tmp_path / "ckpt"), device="cpu"))
+
+
+def test_corrupt_safetensors(tmp_path, tiny_target):
+    shutil.copytree(tiny_target, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="cannot read safetensors"):
+        Engine(EngineConfig(model=str(tmp_path / "ckpt"), device="cpu"))
+
+
+def test_missing_tensor(tmp_path, tiny_target):
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny_target, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    tensors = load_file(str(weights))
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, str(weights))
+    with pytest.raises(CheckpointError, match="missing tensor 'model.layers.1.mlp.down_proj.weight'"):
+        Engine(EngineConfig(model=str(tmp_path / "ckpt"), device="cpu"))
+
+
+def test_shard_index_naming_a_missing_shard(tmp_path, tiny_target):
+    shutil.copytree(tiny_target, tmp_path / "ckpt")
+    index = {"weight_map": {"model.norm.weight": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "ckpt" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="shards that do not exist: model-00002-of-00002"):
+        Engine(EngineConfig(model=str(tmp_path / "ckpt"), device="cpu"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(hidden=32, head_dim=8), "drafter hidden_size=32 does not match the target's hidden_size=64"),
+        (dict(taps=(1, 0)), "strictly increasing"),
+        (dict(taps=(0, 3)), "out of range for a target with 3 layers"),
+        (dict(num_target_layers=36), "num_target_layers=36 does not match the target's num_target_layers=3"),
+    ],
+)
+def test_drafter_that_does_not_fit_the_target(tmp_path, tiny_target, kwargs, message):
+    make_drafter(tmp_path, **kwargs)
+    with pytest.raises(CheckpointError, match=message):
+        Engine(EngineConfig(model=str(tiny_target), draft_model=str(tmp_path), device="cpu"))
+
+
+def test_request_in_the_drafters_headroom_is_rejected(tiny_target, tiny_drafter):
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", max_model_len=64))
+    # block_size 6: prompt + budget may use at most 64 - 6 = 58 positions.
+    outs = engine.generate([[1] * 16, [2] * 16], [SamplingParams(max_tokens=42), SamplingParams(max_tokens=43)])
+    assert outs[0].finish_reason != "rejected"
+    assert outs[1].finish_reason == "rejected"
+    assert "minus the drafter's block headroom 6" in outs[1].error
+
+
+def test_not_a_qwen3_checkpoint(tmp_path, tiny_target):
+    shutil.copytree(tiny_target, tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="not a Qwen3 dense checkpoint"):
+        Engine(EngineConfig(model=str(tmp_path / "ckpt"), device="cpu"))
