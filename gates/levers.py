@@ -215,9 +215,9 @@ def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s:
         problems.append(f"the child exited {returncode}: its lossless assertions or its setup failed")
     try:
         rows = levers_trace_rows(lines)
+        problems += check_case(case, rows)
     except TraceError as e:
         rows, problems = [], [*problems, f"unreadable trace: {e}"]
-    problems += check_case(case, rows)
     try:
         results = lossless_lines(lines)
     except TraceError as e:

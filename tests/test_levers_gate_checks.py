@@ -181,7 +181,8 @@ def test_unreadable_trace_is_a_problem_not_a_crash():
     case = CASE["greedy-MAX_BATCH=1"]
     output = "\n".join([*GOOD["greedy-MAX_BATCH=1"], "[DEBUG] DFlash round request=req-0 gated=1",
                         LOSSLESS.format(case.child, 0)])
-    assert any(p.startswith("unreadable trace: line 11") for p in check_child(case, 0, output).problems)
+    found = check_child(case, 0, output).problems
+    assert len(found) == 1 and found[0].startswith("unreadable trace: line 11")
 
 
 def test_row_sums_excused_divergences_and_carries_the_verdict():
