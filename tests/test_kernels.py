@@ -276,11 +276,15 @@ def test_linear_dispatch(monkeypatch):
     monkeypatch.setattr(linear, "SKINNY_M_MAX", 4)  # above the crossover: F.linear
     x = randn(9, 96)
     assert torch.equal(linear.linear(x, w), linear.linear_ref(x, w))
-    # A tuned table entry is used for its bucket (and a GEMV entry never serves M > 1).
+    assert linear.skinny_config(5, 64, 96) is None
+    # A tuned shape uses its table entry per M bucket; a missing bucket means cuBLAS.
     monkeypatch.setattr(linear, "SKINNY_CONFIGS", {(64, 96): {1: (1, 16, 32, 1, 2, 1), 2: (16, 16, 32, 2, 4, 1)}})
     assert linear.skinny_config(1, 64, 96) == linear.SkinnyConfig(1, 16, 32, 1, 2, 1)
     assert linear.skinny_config(2, 64, 96).split_k == 2
-    assert linear.skinny_config(4, 64, 96) == linear.default_skinny_config(4, 64, 96)
+    assert linear.skinny_config(3, 64, 96) is None
+    assert linear.skinny_config(2, 64, 128) == linear.default_skinny_config(2, 64, 128)  # untuned shape
+    x = randn(2, 96)
+    assert rel_err(linear.linear(x, w), linear.linear_ref(x, w)) < TOL[torch.float32]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -36,10 +36,11 @@ class SkinnyConfig(NamedTuple):
     num_stages: int
 
 
-# Largest M served by the skinny kernel; F.linear (cuBLAS) above. Set from the H200 sweep
-# (`python -m engine.bench.kernels`).
+# Untuned weight shapes: the skinny kernel (default config) up to this M, F.linear (cuBLAS) above.
 SKINNY_M_MAX = 64
-# Tuned configs: {(N, K): {M bucket (power of two): SkinnyConfig fields}}; pasted from the sweep.
+# Tuned weight shapes, pasted from the H200 sweep (`python -m engine.bench.kernels`):
+# {(N, K): {M bucket (next power of two): SkinnyConfig fields}}. For a tuned shape, a bucket that
+# is missing means cuBLAS won there, so F.linear serves it.
 SKINNY_CONFIGS: dict[tuple[int, int], dict[int, tuple[int, int, int, int, int, int]]] = {}
 # Batch-invariant GEMM: one tiling for every M, no split-K.
 INVARIANT_CONFIG = SkinnyConfig(block_m=32, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3)
@@ -49,7 +50,7 @@ _TARGET_PROGRAMS = 264  # ~2 per SM on an H200 (132 SMs)
 @jit(do_not_specialize=["M"])
 def _linear_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
     EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -62,9 +63,7 @@ def _linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk0 = tl.arange(0, BLOCK_K)
     if BLOCK_M == 1:
-        # GEMV: elementwise FMAs into a [BLOCK_N, BLOCK_K] accumulator, one reduction at the end.
-        rm = pid_m + tl.arange(0, 1)
-        m_ok = rm < M
+        # GEMV (grid M == M): elementwise FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction at the end.
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
@@ -76,7 +75,11 @@ def _linear_kernel(
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
                 x = tl.load(x_row + rk, mask=rk < k_hi, other=0.0)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        acc = tl.sum(acc2, axis=1)[None, :]
+        acc1 = tl.sum(acc2, axis=1)
+        if not SPLIT:
+            tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + rn, acc1.to(y_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            tl.store(y_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
@@ -92,12 +95,12 @@ def _linear_kernel(
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:  # fp32 partials [SPLIT_K, M, N], summed in a fixed order by _splitk_reduce_kernel
-        part = y_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
-        tl.store(part, acc, mask=mask)
+        mask = m_ok[:, None] & n_ok[None, :]
+        if not SPLIT:
+            dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+            tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:  # fp32 partials [SPLIT_K, M, N], summed in a fixed order by _splitk_reduce_kernel
+            tl.store(y_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
 
 
 @jit
@@ -123,15 +126,16 @@ def default_skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, 3)
 
 
-def skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
+def skinny_config(m: int, n: int, k: int) -> SkinnyConfig | None:
+    """The Triton config for an [m, k] x [n, k]^T projection, or None where cuBLAS is faster."""
     table = SKINNY_CONFIGS.get((n, k))
-    if table:
-        bucket = next_pow2(m)
-        if bucket in table:
-            cfg = SkinnyConfig(*table[bucket])
-            if cfg.block_m != 1 or m == 1:
-                return cfg
-    return default_skinny_config(m, n, k)
+    if table is None:
+        return default_skinny_config(m, n, k) if m <= SKINNY_M_MAX else None
+    entry = table.get(next_pow2(m))
+    if entry is None:
+        return None
+    cfg = SkinnyConfig(*entry)
+    return cfg if cfg.block_m != 1 or m == 1 else default_skinny_config(m, n, k)
 
 
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
@@ -142,13 +146,14 @@ def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig)
     if m == 0:
         return y
     assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
+    # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.block_k == 0
     out = y if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     _linear_kernel[grid](
         x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, EVEN_K=even_k,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, EVEN_K=even_k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -166,13 +171,13 @@ def _as_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Triton skinny-M projection up to SKINNY_M_MAX rows, cuBLAS above."""
-    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if m == 0 or m > SKINNY_M_MAX or weight.stride(-1) != 1 or weight.stride(0) != weight.shape[1]:
-        return F.linear(x, weight)
+    """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere."""
     n, k = weight.shape
-    y = linear_with_config(_as_rows(x), weight, skinny_config(m, n, k))
-    return y.view(*x.shape[:-1], n)
+    m = x.numel() // k if k else 0
+    cfg = skinny_config(m, n, k) if m else None
+    if cfg is None or weight.stride(1) != 1 or weight.stride(0) != k:
+        return F.linear(x, weight)
+    return linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

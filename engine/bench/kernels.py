@@ -1,0 +1,336 @@
+"""GPU micro-benchmark of the Triton kernels (H200-sized; run on a CUDA host).
+
+    python -m engine.bench.kernels --out DIR [--timer graph|do_bench] [--quick]
+
+1. Skinny-M linear: the Qwen3-4B projection shapes at M = 1..128 over a config sweep, against
+   F.linear (cuBLAS). Prints GB/s (weight bytes / time) and the fraction of the copy bandwidth, the
+   best config per (shape, M), the crossover M where cuBLAS wins, and a Python literal to paste into
+   engine/kernels/linear.py (SKINNY_CONFIGS, SKINNY_M_MAX).
+2. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
+3. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
+   batch-invariant config) and verify spans of 8.
+CSVs land in DIR (linear.csv, linear_invariant.csv, attention.csv) with the printed Markdown.
+
+Timing: every op is replayed from a CUDA graph of back-to-back calls (as the engine runs decode),
+rotating over enough weight / KV copies that L2 (~60 MB) never serves them; the reported time is
+the median over replays. `--timer do_bench` uses triton.testing.do_bench (median) instead; it clears
+L2 with a 256 MB memset before every call, whose dirty lines are written back during the timed
+kernel, which understates bandwidth for weights of a few tens of MB.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import attention, linear
+from engine.kernels.linear import SkinnyConfig
+
+SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
+SHAPE_NAMES = {(6144, 2560): "qkv", (2560, 4096): "o", (19456, 2560): "gate_up", (2560, 9728): "down",
+               (151936, 2560): "lm_head"}
+LAYERS_4B = 36
+MS = [1, 2, 4, 8, 16, 32, 64, 128]
+L2_BYTES = 60 << 20
+ROTATE_BYTES = 4 * L2_BYTES  # copies per op so the working set dwarfs L2
+DEVICE = "cuda"
+DTYPE = torch.bfloat16
+ATTN_GEOMETRY = dict(hq=32, hkv=8, d=128, page=16)  # Qwen3-4B heads
+ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8), (8, 2048, 8)]  # batch, ctx, span
+
+
+def skinny_candidates(m: int, quick: bool) -> list[SkinnyConfig]:
+    """(block_m, block_n, block_k, split_k, num_warps, num_stages) to try at this M."""
+    splits = [1, 2, 4] if quick else [1, 2, 4, 8]
+    if m == 1:
+        tiles = [(1, 16, 256, 4, 1), (1, 32, 256, 4, 1), (1, 64, 128, 4, 1), (1, 32, 512, 8, 1),
+                 (1, 64, 256, 8, 1), (16, 64, 128, 4, 4)]
+    elif m <= 16:
+        tiles = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 64, 4, 5), (16, 32, 256, 4, 3),
+                 (16, 128, 64, 4, 4), (16, 64, 256, 8, 3)]
+    elif m <= 32:
+        tiles = [(32, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4), (32, 128, 128, 8, 3)]
+        splits = splits[:3]
+    else:
+        tiles = [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 128, 4, 3), (64, 128, 128, 8, 3)]
+        if m >= 128:
+            tiles.append((128, 128, 64, 8, 3))
+        splits = splits[:2]
+    if quick:
+        tiles = tiles[:3]
+    return [SkinnyConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
+
+
+class Timer:
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def __call__(self, fn: Callable[[int], object], variants: int, est_us: float) -> float:
+        """Median microseconds per call of fn(i), i cycling over `variants` data copies."""
+        if self.kind == "do_bench":
+            import triton.testing
+
+            counter = iter(range(1 << 62))
+            return 1e3 * triton.testing.do_bench(lambda: fn(next(counter) % variants), warmup=5, rep=25,
+                                                 return_mode="median")
+        calls = max(variants, min(200, math.ceil(300.0 / max(est_us, 0.5))))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for i in range(min(variants, 3)):
+                fn(i)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(i % variants)
+        graph.replay()
+        times = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(1e3 * start.elapsed_time(end) / calls)
+        del graph
+        return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy GB/s (read + write bytes) of a 1 GiB buffer."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    return 2 * src.numel() * 10 / (start.elapsed_time(end) * 1e-3) / 1e9
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+
+
+def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    dtype = DTYPE
+    rows, best = [], {}
+    for n, k in SHAPES:
+        wbytes = n * k * dtype.itemsize
+        copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
+        ws = [torch.randn(n, k, device=DEVICE).mul_(0.02).to(dtype) for _ in range(copies)]
+        for m in args.ms:
+            x = torch.randn(m, k, device=DEVICE).to(dtype)
+            est = wbytes / (peak * 1e3)
+            ref = F.linear(x, ws[0])
+            results = [("cublas", None, timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est))]
+            for cfg in skinny_candidates(m, args.quick):
+                try:
+                    err = rel_err(linear.linear_with_config(x, ws[0], cfg), ref)
+                    if not err < 2e-2:
+                        raise RuntimeError(f"wrong result (rel err {err:.2e})")
+                    fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                    us = timer(fn, copies, est)
+                except Exception as e:  # a config that does not compile or fit is reported, not fatal
+                    print(f"  skip N={n} K={k} M={m} {tuple(cfg)}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+                    continue
+                results.append(("triton", cfg, us))
+            for impl, cfg, us in results:
+                gbps = wbytes / (us * 1e-6) / 1e9
+                rows.append(dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
+                                 us=round(us, 2), GBps=round(gbps, 1), frac=round(gbps / peak, 3)))
+            tri = [r for r in results if r[0] == "triton"]
+            best[(n, k, m)] = (results[0][2], min(tri, key=lambda r: r[2]) if tri else None)
+            b = best[(n, k, m)][1]
+            print(f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton "
+                  f"{b[2]:.1f} us {tuple(b[1])}" if b else "  (no triton config ran)", flush=True)
+        del ws
+    return rows, linear_report(best, args.ms, peak)
+
+
+def linear_report(best: dict, ms: list[int], peak: float) -> str:
+    out, table, configs, crossover = [], [], {}, {}
+    for n, k in SHAPES:
+        wbytes = n * k * DTYPE.itemsize
+        for m in ms:
+            cub_us, tri = best[(n, k, m)]
+            if tri is None:
+                continue
+            _, cfg, us = tri
+            gb = lambda t, wb=wbytes: wb / (t * 1e-6) / 1e9
+            table.append([f"{SHAPE_NAMES[(n, k)]} {n}x{k}", m, f"{cub_us:.1f}", f"{gb(cub_us):.0f}",
+                          f"{gb(cub_us) / peak:.2f}", f"{us:.1f}", f"{gb(us):.0f}", f"{gb(us) / peak:.2f}",
+                          str(tuple(cfg)), f"{cub_us / us:.2f}x"])
+            if us < cub_us:  # a tuned shape's missing bucket means cuBLAS (see linear.skinny_config)
+                configs.setdefault((n, k), {})[m] = tuple(cfg)
+            elif (n, k) not in crossover:
+                crossover[(n, k)] = m
+    out.append(f"### Skinny-M linear vs cuBLAS ({DTYPE}; GB/s = weight bytes / time)\n")
+    out.append(md_table(["shape", "M", "cuBLAS us", "GB/s", "frac", "triton us", "GB/s", "frac",
+                         "config (bm,bn,bk,split,warps,stages)", "speedup"], table))
+    out.append("\nCrossover (first M where cuBLAS is faster): " + ", ".join(
+        f"{SHAPE_NAMES[s]}={crossover.get(s, '>' + str(ms[-1]))}" for s in SHAPES))
+    # The decode step of Qwen3-4B: 36 x (qkv, o, gate_up, down) + lm_head, at each M.
+    step = {}
+    for m in ms:
+        weight = lambda s: 1 if SHAPE_NAMES[s] == "lm_head" else LAYERS_4B
+        if all(best[(n, k, m)][1] for n, k in SHAPES):
+            step[m] = (sum(weight(s) * best[(*s, m)][0] for s in SHAPES),
+                       sum(weight(s) * best[(*s, m)][1][2] for s in SHAPES))
+    m_max = 0
+    for m in ms:
+        if m in step and step[m][1] < step[m][0]:
+            m_max = m
+        else:
+            break
+    out.append("\nQwen3-4B decode-step projection time (36 layers + lm_head), cuBLAS vs triton (us): "
+               + ", ".join(f"M={m}: {c:.0f} vs {t:.0f}" for m, (c, t) in step.items()))
+    literal = f"SKINNY_M_MAX = {m_max}\nSKINNY_CONFIGS = {{\n"
+    for shape in SHAPES:
+        per_m = configs.get(shape, {})
+        literal += f"    {shape}: {{" + ", ".join(f"{m}: {c}" for m, c in per_m.items()) + "},\n"
+    literal += "}"
+    out.append("\nPaste into engine/kernels/linear.py:\n```python\n" + literal + "\n```")
+    return "\n".join(out)
+
+
+def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    dtype, rows, table = DTYPE, [], []
+    tilings = [SkinnyConfig(16, 64, 64, 1, 4, 4), linear.INVARIANT_CONFIG, SkinnyConfig(64, 64, 64, 1, 4, 4),
+               SkinnyConfig(64, 128, 64, 1, 4, 3)]
+    for n, k in SHAPES:
+        wbytes = n * k * dtype.itemsize
+        copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
+        ws = [torch.randn(n, k, device=DEVICE).mul_(0.02).to(dtype) for _ in range(copies)]
+        for m in (1, 8, 64):
+            x = torch.randn(m, k, device=DEVICE).to(dtype)
+            est = wbytes / (peak * 1e3)
+            cub = timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est)
+            line = [f"{SHAPE_NAMES[(n, k)]}", m, f"{cub:.1f}"]
+            for cfg in tilings:
+                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                us = timer(fn, copies, est)
+                rows.append(dict(N=n, K=k, M=m, config=str(tuple(cfg)), us=round(us, 2), cublas_us=round(cub, 2)))
+                line.append(f"{us:.1f}")
+            table.append(line)
+        del ws
+    header = ["shape", "M", "cuBLAS us"] + [f"{c.block_m}x{c.block_n}x{c.block_k} us" for c in tilings]
+    return rows, f"### Batch-invariant GEMM tilings ({DTYPE}, us; current: INVARIANT_CONFIG = "\
+        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + md_table(header, table)
+
+
+def paged_case(batch: int, ctx: int, span: int, hq: int, hkv: int, d: int, page: int):
+    dtype, seq = DTYPE, ctx + span
+    per = -(-seq // page)
+    bt = torch.randperm(batch * per, device=DEVICE).to(torch.int32).view(batch, per)
+    kc = torch.randn(batch * per, page, hkv, d, device=DEVICE).to(dtype)
+    vc = torch.randn_like(kc)
+    q = torch.randn(batch * span, hq, d, device=DEVICE).to(dtype)
+    seq_lens = torch.full((batch,), seq, dtype=torch.int32, device=DEVICE)
+    qsl = torch.arange(0, batch + 1, dtype=torch.int32, device=DEVICE) * span
+    return q, kc, vc, bt, seq_lens, qsl
+
+
+def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    rows, table = [], []
+    for batch, ctx, span in ATTN_CASES:
+        q, kc, vc, bt, seq_lens, qsl = paged_case(batch, ctx, span, **ATTN_GEOMETRY)
+        kv_bytes = 2 * batch * (ctx + span) * kc.shape[2] * kc.shape[3] * kc.element_size()
+        copies = max(1, min(512, math.ceil(ROTATE_BYTES / kv_bytes)))
+        caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
+        scale = kc.shape[-1] ** -0.5
+        ref = attention.paged_attention_ref(q, kc, vc, bt, seq_lens, qsl, span, scale)
+        variants = [("auto", {})]
+        if span == 1:
+            variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
+        variants.append(("batch_invariant", {"batch_invariant": True}))
+        auto_cfg = attention.attention_config(batch, kc.shape[2], q.shape[1] // kc.shape[2], span,
+                                              bt.shape[1] * kc.shape[1], q.device, False)
+        line = [batch, ctx, span, str(auto_cfg)]
+        for name, kw in variants:
+            def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
+                return attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, span, scale, True, **kw)
+
+            err = rel_err(fn(0), ref)
+            us = timer(fn, copies, kv_bytes / (peak * 1e3))
+            gbps = kv_bytes / (us * 1e-6) / 1e9
+            rows.append(dict(batch=batch, ctx=ctx, span=span, variant=name, us=round(us, 2), kv_GBps=round(gbps, 1),
+                             frac=round(gbps / peak, 3), rel_err=f"{err:.1e}"))
+            line.append(f"{us:.1f} ({gbps / peak:.2f})")
+        if span != 1:
+            line[5:5] = ["-"] * 4
+        table.append(line)
+        print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
+        del caches
+    header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)", "splits=1", "splits=4",
+              "splits=16", "splits=32", "batch_invariant"]
+    return rows, f"### Paged attention {ATTN_GEOMETRY}, {DTYPE}: us (fraction of peak on K+V bytes)\n\n" \
+        + md_table(header, table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for the CSVs and report.md")
+    p.add_argument("--timer", choices=["graph", "do_bench"], default="graph")
+    p.add_argument("--peak-gbps", type=float, default=4300.0, help="copy bandwidth the fractions refer to")
+    p.add_argument("--quick", action="store_true", help="fewer configs (a smoke run)")
+    p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
+    p.add_argument("--skip", default="", help="comma list of sections to skip: linear,invariant,attention")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("engine.bench.kernels needs a CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    timer, t0 = Timer(args.timer), time.time()
+    skip = set(args.skip.split(","))
+    copy = copy_bandwidth()
+    report = [f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"timer={args.timer}\n", f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
+              f"fractions below are of {args.peak_gbps:.0f} GB/s.\n"]
+    sections = [("linear", bench_linear, "linear.csv"), ("invariant", bench_linear_invariant, "linear_invariant.csv"),
+                ("attention", bench_attention, "attention.csv")]
+    for name, fn, csv_name in sections:
+        if name in skip:
+            continue
+        print(f"== {name} ({time.time() - t0:.0f}s)", flush=True)
+        rows, md = fn(args, timer, args.peak_gbps)
+        write_csv(args.out / csv_name, rows)
+        report.append(md + "\n")
+    report.append(f"Total bench time: {time.time() - t0:.0f}s")
+    text = "\n".join(report)
+    (args.out / "report.md").write_text(text + "\n")
+    print("\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
