@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.loader import Checkpoint
+
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "torch", "triton")
@@ -14,8 +16,8 @@ class EngineConfig:
     """Every lever is a field. `spec_*` fields left at None are taken from the environment
     (PEGAINFER_SPEC_*); an explicit value, 0 included, wins over the environment."""
 
-    model: str
-    draft_model: str | None = None
+    model: str | Checkpoint  # a checkpoint directory, a hub repo id, or an in-memory Checkpoint
+    draft_model: str | Checkpoint | None = None
     device: str = "auto"  # auto: cuda when available
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     backend: str = "auto"  # auto: triton on cuda, torch on cpu

@@ -14,7 +14,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.kernels import get_ops
 from engine.knobs import Knobs, read_knobs
 from engine.kv_cache import BlockManager, kv_bytes_per_block
-from engine.loader import load_tensors, read_config, resolve_checkpoint
+from engine.loader import open_checkpoint
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3 import Qwen3ForCausalLM
@@ -107,18 +107,18 @@ class Engine:
             raise ValueError("the triton backend needs a CUDA device; use backend='torch' on CPU")
         self.ops = get_ops(backend, config.batch_invariant)
 
-        target_dir = resolve_checkpoint(config.model)
-        self.target_cfg = Qwen3Config.from_dict(read_config(target_dir), where=str(target_dir))
+        target = open_checkpoint(config.model)
+        self.target_cfg = Qwen3Config.from_dict(target.config, where=target.name)
         self.draft_cfg: DFlashConfig | None = None
         if config.draft_model:
-            draft_dir = resolve_checkpoint(config.draft_model)
-            self.draft_cfg = DFlashConfig.from_dict(read_config(draft_dir), where=str(draft_dir))
+            draft = open_checkpoint(config.draft_model)
+            self.draft_cfg = DFlashConfig.from_dict(draft.config, where=draft.name)
             self.draft_cfg.check_fits(self.target_cfg)
 
         self.target = Qwen3ForCausalLM(
             self.target_cfg,
-            load_tensors(target_dir),
-            where=str(target_dir),
+            target.load_tensors(),
+            where=target.name,
             device=self.device,
             dtype=self.dtype,
             ops=self.ops,
@@ -127,8 +127,8 @@ class Engine:
         if self.draft_cfg is not None:
             self.drafter = DFlashDrafter(
                 self.draft_cfg,
-                load_tensors(draft_dir),
-                where=str(draft_dir),
+                draft.load_tensors(),
+                where=draft.name,
                 target=self.target,
                 device=self.device,
                 dtype=self.dtype,
@@ -140,8 +140,8 @@ class Engine:
                     self.levers.max_drafts,
                     self.draft_cfg.drafts_per_round,
                 )
-        self.tokenizer = _load_tokenizer(target_dir)
-        self.eos_ids = _eos_ids(self.target_cfg, target_dir, self.tokenizer)
+        self.tokenizer = _load_tokenizer(target.directory)
+        self.eos_ids = _eos_ids(self.target_cfg, target.directory, self.tokenizer)
 
         self.headroom = self.draft_cfg.block_size if self.draft_cfg else 0
         limits = [self.target_cfg.geometry.max_position_embeddings]
@@ -183,8 +183,8 @@ class Engine:
             enable_trace()
         log.info(
             "engine ready: %s%s on %s/%s (%s backend, graphs %s), %d KV blocks of %d, max_model_len %d",
-            target_dir.name,
-            f" + drafter {draft_dir.name}" if self.drafter else "",
+            target.name,
+            f" + drafter {draft.name}" if self.drafter else "",
             self.device,
             self.dtype,
             backend,
@@ -433,8 +433,10 @@ class Engine:
         )
 
 
-def _load_tokenizer(directory: Path):
-    if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+def _load_tokenizer(directory: Path | None):
+    if directory is None or not any(
+        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+    ):
         return None
     from transformers import AutoTokenizer
 
@@ -445,10 +447,10 @@ def _load_tokenizer(directory: Path):
         return None
 
 
-def _eos_ids(cfg: Qwen3Config, directory: Path, tokenizer) -> tuple[int, ...]:
+def _eos_ids(cfg: Qwen3Config, directory: Path | None, tokenizer) -> tuple[int, ...]:
     ids = set(cfg.eos_token_ids)
-    gen = directory / "generation_config.json"
-    if gen.is_file():
+    gen = directory / "generation_config.json" if directory else None
+    if gen is not None and gen.is_file():
         eos = json.loads(gen.read_text()).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer is not None and tokenizer.eos_token_id is not None:

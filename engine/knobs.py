@@ -39,6 +39,7 @@ KNOBS: dict[str, Knob] = {
         Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
         Knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", "path", "gate drafter weights (default: the shipped fixture pair)"),
         Knob("PEGAINFER_REQUIRE_SPEC_GATE", "flag", "turn every gate skip into a failure"),
+        Knob("PEGAINFER_TEST_BATCH_INVARIANT", "flag", "gates run batch-invariant numerics and excuse no divergence"),
         Knob("PEGAINFER_RUN_RECORD", "path", "where the gate session writes its run-record table"),
     )
 }

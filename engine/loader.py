@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -97,3 +98,26 @@ def take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], wh
     if tuple(t.shape) != tuple(shape):
         raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
     return t
+
+
+@dataclass
+class Checkpoint:
+    """A resolved checkpoint: its config.json and its tensors, from a directory or already in memory
+    (benchmarks build random weights on the device without writing them out)."""
+
+    name: str
+    config: dict
+    directory: Path | None = None
+    tensors: dict[str, torch.Tensor] | None = None
+
+    def load_tensors(self) -> dict[str, torch.Tensor]:
+        if self.tensors is not None:
+            return dict(self.tensors)
+        return load_tensors(self.directory)
+
+
+def open_checkpoint(source: str | os.PathLike | Checkpoint) -> Checkpoint:
+    if isinstance(source, Checkpoint):
+        return source
+    directory = resolve_checkpoint(source)
+    return Checkpoint(name=str(directory), config=read_config(directory), directory=directory)
