@@ -261,7 +261,7 @@ def test_cli_summarize_prints_the_child_summary():
     s = summarize(rows)
     assert (f"child=concurrent rounds={s.rounds} gated_rounds={s.gated_rounds} "
             f"speculating_rounds={s.speculating_rounds} max_drafts={s.max_drafts}") in out.stdout
-    assert "lossless: test=test_concurrent_heterogeneous_is_lossless" in out.stdout
+    assert "lossless: test=concurrent_heterogeneous_is_lossless" in out.stdout
 
 
 def test_cli_summarize_fails_on_a_broken_round_line(tmp_path):
