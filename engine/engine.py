@@ -23,6 +23,7 @@ from engine.runner import ModelRunner
 from engine.sampler import sample_rows
 from engine.scheduler import Plan, Scheduler
 from engine.spec import draft_limit, round_drafts, settle
+from engine.timing import PhaseTimer
 from engine.trace import enable_trace, log_round
 
 log = logging.getLogger(__name__)
@@ -177,6 +178,7 @@ class Engine:
             max_batch=self.levers.max_batch,
         )
         self.stats = SpecStats()
+        self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._next_index = 0
         self._rejected: list[Request] = []
         if self.levers.trace:
@@ -218,6 +220,19 @@ class Engine:
         self.scheduler.add(req)
         return req.id
 
+    def set_levers(self, max_batch: int | None = None, max_drafts: int | None = None) -> None:
+        """Change the gate and the trim between steps (benchmarks interleave lever arms on one set of
+        weights); None keeps the current value."""
+        for name, value in (("max_batch", max_batch), ("max_drafts", max_drafts)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name}={value!r}; expected an int >= 0 (0 = off)")
+        self.levers = Levers(
+            max_batch=self.levers.max_batch if max_batch is None else max_batch,
+            max_drafts=self.levers.max_drafts if max_drafts is None else max_drafts,
+            trace=self.levers.trace,
+        )
+        self.scheduler.max_batch = self.levers.max_batch
+
     def has_unfinished(self) -> bool:
         return bool(self._rejected) or self.scheduler.has_work()
 
@@ -227,12 +242,16 @@ class Engine:
         scheduled = self.scheduler.schedule()
         if scheduled is not None:
             reqs, plan = scheduled.requests, scheduled.decision.plan
+            if self.timer:
+                self.timer.start()
             if plan is Plan.PREFILL:
                 self._prefill(reqs)
             elif plan is Plan.DECODE:
                 self._decode(reqs)
             else:
                 self._speculate(reqs, gated=plan is Plan.GATED)
+            if self.timer:
+                self.timer.finish(plan.value, len(reqs))
             touched += reqs
         outputs = [self._output(r) for r in touched]
         for r in touched:
@@ -280,6 +299,7 @@ class Engine:
         for r in reqs:
             self.runner.assign_blocks(r)
         logits, greedy, features = self.runner.prefill(reqs)
+        self._mark("target")
         tokens = self._sample(logits, greedy, [(r, 1) for r in reqs]).tolist()
         offset = 0
         for r, token in zip(reqs, tokens, strict=True):
@@ -293,6 +313,7 @@ class Engine:
     def _decode(self, reqs: list[Request]) -> None:
         ids = self.runner._tensor([r.current_token for r in reqs]).view(-1, 1)
         res = self.runner.extend(reqs, ids)
+        self._mark("target")
         tokens = self._sample(res.logits, res.greedy, [(r, 1) for r in reqs]).tolist()
         for r, token in zip(reqs, tokens, strict=True):
             r.num_kv += 1
@@ -310,9 +331,11 @@ class Engine:
             drafts = self.runner.draft(reqs)[:, :k]
             ids = torch.cat([current, drafts], dim=1)
             self.stats.draft_forwards += 1
+            self._mark("draft")
         else:
             drafts, ids = current[:, :0], current
         res = self.runner.extend(reqs, ids)
+        self._mark("target")
         targets = self._sample(res.logits, res.greedy, [(r, span) for r in reqs]).view(n, span)
         accepted = self.ops.accept_prefix(drafts, targets, self.runner._tensor(limits))
         host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
@@ -339,6 +362,10 @@ class Engine:
             grown = r.num_kv - r.draft_kv_len - sum(t.shape[0] for t in r.ctx_pending)
             r.ctx_pending.append(rows[offset : offset + grown])
             offset += grown
+
+    def _mark(self, phase: str) -> None:
+        if self.timer:
+            self.timer.mark(phase)
 
     def _count(self, outcome, gated: bool) -> None:
         s = self.stats

@@ -1,0 +1,93 @@
+"""The triton backend and CUDA graphs against the torch path (GPU only; skipped on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9, [100, 200, 150, 42, 42, 8, 1]]
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [PROMPTS[i % len(PROMPTS)] + [i % 250] for i in range(n)]
+
+
+def engine(target, drafter=None, **kw) -> Engine:
+    return Engine(EngineConfig(model=str(target), draft_model=drafter and str(drafter), device="cuda", **kw))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target):
+    torch_engine = engine(tiny_target, backend="torch", dtype="float32")
+    return {
+        n: [o.token_ids for o in torch_engine.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        for n in (1, 3, 9, 17)
+    }
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_triton_greedy_equals_torch_fp32(tiny_target, reference, graphs):
+    e = engine(tiny_target, backend="triton", dtype="float32", cuda_graphs=graphs, max_num_seqs=17)
+    for n, want in reference.items():  # batch sizes crossing the 1/2/4/8/16 bucket boundaries
+        got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        assert got == want, f"batch of {n}"
+    if graphs:
+        assert e.runner.graphs, "no CUDA graph was captured"
+
+
+@pytest.mark.parametrize("levers", [{}, {"spec_max_drafts": 2}, {"spec_max_batch": 2}], ids=["full", "trim2", "gate2"])
+def test_speculative_with_graphs_is_lossless_fp32(tiny_target, tiny_drafter, reference, levers):
+    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17, **levers)
+    for n, want in reference.items():
+        got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        assert got == want, f"batch of {n}"
+    spans = {key[1] for key in e.runner.graphs if key[0] == "span"}
+    assert spans, "no verify graph was captured"
+
+
+def test_short_span_graph_never_serves_a_long_span(tiny_target, tiny_drafter):
+    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32")
+    plain = engine(tiny_target, backend="triton", dtype="float32")
+    for budget in (2, 3, 24):  # one-token and two-token spans are captured before the full span
+        got = e.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
+        want = plain.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
+        assert got == want
+    for key, graph in e.runner.graphs.items():
+        if key[0] == "span":
+            assert graph.inputs["ids"].shape == (key[2], key[1])  # captured rows == replayed rows
+
+
+def _row_logits(e: Engine, reqs, ids) -> torch.Tensor:
+    return e.runner.extend(reqs, torch.tensor(ids, device="cuda")).logits
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_batch_invariant_rows_are_bit_identical(tiny_target, graphs):
+    e = engine(tiny_target, backend="triton", dtype="bfloat16", batch_invariant=True, cuda_graphs=graphs)
+    for p in prompts(7):
+        e.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
+    e.step()  # prefill all seven
+    reqs = list(e.scheduler.running)
+    first = reqs[0]
+    alone = _row_logits(e, [first], [[first.current_token]])[0]
+    batch = _row_logits(e, reqs, [[r.current_token] for r in reqs])[0]
+    span = _row_logits(e, [first], [[first.current_token, 11, 12, 13]])[0]
+    assert torch.equal(alone, batch)
+    assert torch.equal(alone, span)
+
+
+def test_bf16_speculative_matches_plain_up_to_the_oracle(tiny_target, tiny_drafter):
+    from gates.lossless import Tally, check
+
+    plain = engine(tiny_target, backend="triton")
+    spec = engine(tiny_target, tiny_drafter, backend="triton", spec_max_batch=3)
+    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
+    outs = spec.generate(PROMPTS, params)
+    tally = Tally()
+    for prompt, p, got in zip(PROMPTS, params, outs, strict=True):
+        (want,) = plain.generate([prompt], p)
+        check(plain, prompt, want.token_ids, got.token_ids, tally, exact=False)
