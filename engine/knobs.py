@@ -29,7 +29,7 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("PEGAINFER_SPEC_MAX_BATCH", "count", "load gate: above this active batch, verify one token (gated round)"),
+        Knob("PEGAINFER_SPEC_MAX_BATCH", "count", "load gate: while the active batch is >= n, verify one token (gated round)"),
         Knob("PEGAINFER_SPEC_MAX_DRAFTS", "count", "static trim: only the first k drafts enter the verify span"),
         Knob("PEGAINFER_SPEC_HEDGE", "count", "hedged verify: extra chains for up to h greedy requests a round"),
         Knob("PEGAINFER_SPEC_HEDGE_POSITIONS", "counts", "draft positions where hedge chains branch, e.g. 0,1,2"),

@@ -29,14 +29,18 @@ class Decision:
 
 
 def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: int) -> Decision:
-    """The decode-side plan for a step with no pending prefill. max_batch 0 = gate off."""
+    """The decode-side plan for a step with no pending prefill. max_batch 0 = gate off.
+
+    The gate trips while the active batch is at least max_batch and lets the batch speculate again
+    once it shrinks below it, as upstream's gate does: MAX_BATCH=1 gates every round, so the
+    one-token verify path is the only one exercised (the levers gate's first case relies on it)."""
     if num_active < 1:
         raise ValueError("no active request to plan for")
     if not has_drafter:
         return Decision(Plan.DECODE)
     if not all_ready:
         return Decision(Plan.DECODE, Fallback.NOT_READY)
-    if max_batch and num_active > max_batch:
+    if max_batch and num_active >= max_batch:
         return Decision(Plan.GATED, Fallback.GATED)
     return Decision(Plan.SPECULATIVE)
 

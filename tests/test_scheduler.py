@@ -19,10 +19,11 @@ from engine.scheduler import Decision, Fallback, Plan, Scheduler, decide_plan
         (4, True, False, 2, Decision(Plan.DECODE, Fallback.NOT_READY)),  # not-ready wins over the gate
         (4, True, True, 0, Decision(Plan.SPECULATIVE)),  # gate off: never gated
         (64, True, True, 0, Decision(Plan.SPECULATIVE)),
-        (3, True, True, 3, Decision(Plan.SPECULATIVE)),  # at the threshold: speculate
+        (2, True, True, 3, Decision(Plan.SPECULATIVE)),  # below the threshold: speculate
+        (3, True, True, 3, Decision(Plan.GATED, Fallback.GATED)),  # at it: gated round
         (4, True, True, 3, Decision(Plan.GATED, Fallback.GATED)),  # above it: gated round
-        (1, True, True, 1, Decision(Plan.SPECULATIVE)),
-        (2, True, True, 1, Decision(Plan.GATED, Fallback.GATED)),
+        (1, True, True, 1, Decision(Plan.GATED, Fallback.GATED)),  # MAX_BATCH=1 gates every round
+        (1, True, True, 2, Decision(Plan.SPECULATIVE)),
     ],
 )
 def test_plan_truth_table(active, drafter, ready, max_batch, expected):
@@ -88,7 +89,7 @@ def test_max_num_seqs_limits_admission():
 
 
 def test_gate_and_not_ready_from_request_state():
-    s = _scheduler(num_blocks=40, drafter=True, max_batch=2)
+    s = _scheduler(num_blocks=40, drafter=True, max_batch=3)
     for i in range(3):
         s.add(_req(i, 2, 8))
     s.schedule()
