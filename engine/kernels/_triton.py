@@ -6,10 +6,12 @@ decorates it. So `@jit` only records the function; the first launch of any kerne
 imports triton, binds `tl` in that module, and swaps every recorded kernel for the real
 `triton.jit` object (after that, launches go straight to triton). Kernel modules use
 `from __future__ import annotations` so `tl.constexpr` annotations stay unevaluated until then.
+Under the interpreter, `bind` also patches two triton 3.6 interpreter problems (see the fixups).
 """
 from __future__ import annotations
 
 import importlib.util
+import sys
 import threading
 from typing import Any
 
@@ -51,14 +53,14 @@ def jit(fn=None, **options):
 
 
 def bind(module_globals: dict) -> dict:
-    """Import triton and replace the module's LazyKernels (helpers first: kernels call them by name)."""
+    """Import triton and swap every LazyKernel of the module at once (kernels call helpers by name)."""
     require_triton()
     with _lock:
         if module_globals.get("tl") is None:
             import triton
             import triton.language as tl
 
-            _fix_interpreter_index()
+            _interpreter_fixups()
             for name, value in list(module_globals.items()):
                 if isinstance(value, LazyKernel):
                     module_globals[name] = triton.jit(value.fn, **value.options)
@@ -66,16 +68,40 @@ def bind(module_globals: dict) -> dict:
     return module_globals
 
 
+def _interpreter_fixups() -> None:
+    try:
+        from triton import knobs
+    except ImportError:  # triton < 3.4: neither fix applies
+        return
+    if knobs.runtime.interpret:
+        _fix_interpreter_stdlib()
+        _fix_interpreter_index()
+
+
+def _fix_interpreter_stdlib() -> None:
+    """triton picks interpret-or-compile when it decorates a function, its own standard library
+    (tl.sum, tl.max, tl.cdiv, ...) included, at `import triton`. If triton was imported before
+    TRITON_INTERPRET=1 was set (importing transformers' Qwen3 does that), those are compile-only
+    JITFunctions the interpreter cannot call: re-wrap them as the interpreter would have."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    wrapped: dict[int, InterpretedFunction] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("triton.language"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                setattr(module, attr, wrapped.setdefault(id(value), InterpretedFunction(value.fn)))
+
+
 def _fix_interpreter_index() -> None:
     """Under TRITON_INTERPRET=1 with numpy >= 2.4, `range(lo, hi)` over loaded scalars fails
     (triton-lang/triton#9171, fixed upstream after 3.6): interpreter scalars are 1-element arrays
     and numpy no longer converts those with int(). Apply the upstream one-line fix."""
-    try:
-        from triton import knobs
-        from triton.runtime import interpreter
-    except ImportError:  # older triton: nothing to patch
-        return
-    if not knobs.runtime.interpret or getattr(interpreter, "_pegaspec_index_fix", False):
+    from triton.runtime import interpreter
+
+    if getattr(interpreter, "_pegaspec_index_fix", False):
         return
     original = interpreter._patch_lang_tensor
 
