@@ -271,13 +271,20 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         variants = [("auto", {})]
         if span == 1:
             variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
+            variants.append(("decode_block_n=64", {"decode_block_n": 64}))
         variants.append(("batch_invariant", {"batch_invariant": True}))
         auto_cfg = attention.attention_config(batch, kc.shape[2], q.shape[1] // kc.shape[2], span,
                                               bt.shape[1] * kc.shape[1], q.device, False)
         line = [batch, ctx, span, str(auto_cfg)]
         for name, kw in variants:
             def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
-                return attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, span, scale, True, **kw)
+                kw = dict(kw)
+                block_n = kw.pop("decode_block_n", attention.DECODE_BLOCK_N)
+                saved, attention.DECODE_BLOCK_N = attention.DECODE_BLOCK_N, block_n  # config read at call time
+                try:
+                    return attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, span, scale, True, **kw)
+                finally:
+                    attention.DECODE_BLOCK_N = saved
 
             err = rel_err(fn(0), ref)
             us = timer(fn, copies, kv_bytes / (peak * 1e3))
@@ -286,12 +293,12 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                              frac=round(gbps / peak, 3), rel_err=f"{err:.1e}"))
             line.append(f"{us:.1f} ({gbps / peak:.2f})")
         if span != 1:
-            line[5:5] = ["-"] * 4
+            line[5:5] = ["-"] * 5
         table.append(line)
         print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
         del caches
     header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)", "splits=1", "splits=4",
-              "splits=16", "splits=32", "batch_invariant"]
+              "splits=16", "splits=32", "decode BLOCK_N=64", "batch_invariant"]
     return rows, f"### Paged attention {ATTN_GEOMETRY}, {DTYPE}: us (fraction of peak on K+V bytes)\n\n" \
         + md_table(header, table)
 

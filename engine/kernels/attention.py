@@ -75,6 +75,10 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # Batch-invariant mode: one config for every call, whatever the batch or span.
 INVARIANT_BLOCK_M = 16
 INVARIANT_BLOCK_N = 32
+# Default tiles: key tile for decode (span 1) and for spans; rows (queries x group) per program.
+DECODE_BLOCK_N = 32
+SPAN_BLOCK_N = 64
+MAX_BLOCK_M = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
@@ -198,10 +202,10 @@ def attention_config(
         block_m = max(INVARIANT_BLOCK_M, next_pow2(group))
         return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1
     span = max(1, max_query_len)
-    block_m = max(16, min(64, next_pow2(span * group)))
+    block_m = max(16, min(MAX_BLOCK_M, next_pow2(span * group)))
     block_q = max(1, block_m // group)
     block_m = max(16, next_pow2(block_q * group))
-    block_n = 64 if span > 1 else 32
+    block_n = SPAN_BLOCK_N if span > 1 else DECODE_BLOCK_N
     programs = num_seqs * num_kv_heads * cdiv(span, block_q)
     splits = 1
     target = SPLIT_TARGET_PROGRAMS_PER_SM * _num_sms(device)
