@@ -158,19 +158,20 @@ def make_paged(spans, ctxs, hq, hkv, d, dtype, page=16, spare_blocks=3):
     a NaN block. Blocks are shuffled so a sequence's pages are not contiguous."""
     seq_lens = [c + s for c, s in zip(ctxs, spans, strict=True)]
     need = [-(-n // page) for n in seq_lens]
-    max_blocks = max(need + [1]) + 1
     num_blocks = sum(need) + spare_blocks
-    perm = torch.randperm(num_blocks - 1).tolist()
-    poison_block = num_blocks - 1
-    bt = torch.full((len(spans), max_blocks), poison_block, dtype=torch.int32)
-    kc = torch.full((num_blocks, page, hkv, d), float("nan"), dtype=dtype)
-    vc = kc.clone()
+    perm, poison_block = torch.randperm(num_blocks - 1), num_blocks - 1
+    bt = torch.full((len(spans), max(need + [1]) + 1), poison_block, dtype=torch.int32)
+    owned = torch.zeros(num_blocks * page, dtype=torch.bool)
+    start = 0
     for b, n in enumerate(seq_lens):
-        blocks, perm = perm[: need[b]], perm[need[b] :]
-        bt[b, : need[b]] = torch.tensor(blocks, dtype=torch.int32)
-        for pos in range(n):
-            kc[blocks[pos // page], pos % page] = torch.randn(hkv, d).to(dtype)
-            vc[blocks[pos // page], pos % page] = torch.randn(hkv, d).to(dtype)
+        blocks = perm[start : start + need[b]]
+        start += need[b]
+        bt[b, : need[b]] = blocks.int()
+        pos = torch.arange(n)
+        owned[blocks[pos // page] * page + pos % page] = True
+    kc, vc = (torch.randn(num_blocks * page, hkv, d) for _ in range(2))
+    kc[~owned], vc[~owned] = float("nan"), float("nan")
+    kc, vc = (c.view(num_blocks, page, hkv, d).to(dtype) for c in (kc, vc))
     qsl = torch.zeros(len(spans) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor(spans).cumsum(0)
     q = (torch.randn(int(qsl[-1]), hq, d) * 2).to(dtype)
