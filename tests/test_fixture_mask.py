@@ -66,3 +66,30 @@ def test_drafter_block_ignores_context_at_and_after_anchor():
     ctx3 = ctx.clone()
     ctx3[:, 3] += 1.0  # a row block 0 may see
     assert not torch.allclose(d(blocks, ctx3, pos, ctx_pos, mask)[:, :B], base[:, :B])
+
+
+def test_training_forward_equals_inference_forward():
+    """A block in the batched, masked training forward gives the same hidden states as the
+    inference call for that anchor alone (context = rows before the anchor, no mask)."""
+    from engine.fixture.features import tap
+    from engine.fixture.recipes import MICRO
+    from engine.fixture.train_drafter import make_drafter
+    from engine.fixture.train_target import make_target
+
+    target = make_target(MICRO, 0, seed=0).eval()
+    d = make_drafter(MICRO, 1, target, 0).eval()
+    cfg, B, L = d.cfg, MICRO.block_size, 24
+    seq = torch.randint(2, MICRO.vocab_size, (1, L), generator=torch.Generator().manual_seed(1))
+    anchors = torch.tensor([[2, 5, 6, 13, 20]])
+    with torch.no_grad():
+        feats = tap(target.model(input_ids=seq, output_hidden_states=True).hidden_states, cfg.target_layer_ids)
+        pos = anchors[:, :, None] + torch.arange(B)
+        blk = torch.full(pos.shape, cfg.mask_token_id)
+        blk[..., 0] = seq[0, anchors[0]]
+        emb = target.get_input_embeddings()(blk.flatten(1))
+        ctx = d.project_context(feats)
+        train = d(emb, ctx, pos.flatten(1), torch.arange(L)[None], dflash_mask(anchors, L, B))
+        train = train.view(1, -1, B, ctx.shape[-1])
+        for n, a in enumerate(anchors[0].tolist()):
+            inf = d(emb[:, n * B : (n + 1) * B], ctx[:, :a], pos[:, n], torch.arange(a)[None])
+            torch.testing.assert_close(train[:, n], inf, rtol=1e-5, atol=1e-5)
