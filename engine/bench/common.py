@@ -1,0 +1,116 @@
+"""CLI plumbing shared by the benches: device options, logging, engine sizing, prompt sets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.loader import Checkpoint
+
+
+def add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--no-cuda-graphs", action="store_true", help="eager steps (graphs are on by default on CUDA)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO from every module")
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("engine.bench").setLevel(logging.INFO)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda but no CUDA device is available")
+    return torch.device(name)
+
+
+def torch_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def make_engine(
+    model: str | Path | Checkpoint,
+    draft_model: str | Path | Checkpoint | None,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    max_num_seqs: int,
+    seq_tokens: int,
+    headroom: int = 0,
+) -> Engine:
+    """An engine whose KV is sized for exactly max_num_seqs sequences of seq_tokens (+ the drafter's
+    headroom), so two engines fit on one card (the default takes a share of the whole card)."""
+    block = 16
+    max_model_len = seq_tokens + headroom + 1
+    blocks = max_num_seqs * (-(-(seq_tokens + headroom) // block)) + 2  # + the null block, + slack
+    cfg = EngineConfig(
+        model=model if isinstance(model, Checkpoint) else str(model),
+        draft_model=None
+        if draft_model is None
+        else (draft_model if isinstance(draft_model, Checkpoint) else str(draft_model)),
+        device=device.type,
+        dtype=args.dtype,
+        backend=args.backend,
+        cuda_graphs=not args.no_cuda_graphs,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=max(8192, seq_tokens),
+        kv_block_size=block,
+        num_kv_blocks=blocks,
+        spec_max_batch=0,
+        spec_max_drafts=0,
+        trace=False,
+    )
+    return Engine(cfg)
+
+
+def load_prompts(path: Path, tokenizer_dir: Path | None, max_len: int | None = None) -> list[list[int]]:
+    """Token ids of a JSONL prompt set: each line {"text": ...} (encoded with the target's tokenizer,
+    no special tokens) or {"ids": [...]}; max_len keeps the first max_len tokens."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    tokenizer = None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        obj = json.loads(line)
+        ids = obj.get("ids", obj.get("token_ids"))
+        if ids is None:
+            if "text" not in obj:
+                raise ValueError(f"{path}:{n}: a prompt needs 'text' or 'ids'")
+            if tokenizer is None:
+                tokenizer = _tokenizer(tokenizer_dir, path)
+            ids = tokenizer.encode(obj["text"], add_special_tokens=False)
+        ids = [int(t) for t in ids][:max_len]
+        if not ids:
+            raise ValueError(f"{path}:{n}: empty prompt")
+        prompts.append(ids)
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _tokenizer(directory: Path | None, path: Path):
+    if directory is None or not Path(directory).is_dir():
+        raise ValueError(f"{path}: text prompts need the target's tokenizer, and the target is not a directory")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int = 0, low: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, vocab, (count, length), generator=gen).tolist()

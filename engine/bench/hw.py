@@ -1,0 +1,72 @@
+"""The two measured ceilings (METHOD.md: measure them on the card, don't quote the datasheet) and a
+device timer. On CPU the same code runs with host clocks, so the benches' logic is testable there."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(
+    fn: Callable[[], object], device: torch.device, repeats: int, iters: int = 1, warmup: int = 1
+) -> list[float]:
+    """Milliseconds per call of fn, one sample per repeat (each the mean over `iters` back-to-back
+    calls): CUDA events on the GPU, the host clock after a synchronize on CPU."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e3 / iters)
+    return samples
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 10) -> float:
+    """Bytes/s of a large device-to-device copy, counting bytes read + bytes written (median).
+    Random data, never zeros (METHOD.md: zeros can run faster than real data)."""
+    n = nbytes // 2
+    src = torch.randn(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    ms = statistics.median(time_ms(lambda: dst.copy_(src), device, repeats, warmup=2))
+    return 2 * (n * 2) / (ms * 1e-3)
+
+
+def gemm_rate(device: torch.device, n: int = 8192, dtype: torch.dtype | None = None, repeats: int = 10) -> float:
+    """FLOP/s of an n x n x n matrix product through torch (cuBLAS on the GPU), median of repeats."""
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    out = torch.empty(n, n, dtype=dtype, device=device)
+    ms = statistics.median(time_ms(lambda: torch.matmul(a, b, out=out), device, repeats, warmup=2))
+    return 2 * n**3 / (ms * 1e-3)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)

@@ -1,0 +1,75 @@
+"""What every bench writes beside its numbers: command line, device, commit, date, versions."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str | None:
+    """HEAD (with "-dirty" when the tree has changes); PEGASPEC_COMMIT when there is no git (the device
+    machine gets a copy of the working tree without .git)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("PEGASPEC_COMMIT") or None
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken: the record says so instead of failing the bench
+        return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def run_meta(bench: str, device: torch.device, argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    return {
+        "bench": bench,
+        "command": f"python -m engine.bench.{bench} " + " ".join(shlex.quote(a) for a in argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "device": device_name(device),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+    }
+
+
+def meta_lines(meta: dict) -> str:
+    """A Markdown preamble naming the command, device, commit and date (the docs' rule for figures)."""
+    return (
+        f"- command: `{meta['command']}`\n"
+        f"- device: {meta['device']}; torch {meta['torch']}, triton {meta['triton']}, "
+        f"transformers {meta['transformers']}\n"
+        f"- commit: {meta['commit']}; date: {meta['date']}\n"
+    )
