@@ -1,0 +1,129 @@
+"""Offline closed-loop load: c request slots, a new request admitted as soon as one finishes, until a
+fixed number of requests has completed. Greedy, fixed output length (EOS ignored)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.bench.hw import peak_memory_gib, reset_peak_memory, sync
+from engine.config import SamplingParams
+from engine.engine import Engine, SpecStats
+from engine.timing import PhaseTimer, StepTiming
+
+
+@dataclass
+class LoadResult:
+    wall_s: float
+    requests: int
+    output_tokens: int
+    max_in_flight: int
+    steps: list[StepTiming] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)  # this run's delta
+    peak_mem_gib: float | None = None
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def closed_loop(
+    engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int, num_requests: int, max_tokens: int
+) -> LoadResult:
+    """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
+    prompts[i % len(prompts)]. Prefill steps are part of the wall time (output tok/s is end to end)."""
+    if concurrency < 1 or num_requests < 1 or not prompts:
+        raise ValueError(
+            f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
+            f"{num_requests}, {len(prompts)} prompts)"
+        )
+    if engine.has_unfinished():
+        raise RuntimeError("closed_loop needs an idle engine")
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    if engine.timer is None:
+        engine.timer = PhaseTimer(engine.device)
+    first_step = len(engine.timer.records)
+    before = copy.deepcopy(engine.stats)
+    reset_peak_memory(engine.device)
+    sync(engine.device)
+
+    submitted = done = tokens = in_flight = max_in_flight = 0
+    t0 = time.perf_counter()
+
+    def submit() -> None:
+        nonlocal submitted, in_flight, max_in_flight
+        engine.add_request(list(prompts[submitted % len(prompts)]), params)
+        submitted += 1
+        in_flight += 1
+        max_in_flight = max(max_in_flight, in_flight)
+
+    while submitted < min(concurrency, num_requests):
+        submit()
+    while done < num_requests:
+        if not engine.has_unfinished():
+            raise RuntimeError(f"engine idle with {num_requests - done} requests unaccounted for")
+        for out in engine.step():
+            tokens += len(out.new_token_ids)
+            if not out.finished:
+                continue
+            if out.finish_reason == "rejected":
+                raise RuntimeError(f"{out.request_id} rejected: {out.error}")
+            done += 1
+            in_flight -= 1
+            if submitted < num_requests:
+                submit()
+    sync(engine.device)
+    wall = time.perf_counter() - t0
+    return LoadResult(
+        wall_s=wall,
+        requests=done,
+        output_tokens=tokens,
+        max_in_flight=max_in_flight,
+        steps=engine.timer.records[first_step:],
+        stats=stats_delta(before, engine.stats),
+        peak_mem_gib=peak_memory_gib(engine.device),
+    )
+
+
+def stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
+    by_pos = list(after.accepted_by_position)
+    for i, v in enumerate(before.accepted_by_position):
+        by_pos[i] -= v
+    return SpecStats(
+        rounds=after.rounds - before.rounds,
+        gated_rounds=after.gated_rounds - before.gated_rounds,
+        draft_forwards=after.draft_forwards - before.draft_forwards,
+        drafts=after.drafts - before.drafts,
+        draft_tokens_verified=after.draft_tokens_verified - before.draft_tokens_verified,
+        draft_tokens_accepted=after.draft_tokens_accepted - before.draft_tokens_accepted,
+        committed_tokens=after.committed_tokens - before.committed_tokens,
+        accepted_by_position=by_pos,
+    )
+
+
+def acceptance_histogram(stats: SpecStats) -> list[int]:
+    """hist[n] = speculating request-rounds that accepted exactly n drafts. accepted_by_position[p]
+    counts rounds that accepted more than p drafts, so hist[n] = by_pos[n-1] - by_pos[n]."""
+    by_pos = list(stats.accepted_by_position)
+    if stats.drafts == 0:
+        return [0] * (len(by_pos) + 1)
+    more_than = [stats.drafts, *by_pos, 0]
+    return [more_than[n] - more_than[n + 1] for n in range(len(by_pos) + 1)]
+
+
+def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
+    """Summed ms per phase over steps: draft, target (verify/decode/prefill forwards), other = total
+    minus both (scheduling, sampling, acceptance, host sync)."""
+    draft = sum(s.phases.get("draft", 0.0) for s in steps)
+    target = sum(s.phases.get("target", 0.0) for s in steps)
+    total = sum(s.total for s in steps)
+    return {"draft_ms": draft, "target_ms": target, "other_ms": max(0.0, total - draft - target), "steps_ms": total}
+
+
+def plan_counts(steps: Sequence[StepTiming]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for s in steps:
+        counts[s.plan] = counts.get(s.plan, 0) + 1
+    return counts

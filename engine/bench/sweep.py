@@ -1,0 +1,228 @@
+"""The lever sweep: offline closed-loop load per concurrency, lever arms interleaved round by round on
+one set of weights (a plain engine + one speculative engine whose levers switch between runs).
+
+    python -m engine.bench sweep --recipe small --out DIR --concurrency 1 4 8 16 32 64 \
+        --arms plain spec spec+trim=4 spec+gate=32 --noise-arm --rounds 8 --new-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.bench.arms import Arm, parse_arms, round_order
+from engine.bench.common import add_device_args, load_prompts, make_engine, resolve_device, setup_logging
+from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.plots import sweep_plot
+from engine.bench.report import write_csv, write_json
+from engine.bench.summary import add_paired_ratios, noise_floors, summarize, sweep_markdown
+from engine.engine import Engine
+from engine.scheduler import Plan
+
+log = logging.getLogger(__name__)
+
+
+def engine_for(arm: Arm, engines: dict[str, Engine]) -> Engine:
+    if arm.is_plain:
+        return engines["plain"]
+    engine = engines.get("spec")
+    if engine is None:
+        raise ValueError(f"arm {arm.label!r} needs a drafter (--drafter or --recipe)")
+    engine.set_levers(max_batch=arm.gate, max_drafts=arm.trim)
+    return engine
+
+
+def round_row(c: int, round_index: int, slot: int, seq: int, arm: Arm, res: LoadResult) -> dict:
+    s, plans = res.stats, plan_counts(res.steps)
+    spec_rounds = s.rounds - s.gated_rounds
+    return {
+        "concurrency": c,
+        "round": round_index,
+        "slot": slot,  # position of the arm within its round
+        "seq": seq,  # global run order
+        "arm": arm.label,
+        "requests": res.requests,
+        "output_tokens": res.output_tokens,
+        "wall_s": res.wall_s,
+        "tok_s": res.tok_s,
+        "ratio_vs_plain": None,
+        "max_in_flight": res.max_in_flight,
+        "steps": len(res.steps),
+        "prefill_steps": plans.get(Plan.PREFILL.value, 0),
+        "decode_steps": plans.get(Plan.DECODE.value, 0),
+        "spec_steps": plans.get(Plan.SPECULATIVE.value, 0),
+        "gated_steps": plans.get(Plan.GATED.value, 0),
+        "request_rounds": s.rounds,
+        "gated_rounds": s.gated_rounds,
+        "committed_tokens": s.committed_tokens,
+        "drafts_verified": s.draft_tokens_verified,
+        "drafts_accepted": s.draft_tokens_accepted,
+        "tokens_per_round": (s.committed_tokens - s.gated_rounds) / spec_rounds if spec_rounds else None,
+        "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
+        **phase_split(res.steps),
+        "peak_mem_gib": res.peak_mem_gib,
+    }
+
+
+def run_sweep(
+    engines: dict[str, Engine],
+    arms: Sequence[Arm],
+    prompts: Sequence[Sequence[int]],
+    concurrency: Sequence[int],
+    rounds: int,
+    new_tokens: int,
+    waves: int = 2,
+    time_budget_s: float | None = None,
+    progress: bool = True,
+) -> tuple[list[dict], dict[int, int]]:
+    """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
+    Per concurrency: one warm-up round (every arm once: graph captures, compiles; discarded), then
+    `rounds` rounds, round r starting at arm r mod n. The budget is shared evenly by the concurrencies
+    not yet run; a round is skipped when the slowest measured round would overrun its share (at least
+    one measured round always runs)."""
+    rows: list[dict] = []
+    trimmed: dict[int, int] = {}
+    seq, start = 0, time.perf_counter()
+    bar = tqdm(
+        total=len(concurrency) * (rounds + 1) * len(arms), disable=not progress, unit="run", desc="sweep", mininterval=5
+    )
+    for ci, c in enumerate(concurrency):
+        now = time.perf_counter()
+        deadline = None if time_budget_s is None else now + (start + time_budget_s - now) / (len(concurrency) - ci)
+        slowest = 0.0
+        for r in range(rounds + 1):
+            if deadline is not None and r >= 2 and time.perf_counter() + slowest > deadline:
+                log.warning("time budget: c=%d ran %d of %d rounds", c, r - 1, rounds)
+                trimmed[c] = r - 1
+                bar.update((rounds + 1 - r) * len(arms))
+                break
+            bar.set_postfix_str(f"c={c} round={'warm-up' if r == 0 else r}")
+            t0 = time.perf_counter()
+            for slot, arm in enumerate(round_order(arms, r)):
+                res = closed_loop(engine_for(arm, engines), prompts, c, waves * c, new_tokens)
+                bar.update(1)
+                if r:
+                    rows.append(round_row(c, r, slot, seq, arm, res))
+                    seq += 1
+            if r:
+                slowest = max(slowest, time.perf_counter() - t0)
+    bar.close()
+    add_paired_ratios(rows)
+    return rows, trimmed
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench sweep", description=__doc__.split("\n\n")[0])
+    src = p.add_argument_group("weights (a pair of directories, or a fixture recipe built/cached on the device)")
+    src.add_argument("--target", type=Path)
+    src.add_argument("--drafter", type=Path)
+    src.add_argument("--recipe", help="fixture recipe (e.g. small): ensure_pair builds or reuses the cached pair")
+    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    p.add_argument("--arms", nargs="+", default=["plain", "spec", "spec+trim=4", "spec+trim=8"])
+    p.add_argument("--noise-arm", action="store_true", help="add plain#2, the paired noise floor")
+    p.add_argument("--rounds", type=int, default=8, help="measured rounds per concurrency (+1 warm-up)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--waves", type=int, default=2, help="requests per round = waves x concurrency")
+    p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
+    p.add_argument("--time-budget-s", type=float, default=None, help="trim rounds to fit (warm-ups not counted)")
+    p.add_argument("--parity-bar", type=float, default=0.02, help="min |ratio - 1| for a win/loss (default 2%%)")
+    p.add_argument("--no-progress", action="store_true")
+    add_device_args(p)
+    return p
+
+
+def _weights(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
+    if args.recipe:
+        if args.target or args.drafter:
+            raise SystemExit("give --recipe or --target/--drafter, not both")
+        from engine.fixture.recipes import ensure_pair
+
+        target, drafter = ensure_pair(args.recipe, device.type)
+    elif args.target:
+        target, drafter = args.target, args.drafter
+    else:
+        raise SystemExit("need --target DIR [--drafter DIR] or --recipe NAME")
+    prompts = args.prompts or Path(target).parent / "prompts.jsonl"
+    if not prompts.is_file():
+        raise SystemExit(f"no prompt set: {prompts} does not exist (pass --prompts JSONL)")
+    return Path(target), None if drafter is None else Path(drafter), prompts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        arms = parse_arms(args.arms, args.noise_arm)
+    except ValueError as err:
+        raise SystemExit(f"--arms: {err}") from None
+    if args.rounds < 1 or args.waves < 1 or min(args.concurrency) < 1:
+        raise SystemExit("--rounds, --waves and every --concurrency must be >= 1")
+    device = resolve_device(args.device)
+    target, drafter, prompt_path = _weights(args, device)
+    if drafter is None and any(not a.is_plain for a in arms):
+        raise SystemExit("spec arms need --drafter (or --recipe)")
+    prompts = load_prompts(prompt_path, target, args.max_prompt_len)
+    seq_tokens = max(len(p) for p in prompts) + args.new_tokens
+    max_c = max(args.concurrency)
+    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)}
+    if drafter is not None:
+        from engine.loader import open_checkpoint
+        from engine.models.config import DFlashConfig
+
+        block = DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
+        engines["spec"] = make_engine(
+            target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=block
+        )
+    meta = run_meta("sweep", device, list(argv) if argv is not None else None)
+    meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
+    rows, trimmed = run_sweep(
+        engines,
+        arms,
+        prompts,
+        args.concurrency,
+        args.rounds,
+        args.new_tokens,
+        args.waves,
+        args.time_budget_s,
+        progress=not args.no_progress,
+    )
+    write_outputs(args.out, rows, [a.label for a in arms], meta, trimmed, args.parity_bar)
+    return 0
+
+
+def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trimmed: dict, bar: float) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows, arms, bar)
+    write_csv(out / "sweep.csv", rows)
+    write_csv(out / "sweep_summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summary])
+    table = sweep_markdown(summary, bar)
+    trims = "".join(f"- time budget: c={c} ran {n} rounds\n" for c, n in trimmed.items())
+    (out / "sweep.md").write_text(f"# Lever sweep\n\n{meta_lines(meta)}{trims}\n{table}")
+    plotted = sweep_plot(summary, arms, out / "sweep.png", meta["command"])
+    write_json(
+        out / "sweep.json",
+        {
+            **meta,
+            "arms": arms,
+            "noise_floors": noise_floors(rows),
+            "trimmed_rounds": trimmed,
+            "parity_bar": bar,
+            "plot": plotted,
+            "summary": summary,
+        },
+    )
+    print(table)
+    print(f"wrote {out}/sweep.csv, sweep_summary.csv, sweep.md, sweep.json" + (", sweep.png" if plotted else ""))
+    return summary
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

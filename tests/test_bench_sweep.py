@@ -1,0 +1,170 @@
+"""The lever sweep end to end on CPU with a tiny random pair: rows, interleaving, pairing, budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import pytest
+import torch
+
+from engine.bench import sweep
+from engine.bench.arms import parse_arms, round_order
+from engine.bench.common import make_engine
+from engine.bench.load import acceptance_histogram, closed_loop
+from engine.bench.report import read_csv
+from engine.engine import SpecStats
+
+ARMS = ["plain", "spec", "spec+trim=2", "spec+gate=1"]
+NEW = 4
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    gen = torch.Generator().manual_seed(0)
+    lines = [
+        json.dumps({"id": i, "ids": torch.randint(0, 290, (int(n),), generator=gen).tolist(), "source": "random"})
+        for i, n in enumerate([5, 7, 6])
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(tiny_target, tiny_drafter, prompts_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    argv = ["--target", str(tiny_target), "--drafter", str(tiny_drafter), "--prompts", str(prompts_file)]
+    argv += ["--out", str(out), "--concurrency", "1", "2", "--rounds", "2", "--new-tokens", str(NEW)]
+    argv += ["--arms", *ARMS, "--noise-arm", "--device", "cpu", "--no-progress"]
+    assert sweep.main(argv) == 0
+    return out, read_csv(out / "sweep.csv"), json.loads((out / "sweep.json").read_text())
+
+
+def test_outputs_and_complete_rows(swept):
+    out, rows, meta = swept
+    for name in ("sweep.csv", "sweep_summary.csv", "sweep.md", "sweep.json"):
+        assert (out / name).is_file()
+    assert len(rows) == 2 * 2 * 5  # concurrencies x measured rounds x arms (warm-up discarded)
+    for r in rows:
+        c = int(r["concurrency"])
+        for key in ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq"):
+            assert r[key] != "", (key, r)
+        assert int(r["requests"]) == 2 * c  # two waves of c
+        assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored
+        assert int(r["max_in_flight"]) == c
+        assert {r["round"] for r in rows} == {"1", "2"}
+    assert meta["commit"] is None or len(meta["commit"]) >= 40
+    assert meta["command"].startswith("python -m engine.bench.sweep")
+    md = (out / "sweep.md").read_text()
+    assert "spec+trim=2" in md and "verdict" in md and meta["device"] in md
+
+
+def test_arms_are_interleaved_round_by_round(swept):
+    _, rows, _ = swept
+    arms = parse_arms(ARMS, noise_arm=True)
+    rows = sorted(rows, key=lambda r: int(r["seq"]))
+    assert [int(r["seq"]) for r in rows] == list(range(len(rows)))
+    blocks = defaultdict(list)
+    for r in rows:
+        blocks[(r["concurrency"], r["round"])].append(r)
+    for (_, rnd), block in blocks.items():
+        seqs = [int(r["seq"]) for r in block]
+        assert seqs == list(range(seqs[0], seqs[0] + len(arms)))  # one round = one contiguous block
+        assert [r["arm"] for r in block] == [a.label for a in round_order(arms, int(rnd))]
+        assert [int(r["slot"]) for r in block] == list(range(len(arms)))
+    starts = {(c, rnd): b[0]["arm"] for (c, rnd), b in blocks.items()}
+    assert starts[("1", "1")] != starts[("1", "2")]
+
+
+def test_paired_ratios_come_from_the_same_round(swept):
+    _, rows, meta = swept
+    plain = {(r["concurrency"], r["round"]): float(r["tok_s"]) for r in rows if r["arm"] == "plain"}
+    for r in rows:
+        expect = float(r["tok_s"]) / plain[(r["concurrency"], r["round"])]
+        assert float(r["ratio_vs_plain"]) == pytest.approx(expect, rel=1e-9)
+    for c, floor in meta["noise_floors"].items():
+        noise = [abs(float(r["ratio_vs_plain"]) - 1) for r in rows if r["arm"] == "plain#2" and r["concurrency"] == c]
+        assert floor == pytest.approx(max(noise))
+    summary = {(s["concurrency"], s["arm"]): s for s in meta["summary"]}
+    for (c, arm), s in summary.items():
+        if arm not in ("plain", "plain#2"):
+            floor = meta["noise_floors"][str(c)]
+            if abs(s["ratio_median"] - 1) <= max(floor, meta["parity_bar"]):
+                assert s["verdict"] == "parity"
+            else:
+                assert s["verdict"] == ("win" if s["ratio_median"] > 1 else "loss")
+
+
+def test_levers_take_effect_per_arm(swept):
+    _, rows, _ = swept
+    for r in rows:
+        arm, rounds = r["arm"], int(r["request_rounds"])
+        if arm.startswith("plain"):
+            assert int(r["spec_steps"]) == 0 and int(r["decode_steps"]) > 0 and rounds == 0
+        elif arm == "spec+gate=1":  # MAX_BATCH=1 gates every round: one-token verifies only
+            assert int(r["gated_rounds"]) == rounds > 0 and int(r["spec_steps"]) == 0
+            assert r["accept_hist"] == ""
+        else:
+            k = 2 if arm == "spec+trim=2" else 5  # the tiny drafter: block 6, 5 drafts a round
+            assert int(r["gated_rounds"]) == 0 and int(r["spec_steps"]) > 0
+            assert int(r["drafts_verified"]) <= k * rounds
+            hist = [int(x) for x in r["accept_hist"].split()]
+            assert sum(hist) == rounds and all(n == 0 for n in hist[k + 1 :])
+
+
+def test_bad_arm_is_a_clear_cli_error(tiny_target, tiny_drafter, prompts_file, tmp_path):
+    argv = ["--target", str(tiny_target), "--drafter", str(tiny_drafter), "--prompts", str(prompts_file)]
+    with pytest.raises(SystemExit, match=r"--arms: arm 'spec\+trim=x'"):
+        sweep.main([*argv, "--out", str(tmp_path), "--arms", "plain", "spec+trim=x", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="spec arms need --drafter"):
+        sweep.main(
+            [
+                "--target",
+                str(tiny_target),
+                "--prompts",
+                str(prompts_file),
+                "--out",
+                str(tmp_path),
+                "--arms",
+                "spec",
+                "--device",
+                "cpu",
+            ]
+        )
+
+
+def test_time_budget_trims_rounds_not_concurrencies(tiny_target, tiny_drafter):
+    args = argparse.Namespace(dtype="auto", backend="auto", no_cuda_graphs=True)
+    cpu = torch.device("cpu")
+    engines = {
+        "plain": make_engine(tiny_target, None, args, cpu, max_num_seqs=2, seq_tokens=12),
+        "spec": make_engine(tiny_target, tiny_drafter, args, cpu, max_num_seqs=2, seq_tokens=12, headroom=6),
+    }
+    arms = parse_arms(["plain", "spec"])
+    rows, trimmed = sweep.run_sweep(
+        engines, arms, [[1, 2, 3]], [1, 2], rounds=5, new_tokens=3, time_budget_s=0.0, progress=False
+    )
+    assert trimmed == {1: 1, 2: 1}
+    assert sorted({(r["concurrency"], r["round"]) for r in rows}) == [(1, 1), (2, 1)]
+
+
+def test_closed_loop_keeps_c_in_flight_and_counts_acceptance(tiny_target, tiny_drafter):
+    args = argparse.Namespace(dtype="auto", backend="auto", no_cuda_graphs=True)
+    engine = make_engine(
+        tiny_target, tiny_drafter, args, torch.device("cpu"), max_num_seqs=3, seq_tokens=14, headroom=6
+    )
+    res = closed_loop(engine, [[5, 6, 7], [8, 9]], concurrency=3, num_requests=7, max_tokens=6)
+    assert (res.requests, res.output_tokens, res.max_in_flight) == (7, 42, 3)
+    assert res.stats.committed_tokens == 7 * 5  # every token after the prefill's comes from a verify round
+    assert sum(acceptance_histogram(res.stats)) == res.stats.drafts
+    with pytest.raises(ValueError, match="concurrency"):
+        closed_loop(engine, [[1]], concurrency=0, num_requests=1, max_tokens=2)
+
+
+def test_acceptance_histogram_from_by_position_counts():
+    # 10 speculating rounds: 4 accepted 0, 3 accepted 1, 2 accepted 2, 1 accepted all 3
+    stats = SpecStats(drafts=10, accepted_by_position=[6, 3, 1])
+    assert acceptance_histogram(stats) == [4, 3, 2, 1]
+    assert acceptance_histogram(SpecStats(accepted_by_position=[0, 0])) == [0, 0, 0]
