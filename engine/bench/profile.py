@@ -1,0 +1,228 @@
+"""The cost profile: one target verify forward (runner.extend, a CUDA-graph replay on the GPU) as a
+function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
+point where verify rows stop being nearly free is measured, not guessed.
+
+    python -m engine.bench profile --geometry 4b --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.geometry import GEOMETRIES, random_pair
+from engine.bench.hw import time_ms
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.plots import profile_plot
+from engine.bench.report import fmt, markdown_table, write_csv, write_json
+from engine.config import SamplingParams
+from engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+def prefill_requests(engine: Engine, count: int, context: int, budget: int, seed: int = 0) -> list:
+    """`count` live requests with `context` tokens in the cache each (prefill steps only): the state
+    the verify and draft forwards run against. budget (max_tokens) reserves KV for the longest span."""
+    vocab = engine.target_cfg.geometry.vocab_size
+    for ids in random_prompts(count, context, vocab, seed):
+        engine.add_request(ids, SamplingParams(max_tokens=budget, ignore_eos=True))
+    while engine.scheduler.waiting:
+        engine.step()
+    reqs = list(engine.scheduler.running)
+    if len(reqs) != count or any(r.num_kv != context for r in reqs):
+        raise RuntimeError(f"expected {count} prefilled requests of {context} tokens, got {len(reqs)}")
+    return reqs
+
+
+def profile_costs(
+    engine: Engine,
+    reqs: list,
+    batches: Sequence[int],
+    spans: Sequence[int],
+    repeats: int,
+    iters: int,
+    time_budget_s: float | None = None,
+) -> list[dict]:
+    """Rows {kind: verify|draft, batch, span, rows, bucket, ms (median), ms_min, ms_max}."""
+    runner, device = engine.runner, engine.device
+    vocab = engine.target_cfg.geometry.vocab_size
+    gen = torch.Generator().manual_seed(1)
+    points = [("verify", b, s) for s in spans for b in batches]
+    if engine.drafter is not None:
+        points += [("draft", b, engine.drafts_per_round) for b in batches]
+    rows, start = [], time.perf_counter()
+    for kind, b, span in points:
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            log.warning("time budget: stopped after %d of %d points", len(rows), len(points))
+            break
+        sub = reqs[:b]
+        if kind == "verify":
+            ids = torch.randint(0, vocab, (b, span), generator=gen).to(device)
+
+            def fn(sub=sub, ids=ids):
+                return runner.extend(sub, ids)
+        else:
+
+            def fn(sub=sub):
+                return runner.draft(sub)
+
+        samples = time_ms(fn, device, repeats, iters, warmup=2)  # the first call captures the graph
+        bucket = next((x for x in runner.buckets if x >= b), b) if runner.use_graphs else b  # padded rows
+        rows.append(
+            {
+                "kind": kind,
+                "batch": b,
+                "span": span,
+                "rows": b * span,
+                "bucket": bucket,
+                "ms": statistics.median(samples),
+                "ms_min": min(samples),
+                "ms_max": max(samples),
+            }
+        )
+        log.info("%s batch %d span %d: %.3f ms", kind, b, span, rows[-1]["ms"])
+    return rows
+
+
+def mark_over(rows: list[dict], threshold: float) -> float | None:
+    """Mark verify rows slower than threshold x the 1-row (batch 1, span 1) time; returns that time."""
+    one = next((r["ms"] for r in rows if r["kind"] == "verify" and r["rows"] == 1), None)
+    for r in rows:
+        r["x_one_row"] = r["ms"] / one if one and r["kind"] == "verify" else None
+        r["over"] = bool(one) and r["kind"] == "verify" and r["ms"] > threshold * one
+    return one
+
+
+def free_rows(rows: Sequence[dict]) -> tuple[int | None, dict | None]:
+    """(N, first): every verify point with rows <= N is within the threshold, and `first` is the
+    smallest-rows point over it (None when none is)."""
+    verify = sorted((r for r in rows if r["kind"] == "verify"), key=lambda r: (r["rows"], r["ms"]))
+    first = next((r for r in verify if r["over"]), None)
+    within = [r["rows"] for r in verify if first is None or r["rows"] < first["rows"]]
+    return (max(within) if within else None), first
+
+
+def summary_line(rows: Sequence[dict], threshold: float) -> str:
+    n, first = free_rows(rows)
+    line = f"verify cost within {threshold}x of one row up to {n} rows"
+    if first is None:
+        return line + " (every measured point)"
+    return line + (
+        f"; first over: {first['rows']} rows (batch {first['batch']} x span {first['span']}) at "
+        f"{first['ms']:.3f} ms = {first['x_one_row']:.2f}x"
+    )
+
+
+def profile_markdown(rows: Sequence[dict], threshold: float) -> str:
+    verify = [r for r in rows if r["kind"] == "verify"]
+    batches = sorted({r["batch"] for r in verify})
+    spans = sorted({r["span"] for r in verify})
+    cell = {(r["batch"], r["span"]): r for r in verify}
+    table = []
+    for b in batches:
+        line = [b]
+        for s in spans:
+            r = cell.get((b, s))
+            line.append("—" if r is None else f"{r['ms']:.3f} ({r['x_one_row']:.2f}x){' ▲' if r['over'] else ''}")
+        table.append(line)
+    text = "Target verify forward, ms (x the 1-row time); ▲ = over the threshold. Rows = batch x span.\n\n"
+    text += markdown_table(["batch \\ span", *[str(s) for s in spans]], table) + "\n"
+    draft = [r for r in rows if r["kind"] == "draft"]
+    if draft:
+        text += f"\nDrafter forward (one block per request, {draft[0]['span']} drafts each), ms:\n\n"
+        text += markdown_table(
+            ["batch", "ms", "min", "max"],
+            [[r["batch"], fmt(r["ms"], 3), fmt(r["ms_min"], 3), fmt(r["ms_max"], 3)] for r in draft],
+        )
+        text += "\n"
+    return text + f"\n**{summary_line(rows, threshold)}**\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench profile", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--geometry",
+        default="4b",
+        help=f"{'|'.join(GEOMETRIES)} (random weights) or a target DIR (or a pair DIR with target/, drafter/)",
+    )
+    p.add_argument("--drafter", type=Path, help="drafter DIR for --geometry DIR")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--spans", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--context", type=int, default=256, help="tokens in each request's KV cache")
+    p.add_argument("--repeats", type=int, default=5, help="samples per point (the median is reported)")
+    p.add_argument("--iters", type=int, default=10, help="back-to-back forwards per sample")
+    p.add_argument("--threshold", type=float, default=1.2)
+    p.add_argument("--std", type=float, default=0.02, help="random weight std")
+    p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring new points after this")
+    add_device_args(p)
+    return p
+
+
+def _weights(args: argparse.Namespace, device: torch.device):
+    if args.geometry in GEOMETRIES:
+        return random_pair(args.geometry, device, torch_dtype(args.dtype, device), args.std)
+    root = Path(args.geometry)
+    if (root / "target").is_dir():
+        return root / "target", args.drafter or ((root / "drafter") if (root / "drafter").is_dir() else None)
+    if not root.is_dir():
+        raise SystemExit(f"--geometry {args.geometry!r}: not one of {GEOMETRIES} and not a directory")
+    return root, args.drafter
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if min(args.batches) < 1 or min(args.spans) < 1 or args.context < 1:
+        raise SystemExit("--batches, --spans and --context must be >= 1")
+    device = resolve_device(args.device)
+    target, drafter = _weights(args, device)
+    batches, spans = sorted(set(args.batches) | {1}), sorted(set(args.spans) | {1})  # the 1-row reference
+    headroom = 0
+    if drafter is not None:
+        from engine.loader import open_checkpoint
+        from engine.models.config import DFlashConfig
+
+        headroom = DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
+    engine = make_engine(
+        target,
+        drafter,
+        args,
+        device,
+        max_num_seqs=max(batches),
+        seq_tokens=args.context + max(spans),
+        headroom=headroom,
+    )
+    reqs = prefill_requests(engine, max(batches), args.context, max(spans))
+    rows = profile_costs(engine, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s)
+    mark_over(rows, args.threshold)
+    meta = run_meta("profile", device, list(argv) if argv is not None else None)
+    meta.update(
+        geometry=args.geometry,
+        context=args.context,
+        threshold=args.threshold,
+        target=getattr(target, "name", str(target)),
+        drafter=getattr(drafter, "name", str(drafter)),
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "profile.csv", rows)
+    table = profile_markdown(rows, args.threshold)
+    (args.out / "profile.md").write_text(f"# Cost profile: {args.geometry}\n\n{meta_lines(meta)}\n{table}")
+    plotted = profile_plot(rows, args.out / "profile.png", args.threshold, meta["command"])
+    n, first = free_rows(rows)
+    write_json(args.out / "profile.json", {**meta, "free_rows": n, "first_over": first, "plot": plotted, "rows": rows})
+    print(table)
+    print(f"wrote {args.out}/profile.csv, profile.md, profile.json" + (", profile.png" if plotted else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
