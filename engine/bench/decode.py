@@ -1,0 +1,173 @@
+"""The decode bench: Qwen3-4B geometry, random bf16 weights, greedy, EOS ignored, random-token prompts;
+our engine vs the HF transformers peer on the same weights, against the measured roofline.
+
+    python -m engine.bench.decode --out DIR [--concurrency 1 8 16 32 64] [--prompt-len 128]
+        [--new-tokens 128] [--peer/--no-peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.bench import roofline
+from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.decode_report import decode_markdown, summarize
+from engine.bench.geometry import GEOMETRIES, target_config
+from engine.bench.hw import copy_bandwidth, gemm_rate
+from engine.bench.load import closed_loop
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.peer import as_checkpoint, build_hf_model, hf_generate, time_hf_generate
+from engine.bench.report import write_csv, write_json
+from engine.config import SamplingParams
+from engine.scheduler import Plan
+
+log = logging.getLogger(__name__)
+
+
+def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int) -> dict:
+    """All c requests submitted at once, run to completion: wall time and per-decode-step times."""
+    res = closed_loop(engine, prompts[:c], c, c, new_tokens)
+    decode = [s for s in res.steps if s.plan == Plan.DECODE.value]
+    if not decode:  # a one-token run has no decode step
+        decode_ms = target_ms = None
+    else:
+        decode_ms = statistics.median(s.total for s in decode)
+        target_ms = statistics.median(s.phases.get("target", 0.0) for s in decode)
+    return {
+        "wall_s": res.wall_s,
+        "tok_s": res.tok_s,
+        "output_tokens": res.output_tokens,
+        "decode_steps": len(decode),
+        "step_ms": decode_ms,
+        "target_ms": target_ms,
+        "prefill_ms": sum(s.total for s in res.steps if s.plan == Plan.PREFILL.value),
+    }
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="time the HF peer too")
+    p.add_argument("--peer-concurrency", type=int, nargs="+", default=None, help="default: --concurrency")
+    p.add_argument("--peer-repeats", type=int, default=3)
+    p.add_argument("--geometry", default="4b", choices=GEOMETRIES, help="4b; tiny/small for quick checks")
+    p.add_argument("--std", type=float, default=0.02)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--copy-mib", type=int, default=2048, help="buffer of the bandwidth measurement")
+    p.add_argument("--gemm-n", type=int, default=8192, help="n of the n x n x n GEMM-rate measurement")
+    p.add_argument("--check-tokens", type=int, default=32, help="greedy tokens compared engine vs peer (c=1)")
+    add_device_args(p)
+    return p
+
+
+def agreement(engine, model, prompt: Sequence[int], tokens: int, device: torch.device) -> dict:
+    """Leading greedy tokens on which the engine and the peer agree for one prompt (a check that both
+    run the same weights; bf16 near-ties on random weights may legitimately split them late)."""
+    ours = engine.generate([list(prompt)], SamplingParams(max_tokens=tokens, ignore_eos=True))[0].token_ids
+    theirs = hf_generate(model, torch.tensor([list(prompt)], device=device), tokens)[0].tolist()
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
+    return {"tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.prompt_len < 1 or args.new_tokens < 2 or args.repeats < 1 or min(args.concurrency) < 1:
+        raise SystemExit("need --prompt-len >= 1, --new-tokens >= 2, --repeats >= 1, concurrency >= 1")
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype, device)
+    config = target_config(args.geometry)
+    peer_conc = (args.peer_concurrency or args.concurrency) if args.peer else []
+    P, N = args.prompt_len, args.new_tokens
+
+    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)
+    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
+    model = build_hf_model(config, device, dtype, args.std, args.seed)
+    engine = make_engine(
+        as_checkpoint(model, config, f"random-{args.geometry}"),
+        None,
+        args,
+        device,
+        max_num_seqs=max(args.concurrency),
+        seq_tokens=P + N,
+    )
+    prompts = random_prompts(max([*args.concurrency, *peer_conc]), P, config["vocab_size"], args.seed)
+
+    raw: list[dict] = []
+    for c in args.concurrency:
+        engine_run(engine, prompts, c, N)  # warm-up: graph capture and Triton compiles stay out
+        for rep in range(args.repeats):
+            raw.append({"impl": "pegaspec", "concurrency": c, "repeat": rep, **engine_run(engine, prompts, c, N)})
+        log.info("engine c=%d: %.0f tok/s", c, statistics.median(r["tok_s"] for r in raw[-args.repeats :]))
+    agree = None
+    for c in peer_conc:
+        ids = torch.tensor(prompts[:c], device=device)
+        time_hf_generate(model, ids, N)  # warm-up: the static cache for this batch
+        for rep in range(args.peer_repeats):
+            wall = time_hf_generate(model, ids, N)
+            raw.append(
+                {
+                    "impl": "hf",
+                    "concurrency": c,
+                    "repeat": rep,
+                    "wall_s": wall,
+                    "tok_s": c * N / wall,
+                    "output_tokens": c * N,
+                }
+            )
+        log.info("peer c=%d: %.0f tok/s", c, raw[-1]["tok_s"])
+    if args.peer and args.check_tokens:
+        agree = agreement(engine, model, prompts[0], min(N, args.check_tokens), device)
+
+    summary = summarize(raw, config, args.concurrency, P, N, bw, rate, dtype.itemsize)
+    meta = run_meta("decode", device, list(argv) if argv is not None else None)
+    hw = {
+        "copy_bandwidth_Bps": bw,
+        "gemm_flops": rate,
+        "dtype": str(dtype).removeprefix("torch."),
+        "weight_bytes": roofline.weight_bytes(config, dtype.itemsize),
+        "kv_bytes_per_token": roofline.kv_bytes_per_token(config, dtype.itemsize),
+    }
+    notes = (
+        f"- measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {hw['dtype']} GEMM {rate / 1e12:.1f} TFLOP/s "
+        f"(n={args.gemm_n}); weights {hw['weight_bytes'] / 1e9:.3f} GB (tied head once), KV "
+        f"{hw['kv_bytes_per_token']:,} B/token\n"
+        f"- prompts {P} random tokens, {N} new tokens, greedy, EOS ignored; peer: transformers generate, "
+        f"static cache, no torch.compile\n"
+    )
+    if agree:
+        notes += f"- engine vs peer greedy agreement (c=1, first prompt): {agree['agree_prefix']}/{agree['tokens']}\n"
+    table = decode_markdown(summary)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "decode_runs.csv", raw)
+    write_csv(args.out / "decode_summary.csv", summary)
+    (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")
+    write_json(
+        args.out / "decode.json",
+        {
+            **meta,
+            "geometry": config,
+            "hw": hw,
+            "prompt_len": P,
+            "new_tokens": N,
+            "agreement": agree,
+            "summary": summary,
+        },
+    )
+    print(notes + "\n" + table)
+    print(f"wrote {args.out}/decode_runs.csv, decode_summary.csv, decode.md, decode.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

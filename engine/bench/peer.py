@@ -1,0 +1,67 @@
+"""The HF transformers peer: the same random weights in a Qwen3ForCausalLM, greedy `generate` with a
+static cache and no torch.compile (disable_compile: transformers otherwise auto-compiles the forward
+whenever the cache is static)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.bench.hw import sync
+from engine.loader import Checkpoint
+
+_NOT_HF_KWARGS = ("architectures", "model_type")
+
+
+def build_hf_model(config: dict, device: torch.device, dtype: torch.dtype, std: float = 0.02, seed: int = 0):
+    """A Qwen3ForCausalLM built on the device with norms 1 and every other weight N(0, std), seeded."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf_cfg = Qwen3Config(**{k: v for k, v in config.items() if k not in _NOT_HF_KWARGS}, attn_implementation="sdpa")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(hf_cfg)
+    model = model.to(dtype).eval()
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # the tied head is the embedding: listed once
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+    model.generation_config.eos_token_id = None  # random weights: never stop early
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def as_checkpoint(model, config: dict, name: str) -> Checkpoint:
+    """The model's own tensors (no copy) as an in-memory checkpoint for the engine."""
+    return Checkpoint(name, dict(config), tensors=dict(model.state_dict()))
+
+
+def hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """Greedy continuation ids [c, new_tokens] of equal-length prompts [c, P]; raises if it stopped early."""
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            cache_implementation="static",
+            disable_compile=True,
+            pad_token_id=0,
+        )
+    got = out.shape[1] - prompts.shape[1]
+    if got != new_tokens:
+        raise RuntimeError(f"HF generate produced {got} tokens, expected {new_tokens}")
+    return out[:, prompts.shape[1] :]
+
+
+def time_hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> float:
+    """Wall seconds of one generate call (prefill included), synchronized at both ends."""
+    sync(prompts.device)
+    t0 = time.perf_counter()
+    hf_generate(model, prompts, new_tokens)
+    sync(prompts.device)
+    return time.perf_counter() - t0
