@@ -132,7 +132,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--waves", type=int, default=2, help="requests per round = waves x concurrency")
     p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
-    p.add_argument("--time-budget-s", type=float, default=None, help="trim rounds to fit (warm-ups not counted)")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="trim measured rounds so the sweep (warm-ups included) fits; >= 1 round per c always runs",
+    )
     p.add_argument("--parity-bar", type=float, default=0.02, help="min |ratio - 1| for a win/loss (default 2%%)")
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
