@@ -116,6 +116,7 @@ def test_decode_bench_end_to_end_on_cpu(tmp_path, capsys):
             assert int(r["decode_steps"]) == 2 and float(r["step_ms"]) > 0  # 3 tokens: a prefill + 2 decodes
     meta = json.loads((tmp_path / "decode.json").read_text())
     assert meta["agreement"]["agree_prefix"] == 3  # fp32 on CPU: the same weights give the same greedy tokens
+    assert meta["agreement"]["logits_rel_err"] < 1e-4  # and the same logits: the weights were handed over intact
     assert meta["hw"]["kv_bytes_per_token"] == 6 * 2 * 2 * 64 * 4  # tiny recipe geometry in fp32
     for s in meta["summary"]:
         assert s["vs_peer"] == pytest.approx(s["tok_s"] / s["peer_tok_s"])

@@ -71,12 +71,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def agreement(engine, model, prompt: Sequence[int], tokens: int, device: torch.device) -> dict:
-    """Leading greedy tokens on which the engine and the peer agree for one prompt (a check that both
-    run the same weights; bf16 near-ties on random weights may legitimately split them late)."""
+    """Do the engine and the peer run the same weights? The relative L2 error of their last-position
+    logits for one prompt (bf16: ~1e-2, fp32: ~1e-6), and the leading greedy tokens they agree on
+    (random weights tend to repeat a token, so the logits are the sharper check)."""
+    ids = torch.tensor([list(prompt)], device=device)
+    ours_logits = engine.last_logits(list(prompt))
+    with torch.inference_mode():
+        theirs_logits = model(input_ids=ids).logits[0, -1].float()
+    rel = ((ours_logits - theirs_logits).norm() / theirs_logits.norm()).item()
     ours = engine.generate([list(prompt)], SamplingParams(max_tokens=tokens, ignore_eos=True))[0].token_ids
-    theirs = hf_generate(model, torch.tensor([list(prompt)], device=device), tokens)[0].tolist()
+    theirs = hf_generate(model, ids, tokens)[0].tolist()
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
-    return {"tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
+    return {"logits_rel_err": rel, "tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"static cache, no torch.compile\n"
     )
     if agree:
-        notes += f"- engine vs peer greedy agreement (c=1, first prompt): {agree['agree_prefix']}/{agree['tokens']}\n"
+        notes += (
+            f"- engine vs peer on the first prompt: last-position logits rel. L2 error "
+            f"{agree['logits_rel_err']:.2e}; greedy tokens agree {agree['agree_prefix']}/{agree['tokens']}\n"
+        )
     table = decode_markdown(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "decode_runs.csv", raw)

@@ -20,9 +20,15 @@ def build_hf_model(config: dict, device: torch.device, dtype: torch.dtype, std: 
 
     hf_cfg = Qwen3Config(**{k: v for k, v in config.items() if k not in _NOT_HF_KWARGS}, attn_implementation="sdpa")
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(hf_cfg)
-    model = model.to(dtype).eval()
+    # Built in `dtype` (as from_pretrained does), not cast after: .to(bf16) would also round the fp32
+    # RoPE inv_freq buffer and the peer would no longer compute what the engine computes.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3ForCausalLM(hf_cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # the tied head is the embedding: listed once
