@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from engine.bench import decode, roofline
 from engine.bench.decode_report import roofline_columns
@@ -22,6 +23,16 @@ LINEAR = 4096 * 2560 + 2 * 1024 * 2560 + 2560 * 4096 + 3 * 9728 * 2560
 LAYER = LINEAR + 2 * 2560 + 2 * 128
 PARAMS = EMBED + 36 * LAYER + 2560
 KV_TOKEN = 36 * 2 * 8 * 128 * 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny-model steps on a small shared CPU: one intra-op thread avoids OpenMP oversubscription
+    (seconds instead of a minute); restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_4b_weight_and_kv_bytes_by_hand():
@@ -70,7 +81,6 @@ def test_roofline_columns_fractions():
 
 
 def test_random_geometries_match_the_real_module_layouts():
-    import torch
     from transformers import Qwen3Config as HFConfig
     from transformers import Qwen3ForCausalLM
 
