@@ -3,10 +3,15 @@ from __future__ import annotations
 
 import os
 
-import pytest
+# xdist workers and the children they start share the CPU: one intra-op thread each avoids OpenMP
+# oversubscription (tiny-model steps slow down by orders of magnitude under it).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from gates.devices import visible_gpu_count, worker_gpu
-from gates.run_record import RECORD_ENV, RunRecorder
+import pytest  # noqa: E402
+
+from gates.devices import visible_gpu_count, worker_gpu  # noqa: E402
+from gates.run_record import RECORD_ENV, RunRecorder  # noqa: E402
 
 REQUIRE_ENV = "PEGAINFER_REQUIRE_SPEC_GATE"
 

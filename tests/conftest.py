@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.checkpoints import make_drafter, make_target
+# xdist workers (and the gate children they start) share a small CPU: one intra-op thread each
+# avoids OpenMP oversubscription, which slows tiny-model steps by orders of magnitude.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+from tests.checkpoints import make_drafter, make_target  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -24,8 +31,6 @@ def tiny_drafter(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _clean_knobs(monkeypatch):
     """Tests start from an environment without PEGAINFER_* levers (CI may export some)."""
-    import os
-
     for name in list(os.environ):
         if name.startswith("PEGAINFER_SPEC_") or name == "PEGAINFER_TEST_LOG":
             monkeypatch.delenv(name)

@@ -1,9 +1,9 @@
 """Op families, each a torch reference and (on CUDA) a Triton kernel; `get_ops` picks a backend."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
 from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.attention import paged_attention_ref
