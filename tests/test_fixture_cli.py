@@ -27,3 +27,15 @@ def test_build_out_tar_then_eval(tmp_path, capsys):
     assert main(["eval", "--pair", str(out), "--device", "cpu", "--max-new-tokens", "6", "--check-lossless"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["prompts"] == 1 and result["lossless_mismatches"] == 0 and result["tau"] >= 1.0
+
+
+def test_build_is_deterministic_for_a_seed(tmp_path):
+    from engine.fixture.build import build_pair
+    from engine.fixture.recipes import MICRO
+
+    for name in ("a", "b"):
+        build_pair(MICRO, tmp_path / name, device="cpu", seed=5)
+    for sub in ("target", "drafter"):
+        for f in sorted((tmp_path / "a" / sub).iterdir()):
+            assert f.read_bytes() == (tmp_path / "b" / sub / f.name).read_bytes(), f
+    assert (tmp_path / "a" / "prompts.jsonl").read_text() == (tmp_path / "b" / "prompts.jsonl").read_text()
