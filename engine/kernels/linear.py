@@ -37,11 +37,29 @@ class SkinnyConfig(NamedTuple):
 
 
 # Untuned weight shapes: the skinny kernel (default config) up to this M, F.linear (cuBLAS) above.
-SKINNY_M_MAX = 64
-# Tuned weight shapes, pasted from the H200 sweep (`python -m engine.bench.kernels`):
-# {(N, K): {M bucket (next power of two): SkinnyConfig fields}}. For a tuned shape, a bucket that
-# is missing means cuBLAS won there, so F.linear serves it.
-SKINNY_CONFIGS: dict[tuple[int, int], dict[int, tuple[int, int, int, int, int, int]]] = {}
+SKINNY_M_MAX = 16
+# Tuned weight shapes, pasted from the H200 sweep (`python -m engine.bench.kernels --quick`, 2026-11-29,
+# docs/benchmarks/kernels-h200.md): {(N, K): {M bucket (next power of two): SkinnyConfig fields}}.
+# For a tuned shape, a bucket that is missing means cuBLAS won there, so F.linear serves it.
+SKINNY_CONFIGS: dict[tuple[int, int], dict[int, tuple[int, int, int, int, int, int]]] = {
+    (6144, 2560): {1: (1, 16, 256, 1, 4, 1), 4: (16, 64, 128, 1, 4, 4)},
+    (2560, 4096): {
+        1: (1, 16, 256, 4, 4, 1), 2: (16, 32, 128, 4, 4, 4), 4: (16, 32, 128, 4, 4, 4),
+        8: (16, 64, 128, 4, 4, 4), 16: (16, 64, 128, 4, 4, 4),
+    },
+    (19456, 2560): {
+        1: (1, 16, 256, 1, 4, 1), 2: (16, 64, 64, 1, 4, 5), 4: (16, 64, 64, 1, 4, 5), 8: (16, 64, 64, 1, 4, 5),
+        16: (16, 64, 64, 1, 4, 5), 32: (32, 64, 64, 1, 4, 4), 64: (64, 64, 64, 1, 4, 4),
+    },
+    (2560, 9728): {
+        1: (1, 16, 256, 4, 4, 1), 2: (16, 32, 128, 4, 4, 4), 4: (16, 32, 128, 4, 4, 4),
+        8: (16, 32, 128, 4, 4, 4), 16: (16, 32, 128, 4, 4, 4),
+    },
+    (151936, 2560): {
+        1: (1, 16, 256, 1, 4, 1), 2: (16, 64, 128, 1, 4, 4), 4: (16, 64, 128, 1, 4, 4),
+        8: (16, 64, 128, 1, 4, 4), 16: (16, 64, 128, 1, 4, 4),
+    },
+}
 # Batch-invariant GEMM: one tiling for every M, no split-K.
 INVARIANT_CONFIG = SkinnyConfig(block_m=32, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3)
 _TARGET_PROGRAMS = 264  # ~2 per SM on an H200 (132 SMs)
