@@ -340,6 +340,7 @@ class Engine:
         accepted = self.ops.accept_prefix(drafts, targets, self.runner._tensor(limits))
         host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
         keep: list[int] = []
+        grown: list[tuple[Request, int]] = []
         for i, (r, row) in enumerate(zip(reqs, host, strict=True)):
             outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
             self._count(outcome, gated)
@@ -347,21 +348,19 @@ class Engine:
                 log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
             if not r.finished:
                 keep += range(i * span, i * span + outcome.accepted_draft + 1)
-        self._append_context(reqs, res.features, keep)
+                grown.append((r, outcome.accepted_draft + 1))
+        self._append_context(res.features, keep, grown)
 
-    def _append_context(self, reqs: list[Request], features: torch.Tensor, keep: list[int]) -> None:
+    def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
         """Feature rows of each surviving request's [current, d1..dn] join its drafter context;
         copied out of the (graph-owned) output buffer in one gather."""
         if not keep:
             return
         rows = features.index_select(0, self.runner._tensor(keep))
         offset = 0
-        for r in reqs:
-            if r.finished:
-                continue
-            grown = r.num_kv - r.draft_kv_len - sum(t.shape[0] for t in r.ctx_pending)
-            r.ctx_pending.append(rows[offset : offset + grown])
-            offset += grown
+        for r, count in grown:
+            r.ctx_pending.append(rows[offset : offset + count])
+            offset += count
 
     def _mark(self, phase: str) -> None:
         if self.timer:
