@@ -40,7 +40,8 @@ def read_row_property(value: str) -> tuple[str, str, RecordRow]:
 
 
 def head_commit(repo: Path = REPO_ROOT) -> str:
-    """`git rev-parse --short HEAD`, with `-dirty` when tracked files differ from it."""
+    """`git rev-parse --short HEAD`, with `-dirty` when tracked files differ from it; PEGASPEC_COMMIT
+    where the tree has no .git (a copy shipped to a device)."""
     try:
         def git(*args: str) -> str:
             return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
@@ -48,7 +49,7 @@ def head_commit(repo: Path = REPO_ROOT) -> str:
         head = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return "unknown (no git)"
+        return os.environ.get("PEGASPEC_COMMIT") or "unknown (no git)"
     return f"{head}-dirty" if dirty else head
 
 
