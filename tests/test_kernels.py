@@ -11,7 +11,10 @@ residual sum) must match exactly.
 """
 from __future__ import annotations
 
+import json
 import os
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +27,8 @@ pytest.importorskip("triton", reason="triton is not installed: the triton backen
 
 import numpy as np  # noqa: E402
 
-from engine.kernels import activation, attention, get_ops, linear, norm, rope, sampling  # noqa: E402
+from engine.kernels import activation, attention, get_ops, linear, norm, rope, sampling, tuning  # noqa: E402
+from engine.kernels.tuning import SkinnyConfig, TunedTables  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -265,8 +269,15 @@ def test_linear_skinny(dtype, m, n, k, cfg):
     assert rel_err(out, linear.linear_ref(x.float(), w.float())) < TOL[dtype]
 
 
+def use_tables(monkeypatch, tables: TunedTables) -> None:
+    """Make `tables` what the kernels find for the test device (as if loaded from its JSON file)."""
+    device = torch.empty(0, device=DEV).device
+    monkeypatch.setattr(tuning, "_by_device", {(device.type, device.index): tables})
+
+
 def test_linear_dispatch(monkeypatch):
     torch.manual_seed(8)
+    use_tables(monkeypatch, tuning.DEFAULT)
     w = randn(64, 96)
     for shape in [(0, 96), (1, 96), (2, 3, 96), (9, 96)]:
         x = randn(*shape)
@@ -274,18 +285,103 @@ def test_linear_dispatch(monkeypatch):
         assert out.shape == (*shape[:-1], 64)
         if x.numel():
             assert rel_err(out, linear.linear_ref(x, w)) < TOL[torch.float32]
-    monkeypatch.setattr(linear, "SKINNY_M_MAX", 4)  # above the crossover: F.linear
+    use_tables(monkeypatch, TunedTables("test", m_max=4))  # above the crossover: F.linear
     x = randn(9, 96)
     assert torch.equal(linear.linear(x, w), linear.linear_ref(x, w))
-    assert linear.skinny_config(5, 64, 96) is None
+    assert linear.skinny_config(5, 64, 96, TunedTables("test", m_max=4)) is None
+    assert linear.skinny_config(16, 64, 96) == linear.default_skinny_config(16, 64, 96)  # DEFAULT: m_max 16
+    assert linear.skinny_config(17, 64, 96) is None
     # A tuned shape uses its table entry per M bucket; a missing bucket means cuBLAS.
-    monkeypatch.setattr(linear, "SKINNY_CONFIGS", {(64, 96): {1: (1, 16, 32, 1, 2, 1), 2: (16, 16, 32, 2, 4, 1)}})
-    assert linear.skinny_config(1, 64, 96) == linear.SkinnyConfig(1, 16, 32, 1, 2, 1)
-    assert linear.skinny_config(2, 64, 96).split_k == 2
-    assert linear.skinny_config(3, 64, 96) is None
-    assert linear.skinny_config(2, 64, 128) == linear.default_skinny_config(2, 64, 128)  # untuned shape
+    gemv, dot = SkinnyConfig(1, 16, 32, 1, 2, 1), SkinnyConfig(16, 16, 32, 2, 4, 1)
+    t = TunedTables("test", linear={(64, 96): {1: gemv, 2: dot}})
+    assert linear.skinny_config(1, 64, 96, t) == SkinnyConfig(1, 16, 32, 1, 2, 1)
+    assert linear.skinny_config(2, 64, 96, t).split_k == 2
+    assert linear.skinny_config(3, 64, 96, t) is None
+    assert linear.skinny_config(2, 64, 128, t) == linear.default_skinny_config(2, 64, 128)  # untuned shape
+    use_tables(monkeypatch, t)
     x = randn(2, 96)
     assert rel_err(linear.linear(x, w), linear.linear_ref(x, w)) < TOL[torch.float32]
+    x = randn(3, 96)  # bucket 4 is missing: F.linear, bit for bit
+    assert torch.equal(linear.linear(x, w), linear.linear_ref(x, w))
+
+
+# --- tuned tables (engine/kernels/tuned/<device>.json) --------------------------------------------
+
+def test_device_slug():
+    assert tuning.device_slug("NVIDIA H200") == "nvidia-h200"
+    assert tuning.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert tuning.device_slug("  AMD Instinct MI300X (gfx942) ") == "amd-instinct-mi300x-gfx942"
+    assert tuning.tuned_path("NVIDIA H200").name == "nvidia-h200.json"
+
+
+def test_tuned_h200_file():
+    """The shipped H200 table parses, every entry is runnable, and it is today's sweep result."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a dropped entry would warn
+        t = tuning.load("NVIDIA H200")
+    assert t.source == str(tuning.TUNED_DIR / "nvidia-h200.json") and t.device == "nvidia-h200"
+    assert t.m_max == 16 and t.fused_m_max == tuning.DEFAULT_FUSED_M_MAX
+    assert set(t.linear) == {(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)}
+    assert t.linear[(2560, 9728)][1] == SkinnyConfig(1, 16, 256, 4, 4, 1)
+    assert t.linear[(19456, 2560)][64] == SkinnyConfig(64, 64, 64, 1, 4, 4)
+    assert 2 not in t.linear[(6144, 2560)]  # cuBLAS wins q|k|v at 2 rows
+    for table in (t.linear, t.silu_mul_linear):
+        for per_m in table.values():
+            for bucket, cfg in per_m.items():
+                assert tuning.check_config(cfg) is None and (cfg.block_m != 1 or bucket == 1)
+    # The writer's text round-trips.
+    again = tuning.parse(json.loads(tuning.dumps(t, "NVIDIA H200")))
+    assert again.linear == t.linear and again.silu_mul_linear == t.silu_mul_linear and again.m_max == t.m_max
+
+
+def test_tuned_package_data():
+    tomllib = pytest.importorskip("tomllib")  # python >= 3.11
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "tuned/*.json" in pyproject["tool"]["setuptools"]["package-data"]["engine.kernels"]
+
+
+def test_tuned_fallback(tmp_path):
+    assert tuning.load(None) is tuning.DEFAULT
+    assert tuning.load("NVIDIA Future GPU", tmp_path) is tuning.DEFAULT  # no file: default heuristic
+    path = tuning.tuned_path("Broken GPU", tmp_path)
+    for text in ("{not json", json.dumps({"format": 99}), json.dumps([1, 2]),
+                 json.dumps({"format": 1, "linear": {"m_max": "16"}}), json.dumps({"format": 1, "linear": []})):
+        path.write_text(text)
+        with pytest.warns(UserWarning, match="ignoring the tuned table"):
+            assert tuning.load("Broken GPU", tmp_path) is tuning.DEFAULT
+    # Bad entries are dropped (that bucket then falls back to cuBLAS), good ones kept.
+    good = [16, 32, 128, 4, 4, 4]
+    data = {"format": 1, "device": "Partly GPU", "linear": {"m_max": 8, "configs": {
+        "64x96": {"1": [1, 16, 256, 1, 4, 1], "2": [1, 16, 256, 1, 4, 1], "4": good, "3": good,
+                  "8": [16, 24, 64, 1, 4, 3], "16": [16, 32, 64], "32": [16, 32, 64, 1, 3, 3], "64": "oops"},
+        "64by96": {"1": good}}},
+        "silu_mul_linear": {"configs": {"10x20": {"4": good, "8": [16, 32, 128, 0, 4, 4]}}}}
+    tuning.tuned_path("Partly GPU", tmp_path).write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="dropped"):
+        t = tuning.load("Partly GPU", tmp_path)
+    assert t.device == "partly-gpu" and t.m_max == 8 and t.fused_m_max == tuning.DEFAULT_FUSED_M_MAX
+    assert t.linear == {(64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good)}}
+    assert t.silu_mul_linear == {(10, 20): {4: SkinnyConfig(*good)}}
+
+
+def test_tables_for_device(monkeypatch):
+    """Loaded once per device at its first use, by the slug of the CUDA device name (injected here)."""
+    names = []
+
+    def fake_name(device=None):
+        names.append(device)
+        return "NVIDIA H200"
+
+    monkeypatch.setattr(tuning, "_by_device", {})
+    monkeypatch.setattr(torch.cuda, "get_device_name", fake_name)
+    h200 = tuning.tables_for(torch.device("cuda", 0))
+    assert h200.device == "nvidia-h200" and (2560, 9728) in h200.linear
+    assert tuning.tables_for(torch.device("cuda", 0)) is h200 and len(names) == 1
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Unknown Accelerator 9000")
+    assert tuning.tables_for(torch.device("cuda", 1)) is tuning.DEFAULT
+    assert tuning.tables_for(torch.device("cpu")) is tuning.DEFAULT  # the interpreter: never tuned
+    tuning.reset()
+    assert tuning._by_device == {}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -379,6 +475,26 @@ def test_gpu_4b_shapes():
     assert torch.equal(sampling.argmax(logits), sampling.argmax_ref(logits))
     h = randn(16, 2 * g["inter"], dtype=bf)
     assert rel_err(activation.silu_and_mul(h), activation.silu_and_mul_ref(h)) < TOL[bf]
+
+
+@gpu
+def test_gpu_tuned_table():
+    """This device's tuned file (if there is one) is what the kernels use, and every config in it
+    computes the right thing at its own M bucket and weight shape (bf16)."""
+    torch.manual_seed(22)
+    device = torch.device(DEV, torch.cuda.current_device())
+    path = tuning.tuned_path(torch.cuda.get_device_name(device))
+    t = tuning.tables_for(device)
+    assert t.source == (str(path) if path.is_file() else None), (t.source, path)
+    bf = torch.bfloat16
+    for (n, k), per_m in t.linear.items():
+        w = randn(n, k, dtype=bf, scale=0.05)
+        for bucket, cfg in per_m.items():
+            for m in sorted({bucket // 2 + 1, bucket}) if cfg.block_m != 1 else [1]:
+                x = randn(m, k, dtype=bf)
+                out, ref = linear.linear_with_config(x, w, cfg), linear.linear_ref(x.float(), w.float())
+                assert rel_err(out, ref) < TOL[bf], (n, k, m, cfg)
+        del w
 
 
 @gpu

@@ -1,12 +1,12 @@
 """Dense projections y = x @ W^T (weights stored [N, K] as in HF checkpoints)."""
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 
+from engine.kernels import tuning
 from engine.kernels._triton import cdiv, jit, next_pow2
+from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -24,42 +24,10 @@ def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.T
 tl = None  # triton.language, bound by _triton.bind at the first launch
 # At decode batch sizes a projection is pure weight streaming, which cuBLAS does at ~64% of copy
 # bandwidth on an H200. The skinny kernel tiles N (and optionally K: split-K with a deterministic
-# second pass) so that enough weight bytes are in flight; cuBLAS takes over above SKINNY_M_MAX.
+# second pass) so that enough weight bytes are in flight; cuBLAS takes over above the tuned M range.
+# Tuned configs per device live in engine/kernels/tuned/<device>.json (see tuning.py), read at the
+# first launch on a device; a device without one uses default_skinny_config up to DEFAULT_M_MAX rows.
 
-
-class SkinnyConfig(NamedTuple):
-    block_m: int  # 1: FMA GEMV path (M == 1 only); >= 16: tl.dot path
-    block_n: int
-    block_k: int
-    split_k: int
-    num_warps: int
-    num_stages: int
-
-
-# Untuned weight shapes: the skinny kernel (default config) up to this M, F.linear (cuBLAS) above.
-SKINNY_M_MAX = 16
-# Tuned weight shapes, pasted from the H200 sweep (`python -m engine.bench.kernels --quick`, 2026-11-29,
-# docs/benchmarks/kernels-h200.md): {(N, K): {M bucket (next power of two): SkinnyConfig fields}}.
-# For a tuned shape, a bucket that is missing means cuBLAS won there, so F.linear serves it.
-SKINNY_CONFIGS: dict[tuple[int, int], dict[int, tuple[int, int, int, int, int, int]]] = {
-    (6144, 2560): {1: (1, 16, 256, 1, 4, 1), 4: (16, 64, 128, 1, 4, 4)},
-    (2560, 4096): {
-        1: (1, 16, 256, 4, 4, 1), 2: (16, 32, 128, 4, 4, 4), 4: (16, 32, 128, 4, 4, 4),
-        8: (16, 64, 128, 4, 4, 4), 16: (16, 64, 128, 4, 4, 4),
-    },
-    (19456, 2560): {
-        1: (1, 16, 256, 1, 4, 1), 2: (16, 64, 64, 1, 4, 5), 4: (16, 64, 64, 1, 4, 5), 8: (16, 64, 64, 1, 4, 5),
-        16: (16, 64, 64, 1, 4, 5), 32: (32, 64, 64, 1, 4, 4), 64: (64, 64, 64, 1, 4, 4),
-    },
-    (2560, 9728): {
-        1: (1, 16, 256, 4, 4, 1), 2: (16, 32, 128, 4, 4, 4), 4: (16, 32, 128, 4, 4, 4),
-        8: (16, 32, 128, 4, 4, 4), 16: (16, 32, 128, 4, 4, 4),
-    },
-    (151936, 2560): {
-        1: (1, 16, 256, 1, 4, 1), 2: (16, 64, 128, 1, 4, 4), 4: (16, 64, 128, 1, 4, 4),
-        8: (16, 64, 128, 1, 4, 4), 16: (16, 64, 128, 1, 4, 4),
-    },
-}
 # Batch-invariant GEMM: one tiling for every M, no split-K.
 INVARIANT_CONFIG = SkinnyConfig(block_m=32, block_n=64, block_k=64, split_k=1, num_warps=4, num_stages=3)
 _TARGET_PROGRAMS = 264  # ~2 per SM on an H200 (132 SMs)
@@ -132,7 +100,7 @@ def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, 
 
 
 def default_skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
-    """Untuned fallback for shapes missing from SKINNY_CONFIGS."""
+    """Untuned fallback for shapes missing from the device's tuned table."""
     if m == 1:
         block_m, block_n, block_k = 1, 32, 256
     else:
@@ -144,16 +112,22 @@ def default_skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, 3)
 
 
-def skinny_config(m: int, n: int, k: int) -> SkinnyConfig | None:
-    """The Triton config for an [m, k] x [n, k]^T projection, or None where cuBLAS is faster."""
-    table = SKINNY_CONFIGS.get((n, k))
-    if table is None:
-        return default_skinny_config(m, n, k) if m <= SKINNY_M_MAX else None
-    entry = table.get(next_pow2(m))
-    if entry is None:
+def _table_config(table, m: int, n: int, k: int, m_max: int) -> SkinnyConfig | None:
+    per_m = table.get((n, k))
+    if per_m is None:
+        return default_skinny_config(m, n, k) if m <= m_max else None
+    cfg = per_m.get(next_pow2(m))
+    if cfg is None:
         return None
-    cfg = SkinnyConfig(*entry)
     return cfg if cfg.block_m != 1 or m == 1 else default_skinny_config(m, n, k)
+
+
+def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
+    """The Triton config for an [m, k] x [n, k]^T projection, or None where cuBLAS is faster.
+    A tuned shape uses its per-M-bucket entry (a missing bucket: cuBLAS); an untuned shape uses
+    default_skinny_config up to `tables.m_max` rows."""
+    t = tables or tuning.DEFAULT
+    return _table_config(t.linear, m, n, k, t.m_max)
 
 
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
@@ -192,7 +166,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere."""
     n, k = weight.shape
     m = x.numel() // k if k else 0
-    cfg = skinny_config(m, n, k) if m else None
+    cfg = skinny_config(m, n, k, tuning.tables_for(x.device)) if m else None
     if cfg is None or weight.stride(1) != 1 or weight.stride(0) != k:
         return F.linear(x, weight)
     return linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
