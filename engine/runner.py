@@ -1,21 +1,26 @@
 """Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs.
 
-A span step with N requests and S rows each is replayed from a CUDA graph captured for exactly
+A span step with N row groups and S rows each is replayed from a CUDA graph captured for exactly
 (bucket(N), S): inputs are padded to the bucket with rows that point at the null block. Any other
-shape runs eagerly; a graph is never replayed for a shape it was not captured at.
+shape runs eagerly; a graph is never replayed for a shape it was not captured at. Hedge chains are
+extra row groups of the same span with block-table rows of their own (after the null row), so a
+hedged verify is one more span step of the same shape family; the draft graph is keyed on the
+branch positions it walks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from engine.kv_cache import allocate_kv_cache
 from engine.models.dflash import DFlashDrafter
 from engine.models.layers import AttnMeta
+from engine.models.markov import markov_walk
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.request import Request
 
@@ -63,6 +68,7 @@ class ModelRunner:
         max_num_seqs: int,
         max_blocks_per_seq: int,
         use_graphs: bool,
+        chain_rows: int = 0,
     ):
         self.target, self.drafter = target, drafter
         self.device, self.dtype, self.ops = target.device, target.dtype, target.ops
@@ -79,10 +85,13 @@ class ModelRunner:
                 dg.num_layers, num_blocks, block_size, dg.num_kv_heads, dg.head_dim, self.dtype, self.device
             )
             self.taps = drafter.cfg.target_layer_ids
-        # One row per request slot plus a null row (all block 0) for padded rows.
-        self.block_tables = torch.zeros(max_num_seqs + 1, max_blocks_per_seq, dtype=torch.int32, device=self.device)
+        # One row per request slot, a null row (all block 0) for padded rows, then one per hedge chain.
+        self.block_tables = torch.zeros(
+            max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
+        )
         self.null_row = max_num_seqs
-        self.buckets = batch_buckets(max_num_seqs)
+        self.chain_row0 = max_num_seqs + 1
+        self.buckets = batch_buckets(max_num_seqs + chain_rows)
         self.use_graphs = use_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
@@ -177,11 +186,15 @@ class ModelRunner:
     def extend(self, reqs: list[Request], ids: torch.Tensor) -> SpanResult:
         """Rows ids[i] = [current, d1..dk] of each request at positions num_kv .. num_kv + S - 1:
         a plain decode (S = 1) or a verify span, causal within the span."""
+        return self.extend_rows(ids, [r.slot for r in reqs], [r.num_kv for r in reqs])
+
+    def extend_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:
+        """Span groups ids[i] on block-table row table_rows[i] at positions num_kv[i] .. + S - 1."""
         n, span = ids.shape
         values = {
             "ids": ids,
-            "rows": self._tensor([r.slot for r in reqs]),
-            "num_kv": self._tensor([r.num_kv for r in reqs]),
+            "rows": self._tensor(list(table_rows)),
+            "num_kv": self._tensor(list(num_kv)),
         }
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
         logits, greedy, features = self._run(("span", span), self._span_forward, n, values, pads)
@@ -192,6 +205,17 @@ class ModelRunner:
     def draft(self, reqs: list[Request]) -> torch.Tensor:
         """One batched drafter forward: store every request's pending context rows, then run all
         blocks [current, mask x (B-1)] non-causally. Returns drafts [N, drafts_per_round] (device)."""
+        return self._draft(reqs, ())[0]
+
+    def draft_chains(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draft` with a Markov head, plus every request's hedge chain at each branch position:
+        (drafts [N, D], chains [N, P, D]) on the device."""
+        if self.drafter.markov is None or not positions:
+            raise ValueError("hedge chains need a Markov-head drafter and at least one branch position")
+        drafts, chains = self._draft(reqs, positions)
+        return drafts, chains
+
+    def _draft(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple:
         feats, positions, slots = [], [], []
         for r in reqs:
             pending = sum(t.shape[0] for t in r.ctx_pending)
@@ -212,10 +236,15 @@ class ModelRunner:
             "num_kv": self._tensor([r.num_kv for r in reqs]),
         }
         pads = {"anchors": 0, "rows": self.null_row, "num_kv": 0}
-        (drafts,) = self._run(("draft",), self._block_forward, len(reqs), values, pads)
-        return drafts[: len(reqs)]
+        fn = partial(self._block_forward, branch=positions)
+        out = self._run(("draft", positions), fn, len(reqs), values, pads)
+        return tuple(t[: len(reqs)] for t in out)
 
-    def _block_forward(self, anchors: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
+    def _block_forward(
+        self, anchors: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor, branch: tuple[int, ...] = ()
+    ) -> tuple:
+        """Drafts [N, D] (argmax per row, or the Markov walk), plus chains [N, P, D] with branch
+        positions. Static shapes and no host reads: captured whole."""
         cfg = self.drafter.cfg
         n, b = anchors.shape[0], cfg.block_size
         ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
@@ -223,5 +252,10 @@ class ModelRunner:
         positions, meta = self._span_meta(rows, num_kv, b, causal=False)
         hidden = self.drafter.forward_block(ids.reshape(-1), positions, meta, self.draft_kv)
         first = 0 if cfg.anchor_first else 1
-        rows_out = hidden.view(n, b, -1)[:, first:].reshape(n * (b - first), -1)
-        return (self.ops.argmax(self.target.logits(rows_out)).view(n, b - first),)
+        d = b - first
+        logits = self.target.logits(hidden.view(n, b, -1)[:, first:].reshape(n * d, -1))
+        if self.drafter.markov is None:
+            return (self.ops.argmax(logits).view(n, d),)
+        w1, w2 = self.drafter.markov
+        drafts, chains = markov_walk(logits.view(n, d, -1), anchors, w1, w2, branch, self.ops.linear, self.ops.argmax)
+        return (drafts,) if chains is None else (drafts, chains)

@@ -8,6 +8,7 @@ context row and each other (no causal mask inside the block). Embedding and LM h
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -18,6 +19,14 @@ from engine.kernels.norm import rms_norm_ref
 from engine.kernels.rope import apply_rope_ref, rope_cos_sin
 from engine.loader import CheckpointError, load_tensors, read_config
 from engine.models.config import DFlashConfig, Geometry
+from engine.models.markov import MarkovHead, markov_walk_ref
+
+log = logging.getLogger(__name__)
+MARKOV_W1 = "markov_head.markov_w1.weight"
+MARKOV_W2 = "markov_head.markov_w2.weight"
+# Shipped by DeepSpec checkpoints and not used here: frozen copies of the target's embedding/head,
+# and DSpark's confidence head (verify-window truncation is not implemented).
+IGNORED_PREFIXES = ("embed_tokens.", "lm_head.", "confidence_head.")
 
 
 class RMSNorm(nn.Module):
@@ -91,7 +100,8 @@ class DraftLayer(nn.Module):
 
 
 class DFlashDraftModel(nn.Module):
-    """Parameter names equal the z-lab checkpoint's tensor names (no embedding, no head)."""
+    """Parameter names equal the z-lab checkpoint's tensor names (no embedding, no head), plus the
+    DSpark Markov head (markov_head.*) when markov_rank > 0."""
 
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
@@ -101,6 +111,7 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(g) for _ in range(g.num_layers))
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
+        self.markov_head = MarkovHead(g.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
         self._cos_sin: torch.Tensor | None = None
 
     def rope_table(self, device: torch.device) -> torch.Tensor:
@@ -136,12 +147,18 @@ class DFlashDraftModel(nn.Module):
         """Block rows whose outputs are drafts: all B (anchor-first) or rows 1..B-1 (anchor-drop)."""
         return slice(0, None) if self.cfg.anchor_first else slice(1, None)
 
+    def propose(self, logits: torch.Tensor, anchor: int) -> list[int]:
+        """Draft tokens from the draft rows' logits [D, V]: argmax per row, or the Markov walk."""
+        if self.markov_head is None:
+            return logits.argmax(-1).tolist()
+        return markov_walk_ref(logits, anchor, self.markov_head)
+
     def save_pretrained(self, directory: str | Path) -> None:
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(self.cfg.to_zlab_dict(), indent=2) + "\n")
+        (directory / "config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
 
@@ -152,9 +169,7 @@ class DFlashDraftModel(nn.Module):
         directory = Path(directory)
         cfg = DFlashConfig.from_dict(read_config(directory), where=str(directory))
         model = cls(cfg)
-        tensors = load_tensors(directory)
-        for unused in ("embed_tokens.weight", "lm_head.weight"):
-            tensors.pop(unused, None)
+        tensors = {k: v for k, v in load_tensors(directory).items() if not k.startswith(IGNORED_PREFIXES)}
         expected = model.state_dict()
         missing = sorted(set(expected) - set(tensors))
         if missing:
@@ -189,7 +204,7 @@ class DFlashDrafter:
 
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.target = cfg, g, ops, target
-        tensors = {k: v for k, v in tensors.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(IGNORED_PREFIXES)}
 
         def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
             return take(tensors, name, shape, where).to(device=device, dtype=dtype).contiguous()
@@ -202,7 +217,13 @@ class DFlashDrafter:
         self.norm = load("norm.weight", (g.hidden_size,))
         # Every layer's k|v projection of the context rows in one GEMM.
         self.ctx_kv = torch.cat([w.qkv[g.q_size :] for w in self.layers]).contiguous()
-        self.markov_tensors = {k: tensors.pop(k) for k in list(tensors) if k.startswith("markov_head.")}
+        # DSpark Markov head, kept in the model dtype; the walk sums its bias in fp32.
+        self.markov: tuple[torch.Tensor, torch.Tensor] | None = None
+        if cfg.markov_rank:
+            shape = (g.vocab_size, cfg.markov_rank)
+            self.markov = (load(MARKOV_W1, shape), load(MARKOV_W2, shape))
+        elif any(k.startswith("markov_head.") for k in tensors):
+            raise CheckpointError(f"{where}: markov_head tensors but markov_rank is 0 in the config")
         if tensors:
             raise CheckpointError(f"{where}: unexpected drafter tensors {sorted(tensors)[:4]}")
         self.cos_sin = rope_cos_sin(g.max_position_embeddings, g.head_dim, g.rope_theta, device)

@@ -1,0 +1,109 @@
+"""The DSpark Markov head: a rank-r bias from the previous draft token, walked left to right.
+
+For draft row k (0-based over the draft rows): logits_k = U_k + W2 W1[x_{k-1}], x_{-1} = the anchor,
+x_k = argmax logits_k. U_k are the backbone's logits for that row (through the target's LM head);
+W1 [V, r] is an embedding, W2 [V, r] a Linear r -> V (checkpoint tensors markov_head.markov_w1.weight
+and markov_head.markov_w2.weight).
+
+Hedge chains branch off the main walk: chain j copies it up to positions[j] - 1, takes the runner-up
+(the 2nd best of the main walk's logits) at positions[j], then walks on from that token.
+`markov_walk` is the batched, graph-capturable engine path (static shapes, no host reads);
+`markov_walk_ref` / `markov_chain_ref` are the plain one-request references it is tested against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class MarkovHead(nn.Module):
+    """Parameter names equal the DeepSpec checkpoint's (markov_head.markov_w1/markov_w2)."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def forward(self, prev: torch.Tensor) -> torch.Tensor:
+        """Previous tokens [...] -> bias [..., V]."""
+        return self.markov_w2(self.markov_w1(prev))
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    return x.argmax(dim=-1)
+
+
+def markov_walk(
+    logits: torch.Tensor,
+    anchors: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    positions: Sequence[int] = (),
+    linear: Callable = _linear,
+    argmax: Callable = _argmax,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Greedy Markov walk for a batch, plus hedge chains.
+
+    logits: [N, D, V] backbone logits of the D draft rows; anchors: [N] int64.
+    positions: branch positions (Python ints < D; part of the captured shape).
+    Returns drafts [N, D] int64 and chains [N, P, D] (None without positions).
+    Scores are summed in fp32; `linear` / `argmax` are the backend's ops (ties: lowest index)."""
+    n, d, _ = logits.shape
+    p = len(positions)
+    rows = n * (1 + p)
+    # Main rows first, then chain rows request-major: chain row (i, j) reads request i's logits.
+    src = torch.arange(n, device=logits.device)
+    if p:
+        src = torch.cat([src, src[:, None].expand(n, p).reshape(-1)])
+        prev = torch.cat([anchors, anchors[:, None].expand(n, p).reshape(-1)])
+    else:
+        prev = anchors
+    out = []
+    for k in range(d):
+        base = logits[:, k].index_select(0, src) if p else logits[:, k]
+        scores = base.float() + linear(F.embedding(prev, w1), w2).float()
+        top = argmax(scores.view(rows, -1))
+        if p:
+            main = top[:n]
+            chain_top = top[n:].view(n, p)
+            runner = argmax(scores[n:].scatter(1, top[n:, None], float("-inf"))).view(n, p)
+            cols = []
+            for j, pos in enumerate(positions):  # static per capture: no device tensor for positions
+                cols.append(main if k < pos else runner[:, j] if k == pos else chain_top[:, j])
+            top = torch.cat([main, torch.stack(cols, dim=1).reshape(-1)])
+        out.append(top)
+        prev = top
+    tokens = torch.stack(out, dim=1)
+    return tokens[:n], (tokens[n:].view(n, p, d) if p else None)
+
+
+@torch.no_grad()
+def markov_walk_ref(logits: torch.Tensor, anchor: int, head: MarkovHead) -> list[int]:
+    """One request: logits [D, V] -> the D greedy draft tokens."""
+    prev, tokens = anchor, []
+    for k in range(logits.shape[0]):
+        scores = logits[k].float() + head(torch.tensor(prev, device=logits.device)).float()
+        prev = int(scores.argmax())
+        tokens.append(prev)
+    return tokens
+
+
+@torch.no_grad()
+def markov_chain_ref(logits: torch.Tensor, anchor: int, head: MarkovHead, position: int) -> list[int]:
+    """One request's hedge chain branching at `position` (0-based draft index)."""
+    main = markov_walk_ref(logits, anchor, head)
+    prev = anchor if position == 0 else main[position - 1]
+    scores = logits[position].float() + head(torch.tensor(prev, device=logits.device)).float()
+    scores[main[position]] = float("-inf")
+    tokens = [*main[:position], int(scores.argmax())]
+    if position + 1 < logits.shape[0]:
+        tokens += markov_walk_ref(logits[position + 1 :], tokens[-1], head)
+    return tokens
