@@ -397,6 +397,101 @@ def test_linear_batch_invariant(row_invariant_dot, dtype):
     assert linear.linear_batch_invariant(x[:0], w).shape == (0, n)
 
 
+# --- fused SwiGLU + down projection ----------------------------------------------------------------
+
+FUSED_CASES = [
+    # m, n, inter (the down weight is [n, inter], the input [m, 2 inter]), config
+    (1, 48, 200, SkinnyConfig(1, 16, 64, 1, 4, 2)),  # GEMV, I ragged against BLOCK_K
+    (1, 40, 300, SkinnyConfig(1, 32, 128, 2, 4, 1)),  # GEMV, split-K, ragged I and N
+    (3, 64, 200, SkinnyConfig(16, 32, 64, 2, 4, 2)),  # dot path, split-K, ragged I
+    (16, 72, 160, SkinnyConfig(16, 32, 64, 1, 4, 2)),  # dot path, a full M tile, ragged N and I
+    (16, 64, 256, SkinnyConfig(16, 64, 128, 4, 4, 2)),  # split 4 over 2 K tiles: empty splits add zeros
+    (3, 50, 96, None),  # the default heuristic
+]
+
+
+def fused_ref(x, w):
+    """The reference's rounding of the activation (in the input dtype), then an fp32 product."""
+    return linear.linear_ref(activation.silu_and_mul_ref(x).float(), w.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,inter,cfg", FUSED_CASES)
+def test_silu_mul_linear(dtype, m, n, inter, cfg):
+    torch.manual_seed(18)
+    x, w = randn(m, 2 * inter, dtype=dtype, scale=2.0), randn(n, inter, dtype=dtype, scale=0.1)
+    cfg = cfg or linear.default_skinny_config(m, n, inter)
+    out = linear.silu_mul_linear_with_config(x, w, cfg)
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert rel_err(out, fused_ref(x, w)) < TOL[dtype]
+    unfused = linear.linear_with_config(activation.silu_and_mul(x), w, cfg)
+    if INTERPRET:  # same activation values, same products in the same order
+        assert torch.equal(out, unfused)
+    else:
+        assert rel_err(out, unfused) < TOL[dtype] / 4
+
+
+def test_silu_mul_linear_dispatch(monkeypatch):
+    torch.manual_seed(19)
+    n, inter = 40, 96
+    w = randn(n, inter, scale=0.1)
+    calls = []
+    real_fused = linear.silu_mul_linear_with_config
+    spy = lambda x, w, cfg: calls.append(cfg) or real_fused(x, w, cfg)
+    monkeypatch.setattr(linear, "silu_mul_linear_with_config", spy)
+
+    def check(shape, fused_cfg):
+        calls.clear()
+        x = randn(*shape[:-1], 2 * inter, scale=2.0)
+        out = linear.silu_mul_linear(x, w)
+        assert out.shape == (*shape[:-1], n)
+        assert calls == ([fused_cfg] if fused_cfg else []), (shape, calls)
+        if x.numel():
+            assert rel_err(out, fused_ref(x.reshape(-1, 2 * inter), w).view(out.shape)) < TOL[torch.float32]
+
+    use_tables(monkeypatch, tuning.DEFAULT)  # untuned: fused up to fused_m_max rows at the down config
+    check((1, inter), linear.default_skinny_config(1, n, inter))
+    check((2, 2, inter), linear.default_skinny_config(4, n, inter))
+    check((5, inter), None)
+    check((0, inter), None)
+    # The down shape tuned for linear only: the fused kernel takes its config, where it has one.
+    down = {1: SkinnyConfig(1, 16, 32, 2, 4, 1), 2: SkinnyConfig(16, 16, 32, 1, 4, 2)}
+    use_tables(monkeypatch, TunedTables("test", linear={(n, inter): down}))
+    check((1, inter), down[1])
+    check((2, inter), down[2])
+    check((3, inter), None)  # cuBLAS bucket for the down projection: unfused
+    # A fused table overrides: its buckets only, at its configs.
+    fused = {1: SkinnyConfig(1, 32, 64, 1, 4, 1), 8: SkinnyConfig(16, 32, 64, 2, 4, 2)}
+    use_tables(monkeypatch, TunedTables("test", linear={(n, inter): down}, silu_mul_linear={(n, inter): fused}))
+    check((1, inter), fused[1])
+    check((2, inter), None)
+    check((7, inter), fused[8])
+    check((9, inter), None)
+    assert linear.silu_mul_linear_config(1, n, inter, TunedTables("t", fused_m_max=0)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_mul_linear_batch_invariant(row_invariant_dot, dtype):
+    torch.manual_seed(20)
+    n, inter = 80, 200
+    x, w = randn(64, 2 * inter, dtype=dtype, scale=2.0), randn(n, inter, dtype=dtype, scale=0.1)
+    full = linear.silu_mul_linear_batch_invariant(x, w)
+    assert rel_err(full, fused_ref(x, w)) < TOL[dtype]
+    for rows in (1, 3, 16):
+        assert torch.equal(linear.silu_mul_linear_batch_invariant(x[:rows], w), full[:rows]), rows
+    assert torch.equal(linear.silu_mul_linear_batch_invariant(x[9:10], w), full[9:10])
+
+
+def test_ops_silu_mul_linear():
+    """torch Ops: exactly the unfused reference pair (the CPU path is unchanged bit for bit)."""
+    torch.manual_seed(21)
+    x, w = randn(5, 2 * 48), randn(32, 48)
+    for inv in (False, True):
+        ops = get_ops("torch", batch_invariant=inv)
+        assert torch.equal(ops.silu_mul_linear(x, w), ops.linear(ops.silu_and_mul(x), w))
+    assert get_ops("torch").silu_mul_linear is linear.silu_mul_linear_ref
+
+
 # --- activation, sampling -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -441,6 +536,7 @@ def test_triton_ops_fields():
         ops = get_ops("triton", batch_invariant=inv)
         assert ops.name == "triton"
         assert ops.linear is (linear.linear_batch_invariant if inv else linear.linear)
+        assert ops.silu_mul_linear is (linear.silu_mul_linear_batch_invariant if inv else linear.silu_mul_linear)
         assert ops.paged_attention.keywords == {"batch_invariant": inv}
         assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
 
@@ -487,14 +583,54 @@ def test_gpu_tuned_table():
     t = tuning.tables_for(device)
     assert t.source == (str(path) if path.is_file() else None), (t.source, path)
     bf = torch.bfloat16
-    for (n, k), per_m in t.linear.items():
-        w = randn(n, k, dtype=bf, scale=0.05)
-        for bucket, cfg in per_m.items():
-            for m in sorted({bucket // 2 + 1, bucket}) if cfg.block_m != 1 else [1]:
-                x = randn(m, k, dtype=bf)
-                out, ref = linear.linear_with_config(x, w, cfg), linear.linear_ref(x.float(), w.float())
-                assert rel_err(out, ref) < TOL[bf], (n, k, m, cfg)
-        del w
+    for fused, table in ((False, t.linear), (True, t.silu_mul_linear)):
+        for (n, k), per_m in table.items():
+            w = randn(n, k, dtype=bf, scale=0.05)
+            for bucket, cfg in per_m.items():
+                for m in sorted({bucket // 2 + 1, bucket}) if cfg.block_m != 1 else [1]:
+                    if fused:
+                        x = randn(m, 2 * k, dtype=bf, scale=2.0)
+                        out, ref = linear.silu_mul_linear_with_config(x, w, cfg), fused_ref(x, w)
+                    else:
+                        x = randn(m, k, dtype=bf)
+                        out, ref = linear.linear_with_config(x, w, cfg), linear.linear_ref(x.float(), w.float())
+                    assert rel_err(out, ref) < TOL[bf], (fused, n, k, m, cfg)
+            del w
+
+
+@gpu
+def test_gpu_silu_mul_linear_4b():
+    """The fused SwiGLU + down op at the Qwen3-4B shape (2560 x 9728, bf16) as dispatched on this
+    device (fused at small M, the unfused pair above), against the reference and the unfused pair;
+    then captured in a CUDA graph and replayed on new inputs."""
+    torch.manual_seed(23)
+    bf, n, inter = torch.bfloat16, QWEN3_4B["hidden"], QWEN3_4B["inter"]
+    w = randn(n, inter, dtype=bf, scale=0.05)
+    t = tuning.tables_for(w.device)
+    for m in (1, 2, 3, 4, 8, 16, 32, 64):
+        x = randn(m, 2 * inter, dtype=bf, scale=2.0)
+        ref = fused_ref(x, w)
+        out = linear.silu_mul_linear(x, w)
+        assert rel_err(out, ref) < TOL[bf], m
+        cfg = linear.silu_mul_linear_config(m, n, inter, t) or linear.default_skinny_config(m, n, inter)
+        fused = linear.silu_mul_linear_with_config(x, w, cfg)
+        assert rel_err(fused, ref) < TOL[bf], (m, cfg)
+        assert rel_err(fused, linear.linear_with_config(activation.silu_and_mul(x), w, cfg)) < TOL[bf] / 4, (m, cfg)
+    for m in (1, 4):
+        x = randn(m, 2 * inter, dtype=bf, scale=2.0)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            linear.silu_mul_linear(x, w)  # compile + load the tables outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = linear.silu_mul_linear(x, w)
+        for _ in range(2):
+            x.copy_(randn(m, 2 * inter, dtype=bf, scale=2.0))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel_err(out, fused_ref(x, w)) < TOL[bf], m
 
 
 @gpu

@@ -7,7 +7,12 @@ from functools import partial
 
 from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.attention import paged_attention_ref
-from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
+from engine.kernels.linear import (
+    linear_batch_invariant_ref,
+    linear_ref,
+    silu_mul_linear_batch_invariant_ref,
+    silu_mul_linear_ref,
+)
 from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from engine.kernels.rope import qk_norm_rope_store_ref
 from engine.kernels.sampling import accept_prefix_ref, argmax_ref
@@ -24,6 +29,7 @@ class Ops:
     paged_attention: Callable
     linear: Callable
     silu_and_mul: Callable
+    silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
     argmax: Callable
     accept_prefix: Callable
 
@@ -37,6 +43,7 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,
         silu_and_mul=silu_and_mul_ref,
+        silu_mul_linear=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
         argmax=argmax_ref,
         accept_prefix=accept_prefix_ref,
     )

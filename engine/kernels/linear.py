@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from engine.kernels import tuning
 from engine.kernels._triton import cdiv, jit, next_pow2
+from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
@@ -18,6 +19,15 @@ def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.T
     if x.shape[0] == 0:
         return x.new_empty(0, weight.shape[0])
     return torch.cat([F.linear(x[i : i + 1], weight) for i in range(x.shape[0])])
+
+
+def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate) * up): x [.., 2I] = [gate | up], weight [N, I]."""
+    return linear_ref(silu_and_mul_ref(x), weight)
+
+
+def silu_mul_linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return linear_batch_invariant_ref(silu_and_mul_ref(x), weight)
 
 
 # --- Triton ---------------------------------------------------------------------------------
@@ -33,12 +43,23 @@ INVARIANT_CONFIG = SkinnyConfig(block_m=32, block_n=64, block_k=64, split_k=1, n
 _TARGET_PROGRAMS = 264  # ~2 per SM on an H200 (132 SMs)
 
 
+@jit
+def _swiglu(gate, up):
+    """silu(gate) * up, rounded as silu_and_mul_ref (and _silu_and_mul_kernel) round: silu in the
+    input dtype, then the product in the input dtype."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
 @jit(do_not_specialize=["M"])
 def _linear_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, up_off,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, SWIGLU: tl.constexpr,
 ):
+    """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
+    activation is formed per K tile in registers from the gate and up tiles, never stored."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -57,9 +78,13 @@ def _linear_kernel(
             if EVEN_K:
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
                 x = tl.load(x_row + rk)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_row + up_off + rk))
             else:
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
                 x = tl.load(x_row + rk, mask=rk < k_hi, other=0.0)
+                if SWIGLU:  # masked lanes: silu(0) * 0 = 0
+                    x = _swiglu(x, tl.load(x_row + up_off + rk, mask=rk < k_hi, other=0.0))
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         acc1 = tl.sum(acc2, axis=1)
         if not SPLIT:
@@ -76,10 +101,14 @@ def _linear_kernel(
             if EVEN_K:
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None], other=0.0))
             else:
                 k_ok = (rk < k_hi)[None, :]
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0))
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
@@ -130,10 +159,20 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
     return _table_config(t.linear, m, n, k, t.m_max)
 
 
-def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
-    """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
-    m, k = x.shape
-    n = weight.shape[0]
+def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
+    """The fused SwiGLU + down config for [m, 2 inter] x [n, inter]^T, or None where the unfused
+    pair (silu_and_mul, then `linear`) serves. A shape tuned for the fused kernel uses its entries;
+    otherwise the fused kernel runs at the down projection's own skinny config, up to
+    `tables.fused_m_max` rows."""
+    t = tables or tuning.DEFAULT
+    if (n, inter) in t.silu_mul_linear:
+        return _table_config(t.silu_mul_linear, m, n, inter, 0)
+    return skinny_config(m, n, inter, t) if m <= t.fused_m_max else None
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool) -> torch.Tensor:
+    m = x.shape[0]
+    n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
@@ -144,9 +183,9 @@ def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig)
     out = y if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     _linear_kernel[grid](
-        x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split,
+        x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split, k if swiglu else 0,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, EVEN_K=even_k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SWIGLU=swiglu,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
@@ -157,9 +196,26 @@ def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig)
     return y
 
 
+def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
+    """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
+    assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
+    return _launch(x, weight, cfg, swiglu=False)
+
+
+def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
+    """(silu(gate) * up) @ W^T with an explicit config; x: [M, 2I] = [gate | up] unit-stride rows,
+    W: [N, I] contiguous. The [M, I] activation is never written."""
+    assert x.shape[1] == 2 * weight.shape[1], (x.shape, weight.shape)
+    return _launch(x, weight, cfg, swiglu=True)
+
+
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _plain(weight: torch.Tensor) -> bool:
+    return weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -167,7 +223,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     n, k = weight.shape
     m = x.numel() // k if k else 0
     cfg = skinny_config(m, n, k, tuning.tables_for(x.device)) if m else None
-    if cfg is None or weight.stride(1) != 1 or weight.stride(0) != k:
+    if cfg is None or not _plain(weight):
         return F.linear(x, weight)
     return linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
 
@@ -178,3 +234,19 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tenso
     n = weight.shape[0]
     y = linear_with_config(_as_rows(x), weight.contiguous(), INVARIANT_CONFIG)
     return y.view(*x.shape[:-1], n)
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Triton `silu_mul_linear_ref`: the fused kernel where silu_mul_linear_config has a config
+    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS)."""
+    n, inter = weight.shape
+    m = x.numel() // (2 * inter) if inter else 0
+    cfg = silu_mul_linear_config(m, n, inter, tuning.tables_for(x.device)) if m else None
+    if cfg is None or not _plain(weight) or x.shape[-1] != 2 * inter:
+        return linear(silu_and_mul(x), weight)
+    return silu_mul_linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
+
+
+def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant mode: silu_and_mul (per row) + the fixed-tile GEMM."""
+    return linear_batch_invariant(silu_and_mul(x), weight)

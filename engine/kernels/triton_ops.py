@@ -8,7 +8,7 @@ from engine.kernels import Ops
 from engine.kernels._triton import require_triton
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
-from engine.kernels.linear import linear, linear_batch_invariant
+from engine.kernels.linear import linear, linear_batch_invariant, silu_mul_linear, silu_mul_linear_batch_invariant
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.rope import qk_norm_rope_store
 from engine.kernels.sampling import accept_prefix, argmax
@@ -26,6 +26,7 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,
         silu_and_mul=silu_and_mul,
+        silu_mul_linear=silu_mul_linear_batch_invariant if batch_invariant else silu_mul_linear,
         argmax=argmax,
         accept_prefix=accept_prefix,
     )

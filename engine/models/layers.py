@@ -104,4 +104,6 @@ def decoder_layer(
     )
     h = ops.linear(o.view(rows, g.q_size), w.o)
     x, residual = ops.add_rms_norm(h, residual, w.post_norm, eps)
-    return ops.linear(ops.silu_and_mul(ops.linear(x, w.gate_up)), w.down), residual
+    # SwiGLU fused into the down projection (the [rows, I] activation is not materialised on the
+    # skinny path; the torch backend computes exactly linear(silu_and_mul(.)))
+    return ops.silu_mul_linear(ops.linear(x, w.gate_up), w.down), residual
