@@ -1,15 +1,23 @@
 """GPU micro-benchmark of the Triton kernels (H200-sized; run on a CUDA host).
 
-    python -m engine.bench.kernels --out DIR [--timer graph|do_bench] [--quick]
+    python -m engine.bench.kernels --out DIR [--timer graph|do_bench] [--quick] [--write-tuned]
 
 1. Skinny-M linear: the Qwen3-4B projection shapes at M = 1..128 over a config sweep, against
    F.linear (cuBLAS). Prints GB/s (weight bytes / time) and the fraction of the copy bandwidth, the
-   best config per (shape, M), the crossover M where cuBLAS wins, and a Python literal to paste into
-   engine/kernels/linear.py (SKINNY_CONFIGS, SKINNY_M_MAX).
-2. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
-3. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
+   best config per (shape, M), the crossover M where cuBLAS wins. q|k|v, o and down (the shapes
+   furthest from the copy bandwidth) get an extended sweep (more BLOCK_N/BLOCK_K/split-K/stages/warps
+   points), cut short once `--budget-s` is mostly spent.
+2. Fused SwiGLU + down (`silu_mul_linear`) at M = 1..16: the best linear configs of the down shape
+   and a few wider-N tiles, against silu_and_mul + the best of cuBLAS / the skinny kernel.
+3. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
+4. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
    batch-invariant config) and verify spans of 8.
-CSVs land in DIR (linear.csv, linear_invariant.csv, attention.csv) with the printed Markdown.
+CSVs land in DIR (linear.csv, silu_mul_linear.csv, linear_invariant.csv, attention.csv) with the
+printed Markdown (report.md) and the tuned table from this run (DIR/tuned/<device>.json).
+`--write-tuned` also writes that table to engine/kernels/tuned/<device>.json, where the kernels read
+it (engine/kernels/tuning.py): merged over the existing file, every measured (shape, M bucket) set
+to its fastest config that passed the correctness check and beat cuBLAS (or the unfused pair), or
+removed (cuBLAS / unfused serves it).
 
 Timing: every op is replayed from a CUDA graph of back-to-back calls (as the engine runs decode),
 rotating over enough weight / KV copies that L2 (~60 MB) never serves them; the reported time is
@@ -21,18 +29,20 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import attention, linear
-from engine.kernels.linear import SkinnyConfig
+from engine.kernels import activation, attention, linear, tuning
+from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
 SHAPE_NAMES = {(6144, 2560): "qkv", (2560, 4096): "o", (19456, 2560): "gate_up", (2560, 9728): "down",
@@ -47,15 +57,31 @@ ATTN_GEOMETRY = dict(hq=32, hkv=8, d=128, page=16)  # Qwen3-4B heads
 ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8), (8, 2048, 8)]  # batch, ctx, span
 
 
-def skinny_candidates(m: int, quick: bool) -> list[SkinnyConfig]:
-    """(block_m, block_n, block_k, split_k, num_warps, num_stages) to try at this M."""
+# The shapes furthest from the copy bandwidth in the last H200 sweep (q|k|v 67 %, o 56 %, down 74 %
+# at one row) get the extended candidate set.
+EXTENDED_SHAPES = {(6144, 2560), (2560, 4096), (2560, 9728)}
+DOWN_SHAPE = (2560, 9728)  # the fused silu_mul_linear sweep
+FUSED_MS = [1, 2, 4, 8, 16]
+# (block_m, block_n, block_k, num_warps, num_stages); each is tried at every split count.
+EXTENDED_GEMV = [(1, 16, 512, 4, 1), (1, 32, 512, 4, 1), (1, 16, 256, 4, 2), (1, 16, 256, 4, 3),
+                 (1, 32, 256, 4, 3), (1, 16, 256, 2, 1), (1, 8, 512, 4, 1)]
+EXTENDED_DOT = [(16, 16, 256, 4, 3), (16, 16, 512, 4, 2), (16, 32, 256, 4, 4), (16, 32, 512, 4, 2),
+                (16, 32, 512, 4, 3), (16, 64, 256, 4, 3), (16, 64, 256, 8, 3), (16, 32, 128, 4, 3)]
+
+
+def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None) -> list[tuple[SkinnyConfig, bool]]:
+    """(config, extended) pairs to try at this M: the base set for every shape, plus the extended
+    set for EXTENDED_SHAPES at M <= 16 (not in --quick)."""
     splits = [1, 2, 4] if quick else [1, 2, 4, 8]
+    extended: list[tuple[int, int, int, int, int]] = []
     if m == 1:
         tiles = [(1, 16, 256, 4, 1), (1, 32, 256, 4, 1), (1, 64, 128, 4, 1), (1, 32, 512, 8, 1),
                  (16, 64, 128, 4, 4)]
+        extended = EXTENDED_GEMV
     elif m <= 16:
         tiles = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 64, 4, 5), (16, 32, 256, 4, 3),
                  (16, 128, 64, 4, 4)]
+        extended = EXTENDED_DOT
     elif m <= 32:
         tiles = [(32, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4)]
         splits = splits[:3]
@@ -65,8 +91,11 @@ def skinny_candidates(m: int, quick: bool) -> list[SkinnyConfig]:
             tiles.append((128, 128, 64, 8, 3))
         splits = splits[:2]
     if quick:
-        tiles = tiles[:3]
-    return [SkinnyConfig(bm, bn, bk, s, nw, ns) for bm, bn, bk, nw, ns in tiles for s in splits]
+        tiles, extended = tiles[:3], []
+    if shape is not None and shape not in EXTENDED_SHAPES:
+        extended = []
+    out = [(SkinnyConfig(bm, bn, bk, s, nw, ns), False) for bm, bn, bk, nw, ns in tiles for s in splits]
+    return out + [(SkinnyConfig(bm, bn, bk, s, nw, ns), True) for bm, bn, bk, nw, ns in extended for s in splits]
 
 
 class Timer:
@@ -140,10 +169,25 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
+def time_candidate(timer: Timer, fn: Callable[[int], torch.Tensor], ref: torch.Tensor, copies: int, est: float,
+                   label: str) -> float | None:
+    """Microseconds per call of fn, or None (reported) if it does not compile, fit or match ref."""
+    try:
+        err = rel_err(fn(0), ref)
+        if not err < 2e-2:
+            raise RuntimeError(f"wrong result (rel err {err:.2e})")
+        return timer(fn, copies, est)
+    except Exception as e:  # a config that does not compile or fit is reported, not fatal
+        print(f"  skip {label}: {str(e).splitlines()[0][:120] if str(e) else type(e).__name__}", file=sys.stderr)
+        return None
+
+
 def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     dtype = DTYPE
-    rows, best = [], {}
-    for n, k in SHAPES:
+    rows, best, ranked = [], {}, {}
+    deadline = args.t0 + 0.55 * args.budget_s  # extended candidates stop here; the base set always runs
+    skipped = 0
+    for n, k in sorted(SHAPES, key=lambda s: s not in EXTENDED_SHAPES):  # extended shapes before the deadline
         wbytes = n * k * dtype.itemsize
         copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
         ws = [torch.randn(n, k, device=DEVICE).mul_(0.02).to(dtype) for _ in range(copies)]
@@ -152,31 +196,33 @@ def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             est = wbytes / (peak * 1e3)
             ref = F.linear(x, ws[0])
             results = [("cublas", None, timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est))]
-            for cfg in skinny_candidates(m, args.quick):
-                try:
-                    err = rel_err(linear.linear_with_config(x, ws[0], cfg), ref)
-                    if not err < 2e-2:
-                        raise RuntimeError(f"wrong result (rel err {err:.2e})")
-                    fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
-                    us = timer(fn, copies, est)
-                except Exception as e:  # a config that does not compile or fit is reported, not fatal
-                    print(f"  skip N={n} K={k} M={m} {tuple(cfg)}: {str(e).splitlines()[0][:120]}", file=sys.stderr)
+            for cfg, extended in skinny_candidates(m, args.quick, (n, k)):
+                if extended and time.time() > deadline:
+                    skipped += 1
                     continue
-                results.append(("triton", cfg, us))
+                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                us = time_candidate(timer, fn, ref, copies, est, f"N={n} K={k} M={m} {tuple(cfg)}")
+                if us is not None:
+                    results.append(("triton", cfg, us))
             for impl, cfg, us in results:
                 gbps = wbytes / (us * 1e-6) / 1e9
                 rows.append(dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
                                  us=round(us, 2), GBps=round(gbps, 1), frac=round(gbps / peak, 3)))
-            tri = [r for r in results if r[0] == "triton"]
-            best[(n, k, m)] = (results[0][2], min(tri, key=lambda r: r[2]) if tri else None)
+            tri = sorted((r for r in results if r[0] == "triton"), key=lambda r: r[2])
+            ranked[(n, k, m)] = [(cfg, us) for _, cfg, us in tri]
+            best[(n, k, m)] = (results[0][2], tri[0] if tri else None)
             b = best[(n, k, m)][1]
             print(f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton "
                   f"{b[2]:.1f} us {tuple(b[1])}" if b else "  (no triton config ran)", flush=True)
         del ws
-    return rows, linear_report(best, args.ms, peak)
+    args.state.update(linear_best=best, linear_ranked=ranked)
+    md = linear_report(best, args.ms, peak, args.state)
+    if skipped:
+        md += f"\n\n{skipped} extended candidates skipped: past {0.55 * args.budget_s:.0f} s of --budget-s."
+    return rows, md
 
 
-def linear_report(best: dict, ms: list[int], peak: float) -> str:
+def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = None) -> str:
     out, table, configs, crossover = [], [], {}, {}
     for n, k in SHAPES:
         wbytes = n * k * DTYPE.itemsize
@@ -190,7 +236,7 @@ def linear_report(best: dict, ms: list[int], peak: float) -> str:
                           f"{gb(cub_us) / peak:.2f}", f"{us:.1f}", f"{gb(us):.0f}", f"{gb(us) / peak:.2f}",
                           str(tuple(cfg)), f"{cub_us / us:.2f}x"])
             if us < cub_us:  # a tuned shape's missing bucket means cuBLAS (see linear.skinny_config)
-                configs.setdefault((n, k), {})[m] = tuple(cfg)
+                configs.setdefault((n, k), {})[m] = cfg
             elif (n, k) not in crossover:
                 crossover[(n, k)] = m
     out.append(f"### Skinny-M linear vs cuBLAS ({DTYPE}; GB/s = weight bytes / time)\n")
@@ -213,13 +259,64 @@ def linear_report(best: dict, ms: list[int], peak: float) -> str:
             break
     out.append("\nQwen3-4B decode-step projection time (36 layers + lm_head), cuBLAS vs triton (us): "
                + ", ".join(f"M={m}: {c:.0f} vs {t:.0f}" for m, (c, t) in step.items()))
-    literal = f"SKINNY_M_MAX = {m_max}\nSKINNY_CONFIGS = {{\n"
-    for shape in SHAPES:
-        per_m = configs.get(shape, {})
-        literal += f"    {shape}: {{" + ", ".join(f"{m}: {c}" for m, c in per_m.items()) + "},\n"
-    literal += "}"
-    out.append("\nPaste into engine/kernels/linear.py:\n```python\n" + literal + "\n```")
+    if state is not None:
+        state.update(linear_configs=configs, m_max=m_max, linear_ms=list(ms))
     return "\n".join(out)
+
+
+def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    """silu_mul_linear on the down shape: the fused kernel vs silu_and_mul + the best of cuBLAS and
+    the skinny kernel (the unfused pair the engine would otherwise run)."""
+    dtype, (n, inter) = DTYPE, DOWN_SHAPE
+    ranked = args.state.get("linear_ranked", {})
+    wbytes = n * inter * dtype.itemsize
+    copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
+    ws = [torch.randn(n, inter, device=DEVICE).mul_(0.02).to(dtype) for _ in range(copies)]
+    current = tuning.tables_for(ws[0].device)  # the table the engine runs with now
+    rows, table, best = [], [], {}
+    for m in [m for m in FUSED_MS if m in args.ms]:
+        x = torch.randn(m, 2 * inter, device=DEVICE).mul_(2.0).to(dtype)
+        ref = F.linear(activation.silu_and_mul_ref(x).float(), ws[0].float())
+        est = wbytes / (peak * 1e3)
+        top = [cfg for cfg, _ in ranked.get((n, inter, m), [])][: 2 if args.quick else 4]
+        down_cfg = top[0] if top else linear.skinny_config(m, n, inter, current)
+        unfused = [("silu_and_mul+cublas", None, lambda i, x=x, ws=ws: F.linear(activation.silu_and_mul(x), ws[i]))]
+        if down_cfg is not None:
+            fn = lambda i, x=x, ws=ws, cfg=down_cfg: linear.linear_with_config(activation.silu_and_mul(x), ws[i], cfg)
+            unfused.append(("silu_and_mul+triton", down_cfg, fn))
+        wide = [(1, 32, 256, 4, 4, 1), (1, 32, 512, 4, 8, 1)] if m == 1 else \
+            [(16, 64, 128, 4, 4, 4), (16, 64, 256, 4, 4, 3), (16, 128, 128, 2, 4, 3)]
+        cands = list(dict.fromkeys(top + [SkinnyConfig(*c) for c in wide[: 1 if args.quick else 3]]
+                                   + [linear.silu_mul_linear_config(m, n, inter, current)]))
+        results = []
+        for name, cfg, fn in unfused:
+            us = time_candidate(timer, fn, ref, copies, est, f"{name} M={m}")
+            if us is not None:
+                results.append((name, cfg, us))
+        for cfg in (c for c in cands if c is not None):
+            fn = lambda i, x=x, cfg=cfg, ws=ws: linear.silu_mul_linear_with_config(x, ws[i], cfg)
+            us = time_candidate(timer, fn, ref, copies, est, f"fused N={n} I={inter} M={m} {tuple(cfg)}")
+            if us is not None:
+                results.append(("fused", cfg, us))
+        for impl, cfg, us in results:
+            rows.append(dict(N=n, I=inter, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
+                             us=round(us, 2), frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3)))
+        base = min((r for r in results if r[0] != "fused"), key=lambda r: r[2], default=None)
+        fused = min((r for r in results if r[0] == "fused"), key=lambda r: r[2], default=None)
+        best[m] = (base, fused)
+        if base and fused:
+            print(f"  fused M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}",
+                  flush=True)
+            frac = wbytes / (fused[2] * 1e-6) / 1e9 / peak
+            table.append([m, f"{base[2]:.1f}", base[0], f"{fused[2]:.1f}", f"{frac:.2f}", str(tuple(fused[1])),
+                          f"{base[2] / fused[2]:.2f}x",
+                          f"{LAYERS_4B * (base[2] - fused[2]):+.0f}"])
+    del ws
+    configs = {m: f[1] for m, (b, f) in best.items() if b and f and f[2] < b[2]}
+    args.state.update(fused_configs=configs, fused_ms=[m for m in FUSED_MS if m in args.ms])
+    return rows, (f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
+                  f"({DTYPE})\n\n" + md_table(["M", "unfused us", "unfused path", "fused us", "frac", "fused config",
+                                                 "speedup", "36 layers: us saved"], table))
 
 
 def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
@@ -303,6 +400,63 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         + md_table(header, table)
 
 
+def tuned_from_sweep(state: dict, old: TunedTables, full_ms: bool) -> TunedTables:
+    """`old` with every (shape, M bucket) this run measured replaced by its result: the fastest config
+    that passed the correctness check where it beat cuBLAS (linear) / the unfused pair (fused),
+    else no entry (cuBLAS / the unfused pair serves that bucket)."""
+    lin = {shape: dict(per_m) for shape, per_m in old.linear.items()}
+    if "linear_best" in state:
+        configs = state["linear_configs"]
+        for n, k, m in state["linear_best"]:
+            per_m = lin.setdefault((n, k), {})
+            if m in configs.get((n, k), {}):
+                per_m[m] = configs[(n, k)][m]
+            else:
+                per_m.pop(m, None)
+    fused = {shape: dict(per_m) for shape, per_m in old.silu_mul_linear.items()}
+    if "fused_configs" in state:
+        per_m = fused.setdefault(DOWN_SHAPE, {})
+        for m in state["fused_ms"]:
+            if m in state["fused_configs"]:
+                per_m[m] = state["fused_configs"][m]
+            else:
+                per_m.pop(m, None)
+    m_max = state["m_max"] if "m_max" in state and full_ms else old.m_max
+    return TunedTables(device=old.device, m_max=m_max, fused_m_max=old.fused_m_max, linear=lin,
+                       silu_mul_linear=fused)
+
+
+def table_changes(old: TunedTables, new: TunedTables) -> list[str]:
+    lines = [f"linear m_max {old.m_max} -> {new.m_max}"] if old.m_max != new.m_max else []
+    pairs = (("linear", old.linear, new.linear), ("silu_mul_linear", old.silu_mul_linear, new.silu_mul_linear))
+    for what, a, b in pairs:
+        for shape in sorted(set(a) | set(b)):
+            pa, pb = a.get(shape, {}), b.get(shape, {})
+            for m in sorted(set(pa) | set(pb)):
+                if pa.get(m) != pb.get(m):
+                    show = lambda c: "cuBLAS/unfused" if c is None else str(tuple(c))
+                    lines.append(f"{what} {shape[0]}x{shape[1]} M={m}: {show(pa.get(m))} -> {show(pb.get(m))}")
+    return lines
+
+
+def write_tuned(args, report: list[str]) -> None:
+    name = torch.cuda.get_device_name()
+    old = tuning.load(name)
+    new = tuned_from_sweep(args.state, old if old.source else TunedTables(tuning.device_slug(name)), args.ms == MS)
+    note = (f"python -m engine.bench.kernels{' --quick' if args.quick else ''} --write-tuned on {name}, "
+            f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    text = tuning.dumps(new, name, note)
+    tuning.parse(json.loads(text))  # what the kernels will read back
+    paths = [args.out / "tuned" / f"{tuning.device_slug(name)}.json", tuning.tuned_path(name)]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    changes = table_changes(old, new)
+    report.append(f"### Tuned table written: {', '.join(str(p) for p in paths)}\n\n"
+                  + (f"Changes against {old.source}:\n" if old.source else "New table (no previous file):\n")
+                  + "\n".join(f"- {c}" for c in changes or ["(none)"]) + "\n\n```json\n" + text + "```\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory for the CSVs and report.md")
@@ -310,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-gbps", type=float, default=4300.0, help="copy bandwidth the fractions refer to")
     p.add_argument("--quick", action="store_true", help="fewer configs (a smoke run)")
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
-    p.add_argument("--skip", default="", help="comma list of sections to skip: linear,invariant,attention")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,invariant,attention")
+    p.add_argument("--budget-s", type=float, default=100.0,
+                   help="wall-time target: the extended linear candidates stop at 55%% of it")
+    p.add_argument("--write-tuned", action="store_true",
+                   help="write this device's tuned table (engine/kernels/tuned/<device>.json and DIR/tuned/)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("engine.bench.kernels needs a CUDA device", file=sys.stderr)
@@ -318,25 +476,41 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     timer, t0 = Timer(args.timer), time.time()
+    args.t0, args.state = t0, {}
     skip = set(args.skip.split(","))
     copy = copy_bandwidth()
     report = [f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"timer={args.timer}\n", f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
               f"fractions below are of {args.peak_gbps:.0f} GB/s.\n"]
-    sections = [("linear", bench_linear, "linear.csv"), ("invariant", bench_linear_invariant, "linear_invariant.csv"),
+    sections = [("linear", bench_linear, "linear.csv"), ("fused", bench_fused, "silu_mul_linear.csv"),
+                ("invariant", bench_linear_invariant, "linear_invariant.csv"),
                 ("attention", bench_attention, "attention.csv")]
+    failed = []
     for name, fn, csv_name in sections:
         if name in skip:
             continue
         print(f"== {name} ({time.time() - t0:.0f}s)", flush=True)
-        rows, md = fn(args, timer, args.peak_gbps)
+        try:
+            rows, md = fn(args, timer, args.peak_gbps)
+        except Exception:  # reported; the other sections (and the tuned table) still run
+            traceback.print_exc()
+            failed.append(name)
+            report.append(f"### {name}: FAILED (see stderr)\n")
+            continue
         write_csv(args.out / csv_name, rows)
         report.append(md + "\n")
+        if name == "fused" and args.write_tuned:  # before the sections that do not feed it
+            write_tuned(args, report)
+            args.write_tuned = False
+    if args.write_tuned:
+        write_tuned(args, report)
     report.append(f"Total bench time: {time.time() - t0:.0f}s")
     text = "\n".join(report)
     (args.out / "report.md").write_text(text + "\n")
     print("\n" + text)
-    return 0
+    if failed:
+        print(f"sections failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
