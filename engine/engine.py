@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from engine.config import EngineConfig, SamplingParams
+from engine.hedge import effective_positions
 from engine.kernels import get_ops
-from engine.knobs import Knobs, read_knobs
+from engine.knobs import read_knobs
 from engine.kv_cache import BlockManager, kv_bytes_per_block
+from engine.levers import Levers, check_lever_values, resolve_levers
 from engine.loader import open_checkpoint
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.models.dflash import DFlashDrafter
@@ -22,9 +25,12 @@ from engine.request import Finish, Request
 from engine.runner import ModelRunner
 from engine.sampler import sample_rows
 from engine.scheduler import Plan, Scheduler
-from engine.spec import draft_limit, round_drafts, settle
+from engine.scratch import ScratchKV, chain_blocks
 from engine.timing import PhaseTimer
-from engine.trace import enable_trace, log_round
+from engine.trace import enable_trace
+from engine.verify import SpecStats, Speculator
+
+__all__ = ["Engine", "Levers", "RequestOutput", "SpecStats", "resolve_levers"]
 
 log = logging.getLogger(__name__)
 
@@ -42,46 +48,6 @@ class RequestOutput:
     finish_reason: str | None
     error: str | None = None
     text: str = ""  # decoded output, filled once finished (when the model has a tokenizer)
-
-
-@dataclass
-class SpecStats:
-    """Counters of the speculative path; rounds count request-rounds (one per request per verify)."""
-
-    rounds: int = 0
-    gated_rounds: int = 0
-    draft_forwards: int = 0
-    drafts: int = 0
-    draft_tokens_verified: int = 0
-    draft_tokens_accepted: int = 0
-    committed_tokens: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-
-    @property
-    def tokens_per_round(self) -> float:
-        """Mean committed tokens per speculating (non-gated) request-round."""
-        spec = self.rounds - self.gated_rounds
-        return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
-
-
-@dataclass(frozen=True)
-class Levers:
-    max_batch: int
-    max_drafts: int
-    trace: bool
-
-
-def resolve_levers(config: EngineConfig, knobs: Knobs) -> Levers:
-    """Explicit config values win over the environment; None means "take the environment"."""
-
-    def pick(explicit, from_env):
-        return from_env if explicit is None else explicit
-
-    return Levers(
-        max_batch=pick(config.spec_max_batch, knobs.spec.max_batch),
-        max_drafts=pick(config.spec_max_drafts, knobs.spec.max_drafts),
-        trace=pick(config.trace, knobs.test_log),
-    )
 
 
 def _device(config: EngineConfig) -> torch.device:
@@ -157,8 +123,13 @@ class Engine:
             )
         bs = config.kv_block_size
         max_blocks_per_seq = -(-self.max_model_len // bs)
-        num_blocks = self._num_kv_blocks(max_blocks_per_seq)
-        self.blocks = BlockManager(num_blocks, bs)
+        # Hedge chains verify into scratch blocks reserved here, outside the pool, so a round never
+        # runs out of KV: one set per chain a round can verify.
+        chains = self._hedge_chain_slots()
+        per_chain = chain_blocks(1 + self.drafts_per_round, bs)
+        num_blocks = self._num_kv_blocks(max_blocks_per_seq, chains * per_chain)
+        pool = num_blocks - chains * per_chain
+        self.blocks = BlockManager(pool, bs)
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner = ModelRunner(
             self.target,
@@ -168,7 +139,11 @@ class Engine:
             max_num_seqs=config.max_num_seqs,
             max_blocks_per_seq=max_blocks_per_seq,
             use_graphs=use_graphs,
+            chain_rows=chains,
         )
+        scratch = ScratchKV(self.runner, pool, chains, per_chain) if chains else None
+        self.speculator = Speculator(self.runner, self.drafts_per_round, self._sample, self._mark, scratch)
+        self.speculator.configure(self.levers)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -177,22 +152,23 @@ class Engine:
             has_drafter=self.drafter is not None,
             max_batch=self.levers.max_batch,
         )
-        self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._next_index = 0
         self._rejected: list[Request] = []
         if self.levers.trace:
             enable_trace()
         log.info(
-            "engine ready: %s%s on %s/%s (%s backend, graphs %s), %d KV blocks of %d, max_model_len %d",
+            "engine ready: %s%s on %s/%s (%s backend, graphs %s), %d KV blocks of %d (%d hedge scratch), "
+            "max_model_len %d",
             target.name,
             f" + drafter {draft.name}" if self.drafter else "",
             self.device,
             self.dtype,
             backend,
             "on" if use_graphs else "off",
-            num_blocks,
+            pool,
             bs,
+            num_blocks - pool,
             self.max_model_len,
         )
 
@@ -200,6 +176,10 @@ class Engine:
     @property
     def drafts_per_round(self) -> int:
         return self.draft_cfg.drafts_per_round if self.draft_cfg else 0
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.speculator.stats
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> str:
         """Queue a request; a request the engine cannot serve finishes at once as `rejected`."""
@@ -220,18 +200,26 @@ class Engine:
         self.scheduler.add(req)
         return req.id
 
-    def set_levers(self, max_batch: int | None = None, max_drafts: int | None = None) -> None:
-        """Change the gate and the trim between steps (benchmarks interleave lever arms on one set of
-        weights); None keeps the current value."""
-        for name, value in (("max_batch", max_batch), ("max_drafts", max_drafts)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name}={value!r}; expected an int >= 0 (0 = off)")
-        self.levers = Levers(
-            max_batch=self.levers.max_batch if max_batch is None else max_batch,
-            max_drafts=self.levers.max_drafts if max_drafts is None else max_drafts,
-            trace=self.levers.trace,
-        )
+    def set_levers(
+        self,
+        max_batch: int | None = None,
+        max_drafts: int | None = None,
+        hedge: int | None = None,
+        hedge_positions: Sequence[int] | None = None,
+        hedge_auto: bool | None = None,
+        hedge_knee: int | None = None,
+    ) -> None:
+        """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
+        None keeps the current value. Hedge scratch KV is sized at start: an engine started with the
+        hedge off cannot hedge later, and chains beyond the reserved scratch are not verified."""
+        given = dict(max_batch=max_batch, max_drafts=max_drafts, hedge=hedge, hedge_positions=hedge_positions,
+                     hedge_auto=hedge_auto, hedge_knee=hedge_knee)
+        check_lever_values(**given)
+        if hedge_positions is not None:
+            given["hedge_positions"] = tuple(hedge_positions)
+        self.levers = dataclasses.replace(self.levers, **{k: v for k, v in given.items() if v is not None})
         self.scheduler.max_batch = self.levers.max_batch
+        self.speculator.configure(self.levers)
 
     def has_unfinished(self) -> bool:
         return bool(self._rejected) or self.scheduler.has_work()
@@ -246,10 +234,12 @@ class Engine:
                 self.timer.start()
             if plan is Plan.PREFILL:
                 self._prefill(reqs)
+                self.speculator.pause()
             elif plan is Plan.DECODE:
                 self._decode(reqs)
+                self.speculator.pause()
             else:
-                self._speculate(reqs, gated=plan is Plan.GATED)
+                self.speculator.round(reqs, gated=plan is Plan.GATED, levers=self.levers)
             if self.timer:
                 self.timer.finish(plan.value, len(reqs))
             touched += reqs
@@ -320,66 +310,9 @@ class Engine:
             r.drop_draft_state()  # a plain decode advances outside the speculative path
             r.commit([token])
 
-    def _speculate(self, reqs: list[Request], gated: bool) -> None:
-        """One verify round for the batch; gated: k = 0, no drafter forward, capture kept."""
-        n = len(reqs)
-        k = round_drafts(self.drafts_per_round, self.levers.max_drafts, gated)
-        span = 1 + k
-        limits = [draft_limit(k, r.remaining) for r in reqs]
-        current = self.runner._tensor([r.current_token for r in reqs]).view(n, 1)
-        if k:
-            drafts = self.runner.draft(reqs)[:, :k]
-            ids = torch.cat([current, drafts], dim=1)
-            self.stats.draft_forwards += 1
-            self._mark("draft")
-        else:
-            drafts, ids = current[:, :0], current
-        res = self.runner.extend(reqs, ids)
-        self._mark("target")
-        targets = self._sample(res.logits, res.greedy, [(r, span) for r in reqs]).view(n, span)
-        accepted = self.ops.accept_prefix(drafts, targets, self.runner._tensor(limits))
-        host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
-        keep: list[int] = []
-        grown: list[tuple[Request, int]] = []
-        for i, (r, row) in enumerate(zip(reqs, host, strict=True)):
-            outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
-            self._count(outcome, gated)
-            if self.levers.trace:
-                log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
-            if not r.finished:
-                keep += range(i * span, i * span + outcome.accepted_draft + 1)
-                grown.append((r, outcome.accepted_draft + 1))
-        self._append_context(res.features, keep, grown)
-
-    def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
-        """Feature rows of each surviving request's [current, d1..dn] join its drafter context;
-        copied out of the (graph-owned) output buffer in one gather."""
-        if not keep:
-            return
-        rows = features.index_select(0, self.runner._tensor(keep))
-        offset = 0
-        for r, count in grown:
-            r.ctx_pending.append(rows[offset : offset + count])
-            offset += count
-
     def _mark(self, phase: str) -> None:
         if self.timer:
             self.timer.mark(phase)
-
-    def _count(self, outcome, gated: bool) -> None:
-        s = self.stats
-        s.rounds += 1
-        s.gated_rounds += gated
-        s.committed_tokens += outcome.committed
-        if gated:
-            return
-        s.drafts += 1
-        s.draft_tokens_verified += outcome.verified_draft
-        s.draft_tokens_accepted += outcome.accepted_draft
-        if len(s.accepted_by_position) < self.drafts_per_round:
-            s.accepted_by_position += [0] * (self.drafts_per_round - len(s.accepted_by_position))
-        for pos in range(outcome.accepted_draft):
-            s.accepted_by_position[pos] += 1
 
     def _sample(self, logits: torch.Tensor, greedy: torch.Tensor, rows: list[tuple[Request, int]]) -> torch.Tensor:
         params = [r.params for r, count in rows for _ in range(count)]
@@ -419,10 +352,26 @@ class Engine:
             return f"needs {need} KV blocks but the cache holds {self.blocks.capacity}"
         return None
 
-    def _num_kv_blocks(self, max_blocks_per_seq: int) -> int:
+    def _hedge_chain_slots(self) -> int:
+        """Chains one round can verify: min(hedge, max_num_seqs) requests x branch positions; 0 when
+        the hedge is off or the drafter has no Markov head."""
+        lv = self.levers
+        if not lv.hedge or self.drafter is None or self.drafter.markov is None:
+            return 0
+        return min(lv.hedge, self.config.max_num_seqs) * len(
+            effective_positions(lv.hedge_positions, self.drafts_per_round)
+        )
+
+    def _num_kv_blocks(self, max_blocks_per_seq: int, scratch: int) -> int:
+        """Total KV blocks, hedge scratch included (the pool is the total minus the scratch)."""
         if self.config.num_kv_blocks is not None:
+            if self.config.num_kv_blocks - scratch < 2:
+                raise ValueError(
+                    f"EngineConfig.num_kv_blocks={self.config.num_kv_blocks} leaves no KV pool after "
+                    f"{scratch} hedge scratch blocks"
+                )
             return self.config.num_kv_blocks
-        want = self.config.max_num_seqs * max_blocks_per_seq + 1
+        want = self.config.max_num_seqs * max_blocks_per_seq + 1 + scratch
         g = self.target_cfg.geometry
         per_block = kv_bytes_per_block(g.num_layers, self.config.kv_block_size, g.num_kv_heads, g.head_dim, self.dtype)
         if self.draft_cfg:
@@ -436,7 +385,7 @@ class Engine:
             budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
         else:
             budget = 8 << 30
-        fits = max(2, budget // per_block)
+        fits = max(2 + scratch, budget // per_block)
         if fits < want:
             log.warning("KV cache limited to %d blocks (wanted %d) by the memory budget", fits, want)
         return int(min(want, fits))

@@ -29,7 +29,11 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("PEGAINFER_SPEC_MAX_BATCH", "count", "load gate: while the active batch is >= n, verify one token (gated round)"),
+        Knob(
+            "PEGAINFER_SPEC_MAX_BATCH",
+            "count",
+            "load gate: while the active batch is >= n, verify one token (gated round)",
+        ),
         Knob("PEGAINFER_SPEC_MAX_DRAFTS", "count", "static trim: only the first k drafts enter the verify span"),
         Knob("PEGAINFER_SPEC_HEDGE", "count", "hedged verify: extra chains for up to h greedy requests a round"),
         Knob("PEGAINFER_SPEC_HEDGE_POSITIONS", "counts", "draft positions where hedge chains branch, e.g. 0,1,2"),
@@ -38,6 +42,12 @@ KNOBS: dict[str, Knob] = {
         Knob("PEGAINFER_TEST_LOG", "flag", "per-round trace lines on stderr"),
         Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
         Knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", "path", "gate drafter weights (default: the shipped fixture pair)"),
+        Knob(
+            "PEGAINFER_TEST_HEDGE_DRAFTER",
+            "path",
+            "a Markov-head (DSpark) drafter for the hedge gate case; the lossless children use it in place of "
+            "the pair's drafter (default for the fixture pair: its drafter-dspark)",
+        ),
         Knob("PEGAINFER_REQUIRE_SPEC_GATE", "flag", "turn every gate skip into a failure"),
         Knob("PEGAINFER_TEST_BATCH_INVARIANT", "flag", "gates run batch-invariant numerics and excuse no divergence"),
         Knob("PEGAINFER_RUN_RECORD", "path", "where the gate session writes its run-record table"),

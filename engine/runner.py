@@ -215,7 +215,7 @@ class ModelRunner:
         drafts, chains = self._draft(reqs, positions)
         return drafts, chains
 
-    def _draft(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple:
+    def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
         feats, positions, slots = [], [], []
         for r in reqs:
             pending = sum(t.shape[0] for t in r.ctx_pending)
@@ -236,8 +236,8 @@ class ModelRunner:
             "num_kv": self._tensor([r.num_kv for r in reqs]),
         }
         pads = {"anchors": 0, "rows": self.null_row, "num_kv": 0}
-        fn = partial(self._block_forward, branch=positions)
-        out = self._run(("draft", positions), fn, len(reqs), values, pads)
+        fn = partial(self._block_forward, branch=branch)
+        out = self._run(("draft", branch), fn, len(reqs), values, pads)
         return tuple(t[: len(reqs)] for t in out)
 
     def _block_forward(

@@ -37,3 +37,16 @@ def log_round(request_id: str, gated: bool, verified_draft: int, accepted_draft:
         accepted_draft,
         committed_tokens,
     )
+
+
+def log_hedge(request_id: str, chains: int, winner: int, main_accepted: int, best_accepted: int) -> None:
+    """One line per hedged request per round: chains verified besides the main one, the winner
+    (0 = main, i = its i-th chain), and the main and winning chains' accepted drafts."""
+    TRACE.debug(
+        "DFlash hedge request=%s chains=%d winner=%d main_accepted=%d best_accepted=%d",
+        request_id,
+        chains,
+        winner,
+        main_accepted,
+        best_accepted,
+    )

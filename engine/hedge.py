@@ -1,0 +1,186 @@
+"""Hedged verify: which chains a round verifies, and the auto-hedge controller.
+
+A chain branches off a request's main Markov walk at a configured draft position p (the runner-up
+token there, then the walk continues) and is verified in the same target forward as the main
+chains; the chain that accepts most wins. `plan_chains` is the per-round selection (pure);
+`AutoHedge` picks how many branch positions (C) to use from measured committed tokens per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+def effective_positions(configured: Sequence[int], drafts_per_round: int) -> tuple[int, ...]:
+    """Sorted, deduplicated branch positions the drafter can produce (p < drafts per round);
+    none configured means position 0."""
+    return tuple(sorted({p for p in (configured or (0,)) if p < drafts_per_round}))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One request of the round: may it hedge (greedy), and how many drafts may it accept."""
+
+    greedy: bool
+    limit: int
+
+
+def plan_chains(
+    candidates: Sequence[Candidate],
+    positions: Sequence[int],
+    span: int,
+    cap: int,
+    knee: int,
+    slots: int,
+) -> list[tuple[int, int]]:
+    """(request index, position index) of every chain to verify this round, request-major.
+
+    positions: the branch positions in use this round (a prefix of the effective ones, all < the
+    round's k). A chain at p is worth verifying only when p < the request's limit (its acceptance
+    cannot exceed the limit otherwise). First come, first served among greedy requests, at most
+    `cap` requests; `knee` > 0 caps the round's total verify rows (main + chains) x span; `slots`
+    is how many chains the reserved scratch KV can hold."""
+    if not positions or cap <= 0 or span < 2:
+        return []
+    budget = slots
+    if knee:
+        budget = min(budget, knee // span - len(candidates))
+    chosen: list[tuple[int, int]] = []
+    hedged = 0
+    for i, c in enumerate(candidates):
+        if hedged == cap or budget <= 0:
+            break
+        if not c.greedy:
+            continue
+        mine = [j for j, p in enumerate(positions) if p < c.limit][:budget]
+        if mine:
+            chosen += [(i, j) for j in mine]
+            budget -= len(mine)
+            hedged += 1
+    return chosen
+
+
+class AutoHedge:
+    """Self-pricing chain count: committed tokens per second, measured in windows of rounds per C.
+
+    Explores C = 0..max_chains, one window each in rotation, for `cycles` cycles; then commits to
+    the best median window rate, walking C upward and taking a larger C only when it beats the
+    best so far by `margin` (uncertainty resolves toward fewer chains); holds for `hold` rounds,
+    then re-explores with shorter windows. Time is the host gap between consecutive ticks; a gap
+    longer than `gap_s` (idle engine) and `break_window()` (a gated round) discard the partial
+    window and re-anchor, so such intervals are charged to no C. A window is booked to the C that
+    actually ran: a round that ran a different C than the window so far restarts the window."""
+
+    def __init__(
+        self,
+        max_chains: int,
+        clock: Callable[[], float] = time.perf_counter,
+        window: int = 64,
+        rewindow: int = 32,
+        keep: int = 12,
+        cycles: int = 3,
+        margin: float = 1.03,
+        hold: int = 4096,
+        gap_s: float = 0.5,
+    ):
+        if max_chains < 0 or window < 1 or rewindow < 1 or keep < 1 or cycles < 1 or hold < 1:
+            raise ValueError("AutoHedge: max_chains >= 0 and positive window/rewindow/keep/cycles/hold")
+        self.max_chains, self.clock = max_chains, clock
+        self.window_len, self.rewindow, self.cycles, self.margin = window, rewindow, cycles, margin
+        self.hold, self.gap_s, self.keep = hold, gap_s, keep
+        self.rates: dict[int, deque[float]] = {c: deque(maxlen=keep) for c in range(max_chains + 1)}
+        self.committed: int | None = None  # None while exploring
+        self.held = 0
+        self._explore_at, self._cycles_done = 0, 0
+        self._rewindowed = False  # re-exploration uses the shorter window
+        self._last: float | None = None
+        self._reset_window()
+        log.info("spec hedge auto: controller on (C in 0..%d)", max_chains)
+
+    def _reset_window(self) -> None:
+        self._win_c: int | None = None
+        self._win_rounds, self._win_tokens, self._win_seconds = 0, 0, 0.0
+
+    def chains(self) -> int:
+        """C for the next round."""
+        return self.committed if self.committed is not None else self._explore_at
+
+    def break_window(self) -> None:
+        """A round that is no hedging sample (a gated round): drop the partial window and the last
+        tick, so the next round only re-anchors the clock."""
+        self._last = None
+        self._reset_window()
+
+    def tick(self, executed: int, committed_tokens: int) -> None:
+        """A verify round finished that ran `executed` chains per hedged request and committed
+        `committed_tokens` over the batch."""
+        now = self.clock()
+        last, self._last = self._last, now
+        if last is None:
+            return  # re-anchor: the interval before this round is unknown
+        gap = now - last
+        if gap > self.gap_s:
+            self._reset_window()
+            return
+        if self._win_c is not None and self._win_c != executed:
+            self._reset_window()
+        self._win_c = executed
+        self._win_rounds += 1
+        self._win_tokens += committed_tokens
+        self._win_seconds += gap
+        holding = self.committed is not None
+        if self._win_rounds >= self._current_window():
+            self._book()
+        if holding:
+            self.held += 1
+            if self.held >= self.hold:
+                log.info("spec hedge auto: re-exploring (held C=%d)", self.committed)
+                self._explore(rewindow=True)
+
+    def _current_window(self) -> int:
+        return self.rewindow if self._rewindowed else self.window_len
+
+    def _explore(self, rewindow: bool) -> None:
+        self.committed, self.held = None, 0
+        self._explore_at, self._cycles_done = 0, 0
+        self._rewindowed = rewindow
+        for rates in self.rates.values():
+            rates.clear()  # the load may have changed: decide on fresh windows only
+        self._reset_window()
+
+    def _book(self) -> None:
+        c = min(self._win_c, self.max_chains)
+        if self._win_seconds > 0:
+            self.rates[c].append(self._win_tokens / self._win_seconds)
+        self._reset_window()
+        if self.committed is not None:
+            return
+        self._explore_at += 1
+        if self._explore_at > self.max_chains:
+            self._explore_at = 0
+            self._cycles_done += 1
+            if self._cycles_done >= self.cycles:
+                self._commit()
+
+    def medians(self) -> dict[int, float | None]:
+        return {c: statistics.median(r) if r else None for c, r in self.rates.items()}
+
+    def _commit(self) -> None:
+        med = self.medians()
+        best = next((c for c in sorted(med) if med[c] is not None), 0)
+        for c in sorted(med):
+            if c > best and med[c] is not None and med[c] > med[best] * self.margin:
+                best = c
+        self.committed, self.held = best, 0
+        log.info(
+            "spec hedge auto: committed C=%d (median window tok/s by C: %s)",
+            best,
+            [None if m is None else round(m, 1) for m in med.values()],
+        )

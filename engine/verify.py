@@ -1,0 +1,220 @@
+"""The verify round for a batch: draft, hedge chains, one target forward, accept, commit, context.
+
+SPEC 2.5 per request (see engine/spec.py); hedging (2.7) adds chain row groups to the same forward
+and makes the winning chain's KV and feature rows canonical. Losers leave no trace: they wrote only
+scratch KV, and only the winner's feature rows join the drafter context.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.hedge import AutoHedge, Candidate, effective_positions, plan_chains
+from engine.levers import Levers
+from engine.request import Request
+from engine.runner import ModelRunner
+from engine.scratch import ScratchKV
+from engine.spec import RoundOutcome, draft_limit, round_drafts, settle
+from engine.trace import log_hedge, log_round
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SpecStats:
+    """Counters of the speculative path; rounds count request-rounds (one per request per verify)."""
+
+    rounds: int = 0
+    gated_rounds: int = 0
+    draft_forwards: int = 0
+    drafts: int = 0
+    draft_tokens_verified: int = 0
+    draft_tokens_accepted: int = 0
+    committed_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    hedged_rounds: int = 0  # request-rounds that verified at least one chain
+    hedge_chains: int = 0  # chains verified
+    hedge_wins: int = 0  # request-rounds a chain won
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean committed tokens per speculating (non-gated) request-round."""
+        spec = self.rounds - self.gated_rounds
+        return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
+
+
+@dataclass
+class Hedging:
+    positions: tuple[int, ...]  # effective branch positions (the draft graph walks all of them)
+    cap: int
+    knee: int
+    auto: AutoHedge | None
+
+
+class Speculator:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        drafts_per_round: int,
+        sample: Callable,
+        mark: Callable[[str], None],
+        scratch: ScratchKV | None,
+    ):
+        self.runner, self.ops, self.per_round = runner, runner.ops, drafts_per_round
+        self.sample, self.mark, self.scratch = sample, mark, scratch
+        self.stats = SpecStats()
+        self.hedging: Hedging | None = None
+        self._warned: set[str] = set()
+
+    def _once(self, key: str, msg: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.info(msg, *args)
+
+    def configure(self, levers: Levers) -> None:
+        """(Re)build the hedge state from the levers; a controller survives unless its range changes."""
+        drafter = self.runner.drafter
+        if not levers.hedge or drafter is None:
+            self.hedging = None
+            return
+        if drafter.markov is None:
+            self._once("no-markov", "hedge=%d has no effect: the drafter has no Markov head (markov_rank 0)",
+                       levers.hedge)
+            self.hedging = None
+            return
+        if self.scratch is None:
+            self._once("no-scratch", "hedge=%d has no effect: no scratch KV was reserved at engine start "
+                       "(start the engine with the hedge on)", levers.hedge)
+            self.hedging = None
+            return
+        positions = effective_positions(levers.hedge_positions, self.per_round)
+        dropped = sorted(set(levers.hedge_positions) - set(positions))
+        if dropped:
+            self._once(f"dropped{dropped}", "hedge positions %s dropped: the drafter has %d draft positions",
+                       dropped, self.per_round)
+        if not positions:
+            self.hedging = None
+            return
+        auto = None
+        if levers.hedge_auto:
+            old = self.hedging.auto if self.hedging else None
+            auto = old if old is not None and old.max_chains == len(positions) else AutoHedge(len(positions))
+        self.hedging = Hedging(positions, levers.hedge, levers.hedge_knee, auto)
+        self._once(f"on{positions}", "spec hedge on: up to %d request(s)/round, branch positions %s%s",
+                   levers.hedge, list(positions), " (auto chain count)" if auto else "")
+
+    def pause(self) -> None:
+        """A non-speculative step ran (prefill or plain decode): its time is no hedging sample."""
+        if self.hedging and self.hedging.auto:
+            self.hedging.auto.break_window()
+
+    def _plan(self, reqs: list[Request], limits: list[int], k: int) -> list[tuple[int, int]]:
+        h = self.hedging
+        c = h.auto.chains() if h.auto else len(h.positions)
+        positions = [p for p in h.positions[:c] if p < k]
+        cands = [Candidate(r.params.greedy, lim) for r, lim in zip(reqs, limits, strict=True)]
+        return plan_chains(cands, positions, 1 + k, h.cap, h.knee, self.scratch.chains)
+
+    def round(self, reqs: list[Request], gated: bool, levers: Levers) -> None:
+        """One verify round for the batch; gated: k = 0, no drafter forward, capture kept."""
+        runner, n = self.runner, len(reqs)
+        k = round_drafts(self.per_round, levers.max_drafts, gated)
+        span = 1 + k
+        limits = [draft_limit(k, r.remaining) for r in reqs]
+        current = runner._tensor([r.current_token for r in reqs]).view(n, 1)
+        plan = self._plan(reqs, limits, k) if k and self.hedging else []
+        if k:
+            if plan:
+                full, chains = runner.draft_chains(reqs, self.hedging.positions)
+            else:
+                full, chains = runner.draft(reqs), None
+            drafts = full[:, :k]
+            self.stats.draft_forwards += 1
+            self.mark("draft")
+        else:
+            drafts = current[:, :0]
+        ids = torch.cat([current, drafts], dim=1)
+        rows, num_kv = [r.slot for r in reqs], [r.num_kv for r in reqs]
+        owners = [reqs[i] for i, _ in plan]
+        if plan:
+            who = runner._tensor([i for i, _ in plan])
+            chain_drafts = chains[:, :, :k][who, runner._tensor([j for _, j in plan])]
+            ids = torch.cat([ids, torch.cat([current[who], chain_drafts], dim=1)])
+            drafts = torch.cat([drafts, chain_drafts])
+            rows += self.scratch.prepare(owners, span)
+            num_kv += [r.num_kv for r in owners]
+        res = runner.extend_rows(ids, rows, num_kv)
+        self.mark("target")
+        groups = [(r, span) for r in [*reqs, *owners]]
+        targets = self.sample(res.logits, res.greedy, groups).view(len(groups), span)
+        all_limits = limits + [limits[i] for i, _ in plan]
+        accepted = self.ops.accept_prefix(drafts, targets, runner._tensor(all_limits))
+        host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
+        chains_of: dict[int, list[int]] = {}
+        for m, (i, _) in enumerate(plan):
+            chains_of.setdefault(i, []).append(n + m)
+        keep: list[int] = []
+        grown: list[tuple[Request, int]] = []
+        winners: list[tuple[int, Request, int, int]] = []
+        committed = 0
+        for i, r in enumerate(reqs):
+            mine = chains_of.get(i, [])
+            best = i
+            for g in mine:  # strictly more: ties keep the main chain
+                if host[g][0] > host[best][0]:
+                    best = g
+            row, before = host[best], r.num_kv
+            outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
+            committed += outcome.committed
+            self._count(outcome, gated, len(mine), best != i)
+            if levers.trace:
+                log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
+                if mine:
+                    winner = 0 if best == i else mine.index(best) + 1
+                    log_hedge(r.id, len(mine), winner, host[i][0], host[best][0])
+            if not r.finished:
+                if best != i:
+                    winners.append((best - n, r, before, outcome.accepted_draft + 1))
+                keep += range(best * span, best * span + outcome.accepted_draft + 1)
+                grown.append((r, outcome.accepted_draft + 1))
+        if winners:
+            self.scratch.commit(winners)
+        self._append_context(res.features, keep, grown)
+        if self.hedging and self.hedging.auto:
+            if gated:
+                self.hedging.auto.break_window()  # a gated round is no hedging sample
+            else:
+                self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
+
+    def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
+        """Feature rows of each surviving request's [current, d1..dn] (of its winning chain) join its
+        drafter context; copied out of the (graph-owned) output buffer in one gather."""
+        if not keep:
+            return
+        rows = features.index_select(0, self.runner._tensor(keep))
+        offset = 0
+        for r, count in grown:
+            r.ctx_pending.append(rows[offset : offset + count])
+            offset += count
+
+    def _count(self, outcome: RoundOutcome, gated: bool, chains: int, won: bool) -> None:
+        s = self.stats
+        s.rounds += 1
+        s.gated_rounds += gated
+        s.committed_tokens += outcome.committed
+        s.hedged_rounds += chains > 0
+        s.hedge_chains += chains
+        s.hedge_wins += won
+        if gated:
+            return
+        s.drafts += 1
+        s.draft_tokens_verified += outcome.verified_draft
+        s.draft_tokens_accepted += outcome.accepted_draft
+        if len(s.accepted_by_position) < self.per_round:
+            s.accepted_by_position += [0] * (self.per_round - len(s.accepted_by_position))
+        for pos in range(outcome.accepted_draft):
+            s.accepted_by_position[pos] += 1
