@@ -9,9 +9,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from trace_tools.parse import TraceError, levers_trace_rows, lossless_lines
+from trace_tools.parse import TraceError, hedge_trace_rows, levers_trace_rows, lossless_lines
 from trace_tools.record import RecordError, paste
-from trace_tools.summary import summarize
+from trace_tools.summary import summarize, summarize_hedge
 
 
 def _requests(ids: Sequence[int]) -> str:
@@ -28,6 +28,9 @@ def _summarize(args: argparse.Namespace) -> None:
     print(f"requests: {_requests(s.requests)}")
     print(f"gated requests: {_requests(s.gated_requests)}")
     print(f"gated, never later speculating and accepting: {_requests(s.unresumed_requests)}")
+    hedges = hedge_trace_rows(lines)
+    if hedges:
+        print(f"hedge: {summarize_hedge(hedges).line}")
     results = lossless_lines(lines)
     for r in results:
         print(f"lossless: test={r.test} requests={r.requests} compared_tokens={r.compared_tokens} "
@@ -76,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "summarize", help="summarize one child's log (round lines + [lossless] lines)",
         description="Count the `DFlash round` lines of one child's log (gated / speculating rows, "
-                    "widest verify, gated requests that never resume) and list its [lossless] lines.",
+                    "widest verify, gated requests that never resume), its `DFlash hedge` lines (chains, "
+                    "wins, discards) and list its [lossless] lines.",
     )
     s.add_argument("log", metavar="LOG", help="a log holding one child's combined stdout/stderr")
     s.add_argument("--child", metavar="NAME", help="label for the summary line (default: LOG's file stem)")

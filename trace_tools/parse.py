@@ -1,4 +1,4 @@
-"""Parsing the engine's per-round trace and the lossless children's result lines.
+"""Parsing the engine's per-round trace (round and hedge lines) and the lossless children's result lines.
 
 A field is read as the first non-empty run of ASCII digits in the value that
 follows `name=` (the value ends at whitespace), so `request=req-3` reads 3.
@@ -12,9 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 ROUND_MARKER = re.compile(r"\bDFlash round\b")
+HEDGE_MARKER = re.compile(r"\bDFlash hedge\b")
 LOSSLESS_MARKER = "[lossless]"
 
 ROUND_FIELDS = ("request", "gated", "verified_draft", "accepted_draft", "committed_tokens")
+HEDGE_FIELDS = ("request", "chains", "winner", "main_accepted", "best_accepted")
 LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused_divergences")
 
 
@@ -29,6 +31,18 @@ class RoundRow:
     verified_draft: int
     accepted_draft: int
     committed_tokens: int
+
+
+@dataclass(frozen=True)
+class HedgeRow:
+    """One hedged request in one round: chains verified besides the main one, the winner (0 = the
+    main chain, i = its i-th chain) and the main and winning chains' accepted drafts."""
+
+    request: int
+    chains: int
+    winner: int
+    main_accepted: int
+    best_accepted: int
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,26 @@ def levers_trace_rows(lines: Iterable[str]) -> list[RoundRow]:
             accepted_draft=f["accepted_draft"],
             committed_tokens=f["committed_tokens"],
         ))
+    return rows
+
+
+def hedge_trace_rows(lines: Iterable[str]) -> list[HedgeRow]:
+    """One HedgeRow per `DFlash hedge` line, in input order; other lines are ignored. A line whose
+    winner is outside 0..chains, or whose winner accepts no more than the main chain (or a main
+    winner that does not equal it), is an error: the engine never prints one."""
+    _check_lines(lines)
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        m = HEDGE_MARKER.search(line)
+        if m is None:
+            continue
+        row = HedgeRow(**_counts(line[m.end():], HEDGE_FIELDS, lineno, line))
+        if row.winner > row.chains:
+            raise TraceError(f"line {lineno}: winner={row.winner} but only {row.chains} chains: {line.rstrip()!r}")
+        if (row.best_accepted > row.main_accepted) != (row.winner > 0) or row.best_accepted < row.main_accepted:
+            raise TraceError(f"line {lineno}: winner={row.winner} disagrees with main_accepted="
+                             f"{row.main_accepted} best_accepted={row.best_accepted}: {line.rstrip()!r}")
+        rows.append(row)
     return rows
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trace_tools.parse import RoundRow
+from trace_tools.parse import HedgeRow, RoundRow
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,21 @@ def summarize(rows: Sequence[RoundRow]) -> ChildSummary:
         gated_requests=tuple(rows_after_first_gate(rows)),
         unresumed_requests=tuple(unresumed_requests(rows)),
     )
+
+
+@dataclass(frozen=True)
+class HedgeSummary:
+    hedged_rounds: int  # request-rounds that verified at least one chain
+    chains: int  # chains verified
+    wins: int  # request-rounds a chain won
+    discards: int  # chains verified that lost (left no trace)
+
+    @property
+    def line(self) -> str:
+        return f"hedged_rounds={self.hedged_rounds} chains={self.chains} wins={self.wins} discards={self.discards}"
+
+
+def summarize_hedge(rows: Sequence[HedgeRow]) -> HedgeSummary:
+    wins = sum(r.winner > 0 for r in rows)
+    chains = sum(r.chains for r in rows)
+    return HedgeSummary(hedged_rounds=len(rows), chains=chains, wins=wins, discards=chains - wins)
