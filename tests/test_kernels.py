@@ -492,6 +492,103 @@ def test_ops_silu_mul_linear():
     assert get_ops("torch").silu_mul_linear is linear.silu_mul_linear_ref
 
 
+# --- fused residual add + RMSNorm + projection ------------------------------------------------------
+
+NORM_CASES = [
+    # m, n, k (weight [n, k], rows [m, k]), config
+    (1, 48, 200, SkinnyConfig(1, 16, 64, 1, 4, 2)),  # GEMV, K ragged against BLOCK_K
+    (1, 40, 256, SkinnyConfig(1, 32, 64, 4, 4, 1)),  # GEMV, split-K: only split 0 of N tile 0 writes the sum
+    (3, 64, 200, SkinnyConfig(16, 32, 64, 2, 4, 2)),  # dot path, split-K, ragged K
+    (16, 72, 160, SkinnyConfig(16, 32, 64, 1, 4, 2)),  # dot path, a full M tile, ragged N and K
+    (20, 64, 128, SkinnyConfig(16, 32, 64, 2, 4, 2)),  # two M tiles (the second one ragged), split-K
+    (3, 50, 96, None),  # the default heuristic's config
+]
+
+
+def norm_linear_ref(x, r, nw, eps, w):
+    normed, summed = norm.add_rms_norm_ref(x, r, nw, eps)
+    return linear.linear_ref(normed.float(), w.float()), summed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,cfg", NORM_CASES)
+def test_add_rms_norm_linear(dtype, m, n, k, cfg):
+    torch.manual_seed(24)
+    x, r = randn(m, k, dtype=dtype, scale=2.0), randn(m, k, dtype=dtype)
+    nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
+    cfg = cfg or linear.default_skinny_config(m, n, k)
+    y, summed = linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+    ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
+    assert y.shape == (m, n) and y.dtype == dtype and summed.shape == (m, k)
+    assert torch.equal(summed, ref_sum), "the residual sum is elementwise: it must match exactly"
+    assert rel_err(y, ref) < TOL[dtype]
+    # Against the unfused Triton pair at the same config: the only difference is the order of the
+    # sum of squares (tiles of BLOCK_K vs one row-wide block), so it agrees to the dtype's tolerance.
+    normed, summed2 = norm.add_rms_norm(x, r, nw, 1e-6)
+    assert torch.equal(summed, summed2)
+    assert rel_err(y, linear.linear_with_config(normed, w, cfg)) < TOL[dtype]
+
+
+def test_add_rms_norm_linear_dispatch(monkeypatch):
+    torch.manual_seed(25)
+    n, k = 40, 96
+    w, nw = randn(n, k, scale=0.1), randn(k)
+    calls = []
+    real = linear.add_rms_norm_linear_with_config
+    spy = lambda x, r, nw, eps, w, cfg: calls.append(cfg) or real(x, r, nw, eps, w, cfg)
+    monkeypatch.setattr(linear, "add_rms_norm_linear_with_config", spy)
+
+    def check(shape, want_cfg):
+        calls.clear()
+        x, r = randn(*shape), randn(*shape)
+        y, summed = linear.add_rms_norm_linear(x, r, nw, 1e-5, w)
+        assert y.shape == (*shape[:-1], n) and summed.shape == x.shape
+        assert calls == ([want_cfg] if want_cfg else []), (shape, calls)
+        if x.numel():
+            ref, ref_sum = norm_linear_ref(x.reshape(-1, k), r.reshape(-1, k), nw, 1e-5, w)
+            assert torch.equal(summed.reshape(-1, k), ref_sum)
+            assert rel_err(y.reshape(-1, n), ref) < TOL[torch.float32]
+
+    use_tables(monkeypatch, tuning.DEFAULT)  # never fused unless a table lists the shape
+    for shape in [(1, k), (2, 2, k), (16, k), (0, k)]:
+        check(shape, None)
+    cfgs = {1: SkinnyConfig(1, 16, 32, 2, 4, 1), 4: SkinnyConfig(16, 16, 32, 2, 4, 2)}
+    use_tables(monkeypatch, TunedTables("test", add_rms_norm_linear={(n, k): cfgs}))
+    check((1, k), cfgs[1])
+    check((2, k), None)  # bucket 2 missing: the unfused pair
+    check((3, k), cfgs[4])
+    check((2, 2, k), cfgs[4])
+    check((5, k), None)
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=4))  # a file may turn it on for untuned shapes
+    check((3, k), linear.default_skinny_config(3, n, k))
+    check((5, k), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_linear_batch_invariant(row_invariant_dot, dtype):
+    torch.manual_seed(26)
+    n, k = 80, 200
+    x, r = randn(64, k, dtype=dtype, scale=2.0), randn(64, k, dtype=dtype)
+    nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
+    full, summed = linear.add_rms_norm_linear_batch_invariant(x, r, nw, 1e-6, w)
+    ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
+    assert torch.equal(summed, ref_sum) and rel_err(full, ref) < TOL[dtype]
+    for rows in (1, 3, 16):
+        assert torch.equal(linear.add_rms_norm_linear_batch_invariant(x[:rows], r[:rows], nw, 1e-6, w)[0], full[:rows])
+
+
+def test_ops_add_rms_norm_linear():
+    """torch Ops: exactly add_rms_norm + linear (the CPU path is unchanged bit for bit)."""
+    torch.manual_seed(27)
+    x, r, nw, w = randn(5, 48), randn(5, 48), randn(48), randn(32, 48)
+    for inv in (False, True):
+        ops = get_ops("torch", batch_invariant=inv)
+        normed, summed = ops.add_rms_norm(x, r, nw, 1e-6)
+        y, summed2 = ops.add_rms_norm_linear(x, r, nw, 1e-6, w)
+        assert torch.equal(y, ops.linear(normed, w)) and torch.equal(summed, summed2)
+    assert get_ops("torch").add_rms_norm_linear is linear.add_rms_norm_linear_ref
+
+
 # --- activation, sampling -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -537,6 +634,8 @@ def test_triton_ops_fields():
         assert ops.name == "triton"
         assert ops.linear is (linear.linear_batch_invariant if inv else linear.linear)
         assert ops.silu_mul_linear is (linear.silu_mul_linear_batch_invariant if inv else linear.silu_mul_linear)
+        want = linear.add_rms_norm_linear_batch_invariant if inv else linear.add_rms_norm_linear
+        assert ops.add_rms_norm_linear is want
         assert ops.paged_attention.keywords == {"batch_invariant": inv}
         assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
 
@@ -583,18 +682,23 @@ def test_gpu_tuned_table():
     t = tuning.tables_for(device)
     assert t.source == (str(path) if path.is_file() else None), (t.source, path)
     bf = torch.bfloat16
-    for fused, table in ((False, t.linear), (True, t.silu_mul_linear)):
+    for op, table in (("linear", t.linear), ("silu_mul", t.silu_mul_linear), ("norm", t.add_rms_norm_linear)):
         for (n, k), per_m in table.items():
             w = randn(n, k, dtype=bf, scale=0.05)
             for bucket, cfg in per_m.items():
                 for m in sorted({bucket // 2 + 1, bucket}) if cfg.block_m != 1 else [1]:
-                    if fused:
+                    if op == "silu_mul":
                         x = randn(m, 2 * k, dtype=bf, scale=2.0)
                         out, ref = linear.silu_mul_linear_with_config(x, w, cfg), fused_ref(x, w)
+                    elif op == "norm":
+                        x, r, nw = randn(m, k, dtype=bf), randn(m, k, dtype=bf), randn(k, dtype=bf)
+                        (out, summed), (ref, ref_sum) = (linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg),
+                                                         norm_linear_ref(x, r, nw, 1e-6, w))
+                        assert torch.equal(summed, ref_sum), (op, n, k, m, cfg)
                     else:
                         x = randn(m, k, dtype=bf)
                         out, ref = linear.linear_with_config(x, w, cfg), linear.linear_ref(x.float(), w.float())
-                    assert rel_err(out, ref) < TOL[bf], (fused, n, k, m, cfg)
+                    assert rel_err(out, ref) < TOL[bf], (op, n, k, m, cfg)
             del w
 
 
@@ -631,6 +735,45 @@ def test_gpu_silu_mul_linear_4b():
             graph.replay()
             torch.cuda.synchronize()
             assert rel_err(out, fused_ref(x, w)) < TOL[bf], m
+
+
+@gpu
+@pytest.mark.parametrize("n", [6144, 19456])
+def test_gpu_add_rms_norm_linear_4b(n):
+    """The add + RMSNorm prologue at the Qwen3-4B q|k|v and gate|up shapes (bf16): at the table's
+    config (or the default one) for M = 1..16 vs the reference (the residual sum exactly), the
+    dispatched op, then a CUDA-graph capture replayed on new inputs."""
+    torch.manual_seed(24)
+    bf, k = torch.bfloat16, QWEN3_4B["hidden"]
+    w, nw = randn(n, k, dtype=bf, scale=0.05), randn(k, dtype=bf)
+    t = tuning.tables_for(w.device)
+    for m in (1, 2, 3, 4, 8, 16):
+        x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
+        ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
+        cfg = linear.add_rms_norm_linear_config(m, n, k, t) or linear.default_skinny_config(m, n, k)
+        y, summed = linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+        assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], (m, cfg)
+        y, summed = linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
+        assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], m
+    for m in (1, 4):
+        x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
+        cfg = linear.default_skinny_config(m, n, k)
+        run = lambda x=x, r=r, cfg=cfg: linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y, summed = run()
+        for _ in range(2):
+            x.copy_(randn(m, k, dtype=bf, scale=2.0))
+            r.copy_(randn(m, k, dtype=bf))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
+            assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], m
 
 
 @gpu
@@ -705,6 +848,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(bench, "SHAPE_NAMES", {qkv: "qkv", down: "down", head: "lm_head"})
     monkeypatch.setattr(bench, "EXTENDED_SHAPES", {down})
     monkeypatch.setattr(bench, "DOWN_SHAPE", down)
+    monkeypatch.setattr(bench, "NORM_SHAPES", [qkv])
     monkeypatch.setattr(bench, "DEVICE", DEV)
     monkeypatch.setattr(bench, "DTYPE", torch.float32)
     monkeypatch.setattr(bench, "ROTATE_BYTES", 1)
@@ -719,8 +863,9 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
         cfg = next((c for c in getattr(fn, "__defaults__", None) or () if isinstance(c, SkinnyConfig)), None)
         if cfg is None:
             return 10.0
-        fused = "silu_mul_linear_with_config" in fn.__code__.co_names
-        return 9.0 - (cfg.split_k == 2) - 0.5 * (cfg.block_m == 1) - (fused and cfg.block_m == 1) + 0.01 * cfg.block_n
+        fused = {"silu_mul_linear_with_config", "add_rms_norm_linear_with_config"} & set(fn.__code__.co_names)
+        gemv = cfg.block_m == 1
+        return 9.0 - (cfg.split_k == 2) - 0.5 * gemv - bool(fused and gemv) + 0.01 * cfg.block_n
 
     monkeypatch.setattr(bench, "Timer", lambda kind: fake_timer)
     old = TunedTables("dry-run-gpu", m_max=8, linear={head: {1: SkinnyConfig(1, 16, 32, 1, 4, 1)},
@@ -731,7 +876,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     rc = bench.main(["--out", str(out), "--ms", "1,2,32", "--skip", "invariant,attention", "--write-tuned"])
     assert rc == 0
     report = (out / "report.md").read_text()
-    assert "silu_mul_linear" in report and "Tuned table written" in report
+    assert "silu_mul_linear" in report and "add_rms_norm_linear" in report and "Tuned table written" in report
     written = (out / "tuned" / "dry-run-gpu.json").read_text()
     assert written == tuning.tuned_path("Dry Run GPU").read_text()
     with warnings.catch_warnings():
@@ -745,6 +890,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     assert t.m_max == 8  # a partial --ms keeps the old m_max
     assert set(t.silu_mul_linear[down]) == {1}  # the fused GEMV beats the unfused pair at M = 1 only
     assert t.silu_mul_linear[down][1].block_m == 1
+    assert set(t.add_rms_norm_linear[qkv]) == {1} and t.add_rms_norm_linear[qkv][1] == t.linear[qkv][1]
     import csv
     rows = list(csv.DictReader((out / "silu_mul_linear.csv").open()))
     assert {r["M"] for r in rows} == {"1", "2"} and {"fused", "silu_and_mul+cublas"} <= {r["impl"] for r in rows}

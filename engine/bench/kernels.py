@@ -9,15 +9,19 @@
    points), cut short once `--budget-s` is mostly spent.
 2. Fused SwiGLU + down (`silu_mul_linear`) at M = 1..16: the best linear configs of the down shape
    and a few wider-N tiles, against silu_and_mul + the best of cuBLAS / the skinny kernel.
-3. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
-4. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
+3. Residual add + RMSNorm in the projection's prologue (`add_rms_norm_linear`) for q|k|v and
+   gate|up at M = 1..16: the shape's best linear configs against add_rms_norm + the best of cuBLAS
+   / the skinny kernel.
+4. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
+5. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
    batch-invariant config) and verify spans of 8.
-CSVs land in DIR (linear.csv, silu_mul_linear.csv, linear_invariant.csv, attention.csv) with the
-printed Markdown (report.md) and the tuned table from this run (DIR/tuned/<device>.json).
+CSVs land in DIR (linear.csv, silu_mul_linear.csv, add_rms_norm_linear.csv, linear_invariant.csv,
+attention.csv) with the printed Markdown (report.md) and the tuned table from this run
+(DIR/tuned/<device>.json).
 `--write-tuned` also writes that table to engine/kernels/tuned/<device>.json, where the kernels read
 it (engine/kernels/tuning.py): merged over the existing file, every measured (shape, M bucket) set
 to its fastest config that passed the correctness check and beat cuBLAS (or the unfused pair), or
-removed (cuBLAS / unfused serves it).
+removed (cuBLAS / unfused serves it). The table is written after section 3, before the others run.
 
 Timing: every op is replayed from a CUDA graph of back-to-back calls (as the engine runs decode),
 rotating over enough weight / KV copies that L2 (~60 MB) never serves them; the reported time is
@@ -41,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import activation, attention, linear, tuning
+from engine.kernels import activation, attention, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
@@ -62,6 +66,7 @@ ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8
 EXTENDED_SHAPES = {(6144, 2560), (2560, 4096), (2560, 9728)}
 DOWN_SHAPE = (2560, 9728)  # the fused silu_mul_linear sweep
 FUSED_MS = [1, 2, 4, 8, 16]
+NORM_SHAPES = [(6144, 2560), (19456, 2560)]  # the projections after an add + RMSNorm: q|k|v, gate|up
 # (block_m, block_n, block_k, num_warps, num_stages); each is tried at every split count.
 EXTENDED_GEMV = [(1, 16, 512, 4, 1), (1, 32, 512, 4, 1), (1, 16, 256, 4, 2), (1, 16, 256, 4, 3),
                  (1, 32, 256, 4, 3), (1, 16, 256, 2, 1), (1, 8, 512, 4, 1)]
@@ -319,6 +324,64 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                                                  "speedup", "36 layers: us saved"], table))
 
 
+def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    """add_rms_norm_linear on the projections that follow a residual add + RMSNorm (q|k|v, gate|up):
+    the NORM-prologue kernel at the shape's best linear configs vs add_rms_norm + the best of cuBLAS
+    and the skinny kernel."""
+    dtype, rows, table = DTYPE, [], []
+    ranked = args.state.get("linear_ranked", {})
+    configs: dict[tuple[int, int], dict[int, SkinnyConfig]] = {}
+    for n, k in NORM_SHAPES:
+        wbytes = n * k * dtype.itemsize
+        copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
+        ws = [torch.randn(n, k, device=DEVICE).mul_(0.02).to(dtype) for _ in range(copies)]
+        nw = torch.randn(k, device=DEVICE).mul_(0.1).add_(1.0).to(dtype)
+        current = tuning.tables_for(ws[0].device)
+        est = wbytes / (peak * 1e3)
+        for m in [m for m in FUSED_MS if m in args.ms]:
+            x, r = (torch.randn(m, k, device=DEVICE).to(dtype) for _ in range(2))
+            normed, _ = norm.add_rms_norm_ref(x, r, nw, 1e-6)
+            ref = F.linear(normed.float(), ws[0].float())
+            top = [cfg for cfg, _ in ranked.get((n, k, m), [])][: 2 if args.quick else 3]
+            lin_cfg = top[0] if top else linear.skinny_config(m, n, k, current)
+            unfused = [("add_rms_norm+cublas", None,
+                        lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i]))]
+            if lin_cfg is not None:
+                unfused.append(("add_rms_norm+triton", lin_cfg, lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg:
+                                linear.linear_with_config(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg)))
+            cands = list(dict.fromkeys(top + [linear.add_rms_norm_linear_config(m, n, k, current)]))
+            results = []
+            for name, cfg, fn in unfused:
+                us = time_candidate(timer, fn, ref, copies, est, f"{name} N={n} K={k} M={m}")
+                if us is not None:
+                    results.append((name, cfg, us))
+            for cfg in (c for c in cands if c is not None):
+                fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: linear.add_rms_norm_linear_with_config(
+                    x, r, nw, 1e-6, ws[i], cfg)[0]
+                us = time_candidate(timer, fn, ref, copies, est, f"norm-fused N={n} K={k} M={m} {tuple(cfg)}")
+                if us is not None:
+                    results.append(("fused", cfg, us))
+            for impl, cfg, us in results:
+                rows.append(dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
+                                 us=round(us, 2), frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3)))
+            base = min((r for r in results if r[0] != "fused"), key=lambda r: r[2], default=None)
+            fused = min((r for r in results if r[0] == "fused"), key=lambda r: r[2], default=None)
+            if base and fused:
+                if fused[2] < base[2]:
+                    configs.setdefault((n, k), {})[m] = fused[1]
+                print(f"  norm-fused N={n} K={k} M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us "
+                      f"{tuple(fused[1])}", flush=True)
+                table.append([f"{SHAPE_NAMES.get((n, k), '')} {n}x{k}", m, f"{base[2]:.1f}", base[0],
+                              f"{fused[2]:.1f}", str(tuple(fused[1])), f"{base[2] / fused[2]:.2f}x",
+                              f"{LAYERS_4B * (base[2] - fused[2]):+.0f}"])
+        del ws
+    args.state.update(norm_configs=configs, norm_ms=[m for m in FUSED_MS if m in args.ms])
+    return rows, (f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
+                  f"the best unfused projection ({DTYPE})\n\n" + md_table(
+                      ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup",
+                       "36 layers: us saved"], table))
+
+
 def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     dtype, rows, table = DTYPE, [], []
     tilings = [SkinnyConfig(16, 64, 64, 1, 4, 4), linear.INVARIANT_CONFIG, SkinnyConfig(64, 64, 64, 1, 4, 4),
@@ -421,14 +484,24 @@ def tuned_from_sweep(state: dict, old: TunedTables, full_ms: bool) -> TunedTable
                 per_m[m] = state["fused_configs"][m]
             else:
                 per_m.pop(m, None)
+    normed = {shape: dict(per_m) for shape, per_m in old.add_rms_norm_linear.items()}
+    if "norm_configs" in state:
+        for shape in NORM_SHAPES:
+            per_m = normed.setdefault(shape, {})
+            for m in state["norm_ms"]:
+                if m in state["norm_configs"].get(shape, {}):
+                    per_m[m] = state["norm_configs"][shape][m]
+                else:
+                    per_m.pop(m, None)
     m_max = state["m_max"] if "m_max" in state and full_ms else old.m_max
     return TunedTables(device=old.device, m_max=m_max, fused_m_max=old.fused_m_max, linear=lin,
-                       silu_mul_linear=fused)
+                       silu_mul_linear=fused, norm_m_max=old.norm_m_max, add_rms_norm_linear=normed)
 
 
 def table_changes(old: TunedTables, new: TunedTables) -> list[str]:
     lines = [f"linear m_max {old.m_max} -> {new.m_max}"] if old.m_max != new.m_max else []
-    pairs = (("linear", old.linear, new.linear), ("silu_mul_linear", old.silu_mul_linear, new.silu_mul_linear))
+    pairs = (("linear", old.linear, new.linear), ("silu_mul_linear", old.silu_mul_linear, new.silu_mul_linear),
+             ("add_rms_norm_linear", old.add_rms_norm_linear, new.add_rms_norm_linear))
     for what, a, b in pairs:
         for shape in sorted(set(a) | set(b)):
             pa, pb = a.get(shape, {}), b.get(shape, {})
@@ -464,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak-gbps", type=float, default=4300.0, help="copy bandwidth the fractions refer to")
     p.add_argument("--quick", action="store_true", help="fewer configs (a smoke run)")
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
-    p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,invariant,attention")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,norm,invariant,attention")
     p.add_argument("--budget-s", type=float, default=100.0,
                    help="wall-time target: the extended linear candidates stop at 55%% of it")
     p.add_argument("--write-tuned", action="store_true",
@@ -483,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
               f"timer={args.timer}\n", f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
               f"fractions below are of {args.peak_gbps:.0f} GB/s.\n"]
     sections = [("linear", bench_linear, "linear.csv"), ("fused", bench_fused, "silu_mul_linear.csv"),
+                ("norm", bench_norm, "add_rms_norm_linear.csv"),
                 ("invariant", bench_linear_invariant, "linear_invariant.csv"),
                 ("attention", bench_attention, "attention.csv")]
     failed = []
@@ -499,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         write_csv(args.out / csv_name, rows)
         report.append(md + "\n")
-        if name == "fused" and args.write_tuned:  # before the sections that do not feed it
+        if name == "norm" and args.write_tuned:  # before the sections that do not feed it
             write_tuned(args, report)
             args.write_tuned = False
     if args.write_tuned:

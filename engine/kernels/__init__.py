@@ -8,6 +8,8 @@ from functools import partial
 from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.attention import paged_attention_ref
 from engine.kernels.linear import (
+    add_rms_norm_linear_batch_invariant_ref,
+    add_rms_norm_linear_ref,
     linear_batch_invariant_ref,
     linear_ref,
     silu_mul_linear_batch_invariant_ref,
@@ -25,6 +27,7 @@ class Ops:
     name: str
     rms_norm: Callable
     add_rms_norm: Callable
+    add_rms_norm_linear: Callable  # (linear(add_rms_norm(x, residual)), x + residual): norm into the projection
     qk_norm_rope_store: Callable
     paged_attention: Callable
     linear: Callable
@@ -39,6 +42,7 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         name="torch",
         rms_norm=rms_norm_ref,
         add_rms_norm=add_rms_norm_ref,
+        add_rms_norm_linear=add_rms_norm_linear_batch_invariant_ref if batch_invariant else add_rms_norm_linear_ref,
         qk_norm_rope_store=qk_norm_rope_store_ref,
         paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from engine.kernels import tuning
 from engine.kernels._triton import cdiv, jit, next_pow2
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
@@ -28,6 +29,22 @@ def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def silu_mul_linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return linear_batch_invariant_ref(silu_and_mul_ref(x), weight)
+
+
+def add_rms_norm_linear_ref(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(rms_norm(x + residual)), x + residual): a residual add + RMSNorm and the projection
+    that consumes the normalised rows."""
+    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
+    return linear_ref(normed, weight), summed
+
+
+def add_rms_norm_linear_batch_invariant_ref(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
+    return linear_batch_invariant_ref(normed, weight), summed
 
 
 # --- Triton ---------------------------------------------------------------------------------
@@ -52,14 +69,27 @@ def _swiglu(gate, up):
     return (act * up.to(tl.float32)).to(gate.dtype)
 
 
+@jit
+def _add_rms(x, r, rstd, nw):
+    """One tile of rms_norm(x + r) * nw given the row's rstd, rounded as add_rms_norm_ref rounds:
+    the sum in the input dtype, the normalised value cast back to it, the weight product in it."""
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    y = (s.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+    return (nw.to(tl.float32) * y).to(x.dtype)
+
+
 @jit(do_not_specialize=["M"])
 def _linear_kernel(
     x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, up_off,
+    r_ptr, nw_ptr, s_ptr, stride_rm, stride_sm, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, SWIGLU: tl.constexpr,
+    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
-    activation is formed per K tile in registers from the gate and up tiles, never stored."""
+    activation is formed per K tile in registers from the gate and up tiles, never stored; or with
+    NORM y = rms_norm(x + r) * nw @ W^T: every program first sums the squares of its rows' whole
+    x + r (the program with pid_n == pid_k == 0 also stores x + r to s), then normalises each K
+    tile in registers."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -72,6 +102,20 @@ def _linear_kernel(
     if BLOCK_M == 1:
         # GEMV (grid M == M): elementwise FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction at the end.
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        if NORM:
+            r_row = r_ptr + pid_m.to(tl.int64) * stride_rm
+            s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
+            writer = (pid_n == 0) & (pid_k == 0)
+            ss1 = tl.zeros([BLOCK_K], tl.float32)
+            for k in range(0, K, BLOCK_K):
+                rk = k + rk0
+                km = rk < K
+                s = (tl.load(x_row + rk, mask=km, other=0.0).to(tl.float32)
+                     + tl.load(r_row + rk, mask=km, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+                tl.store(s_row + rk, s, mask=km & writer)
+                sf = s.to(tl.float32)
+                ss1 += sf * sf
+            rstd1 = tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
@@ -80,11 +124,16 @@ def _linear_kernel(
                 x = tl.load(x_row + rk)
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_row + up_off + rk))
+                if NORM:
+                    x = _add_rms(x, tl.load(r_row + rk), rstd1, tl.load(nw_ptr + rk))
             else:
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
                 x = tl.load(x_row + rk, mask=rk < k_hi, other=0.0)
                 if SWIGLU:  # masked lanes: silu(0) * 0 = 0
                     x = _swiglu(x, tl.load(x_row + up_off + rk, mask=rk < k_hi, other=0.0))
+                if NORM:  # masked lanes: nw = 0
+                    x = _add_rms(x, tl.load(r_row + rk, mask=rk < k_hi, other=0.0), rstd1,
+                                 tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0))
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         acc1 = tl.sum(acc2, axis=1)
         if not SPLIT:
@@ -95,6 +144,20 @@ def _linear_kernel(
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
         x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+        if NORM:
+            r_rows = r_ptr + rm.to(tl.int64)[:, None] * stride_rm
+            s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
+            writer = (pid_n == 0) & (pid_k == 0)
+            ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+            for k in range(0, K, BLOCK_K):
+                rk = k + rk0
+                msk = m_ok[:, None] & (rk < K)[None, :]
+                s = (tl.load(x_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
+                     + tl.load(r_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+                tl.store(s_rows + rk[None, :], s, mask=msk & writer)
+                sf = s.to(tl.float32)
+                ss += sf * sf
+            rstd = tl.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
@@ -103,12 +166,18 @@ def _linear_kernel(
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None], other=0.0))
+                if NORM:
+                    x = _add_rms(x, tl.load(r_rows + rk[None, :], mask=m_ok[:, None], other=0.0), rstd,
+                                 tl.load(nw_ptr + rk)[None, :])
             else:
                 k_ok = (rk < k_hi)[None, :]
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0))
+                if NORM:
+                    x = _add_rms(x, tl.load(r_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0), rstd,
+                                 tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
@@ -159,6 +228,13 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
     return _table_config(t.linear, m, n, k, t.m_max)
 
 
+def add_rms_norm_linear_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
+    """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve:
+    only shapes and M buckets the device's table lists (`norm_m_max` is 0 unless a file sets it)."""
+    t = tables or tuning.DEFAULT
+    return _table_config(t.add_rms_norm_linear, m, n, k, t.norm_m_max)
+
+
 def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
     """The fused SwiGLU + down config for [m, 2 inter] x [n, inter]^T, or None where the unfused
     pair (silu_and_mul, then `linear`) serves. A shape tuned for the fused kernel uses its entries;
@@ -170,7 +246,8 @@ def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | Non
     return skinny_config(m, n, inter, t) if m <= t.fused_m_max else None
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool) -> torch.Tensor:
+def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
+    """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue."""
     m = x.shape[0]
     n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -182,10 +259,12 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bo
     even_k = k % cfg.block_k == 0
     out = y if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
+    r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     _linear_kernel[grid](
         x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split, k if swiglu else 0,
+        r, nw, summed, r.stride(0), summed.stride(0), eps,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, EVEN_K=even_k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SWIGLU=swiglu,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SWIGLU=swiglu, NORM=norm is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
@@ -199,7 +278,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bo
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return _launch(x, weight, cfg, swiglu=False)
+    return _launch(x, weight, cfg)
 
 
 def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
@@ -207,6 +286,18 @@ def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: Skin
     W: [N, I] contiguous. The [M, I] activation is never written."""
     assert x.shape[1] == 2 * weight.shape[1], (x.shape, weight.shape)
     return _launch(x, weight, cfg, swiglu=True)
+
+
+def add_rms_norm_linear_with_config(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    cfg: SkinnyConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * norm_weight @ W^T, x + residual) in one launch (+ the split-K
+    reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype."""
+    assert x.shape == residual.shape and x.shape[1] == weight.shape[1] == norm_weight.shape[0], (x.shape, weight.shape)
+    assert len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) == 1 and norm_weight.stride(0) == 1
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return _launch(x, weight, cfg, norm=(residual, norm_weight, summed, float(eps))), summed
 
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -250,3 +341,27 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Batch-invariant mode: silu_and_mul (per row) + the fixed-tile GEMM."""
     return linear_batch_invariant(silu_and_mul(x), weight)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `add_rms_norm_linear_ref`: the NORM-prologue kernel where add_rms_norm_linear_config
+    has a config, else add_rms_norm + `linear`."""
+    n, k = weight.shape
+    m = x.numel() // k if k else 0
+    cfg = add_rms_norm_linear_config(m, n, k, tuning.tables_for(x.device)) if m else None
+    if (cfg is None or not _plain(weight) or x.shape != residual.shape or x.shape[-1] != k
+            or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1 or norm_weight.stride(-1) != 1):
+        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+        return linear(normed, weight), summed
+    y, summed = add_rms_norm_linear_with_config(_as_rows(x), _as_rows(residual), norm_weight, eps, weight, cfg)
+    return y.view(*x.shape[:-1], n), summed.view(x.shape)
+
+
+def add_rms_norm_linear_batch_invariant(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch-invariant mode: add_rms_norm (per row) + the fixed-tile GEMM."""
+    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+    return linear_batch_invariant(normed, weight), summed

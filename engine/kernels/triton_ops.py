@@ -8,7 +8,14 @@ from engine.kernels import Ops
 from engine.kernels._triton import require_triton
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
-from engine.kernels.linear import linear, linear_batch_invariant, silu_mul_linear, silu_mul_linear_batch_invariant
+from engine.kernels.linear import (
+    add_rms_norm_linear,
+    add_rms_norm_linear_batch_invariant,
+    linear,
+    linear_batch_invariant,
+    silu_mul_linear,
+    silu_mul_linear_batch_invariant,
+)
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.rope import qk_norm_rope_store
 from engine.kernels.sampling import accept_prefix, argmax
@@ -22,6 +29,7 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         name="triton",
         rms_norm=rms_norm,
         add_rms_norm=add_rms_norm,
+        add_rms_norm_linear=add_rms_norm_linear_batch_invariant if batch_invariant else add_rms_norm_linear,
         qk_norm_rope_store=qk_norm_rope_store,
         paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,

@@ -12,13 +12,16 @@ next power of two of the row count):
     {"format": 1, "device": "NVIDIA H200", "source": "...",
      "config_fields": ["block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"],
      "linear": {"m_max": 16, "configs": {"6144x2560": {"1": [1, 16, 256, 1, 4, 1], ...}, ...}},
-     "silu_mul_linear": {"m_max": 4, "configs": {"2560x9728": {"1": [...], ...}}}}
+     "silu_mul_linear": {"m_max": 4, "configs": {"2560x9728": {"1": [...], ...}}},
+     "add_rms_norm_linear": {"m_max": 0, "configs": {"6144x2560": {"1": [...], ...}}}}
 
-`linear` shapes are "NxK" of the weight; `silu_mul_linear` shapes are "NxI" of the down weight
-[N, I] (its input is the [M, 2I] gate|up). For a listed shape a missing bucket means the kernel
-loses there (cuBLAS / the unfused pair serves it); an unlisted shape uses the default heuristic up
-to the section's `m_max` rows. A malformed entry is dropped with a warning (so its bucket falls back
-to cuBLAS), a malformed file is ignored with a warning: bad tuning data costs speed, never results.
+`linear` and `add_rms_norm_linear` shapes are "NxK" of the weight; `silu_mul_linear` shapes are
+"NxI" of the down weight [N, I] (its input is the [M, 2I] gate|up). For a listed shape a missing
+bucket means the kernel loses there (cuBLAS / the unfused pair serves it); an unlisted shape uses
+the default heuristic up to the section's `m_max` rows (0 for add_rms_norm_linear: the norm
+prologue runs only where a sweep measured it faster). A section missing from a file is empty. A
+malformed entry is dropped with a warning (so its bucket falls back to cuBLAS / the unfused pair),
+a malformed file is ignored with a warning: bad tuning data costs speed, never results.
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ DEFAULT_M_MAX = 16
 # above. Each N tile recomputes silu over its K range, so the exp/div work grows with M / BLOCK_N
 # relative to the weight stream; beyond a few rows only a measurement can say it still hides.
 DEFAULT_FUSED_M_MAX = 4
+# Untuned shapes never get the add + RMSNorm prologue: every program re-reads whole rows (from L2)
+# to recompute their RMS, a cost only a measurement can weigh against the launch it saves.
+DEFAULT_NORM_M_MAX = 0
 
 
 class SkinnyConfig(NamedTuple):
@@ -54,6 +60,7 @@ class SkinnyConfig(NamedTuple):
 
 Table = Mapping[tuple[int, int], Mapping[int, SkinnyConfig]]
 CONFIG_FIELDS = list(SkinnyConfig._fields)
+SECTIONS = ("linear", "silu_mul_linear", "add_rms_norm_linear")
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class TunedTables:
     fused_m_max: int = DEFAULT_FUSED_M_MAX
     linear: Table = field(default_factory=dict)  # {(N, K): {bucket: SkinnyConfig}}
     silu_mul_linear: Table = field(default_factory=dict)  # {(N, I): {bucket: SkinnyConfig}}
+    norm_m_max: int = DEFAULT_NORM_M_MAX
+    add_rms_norm_linear: Table = field(default_factory=dict)  # {(N, K): {bucket: SkinnyConfig}}
     note: str = ""  # free text kept in the file ("source")
 
 
@@ -132,11 +141,12 @@ def parse(data: dict, source: str | None = None) -> TunedTables:
     where = source or "tuned table"
     if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
         raise ValueError(f"{where}: not a format-{FORMAT_VERSION} tuned table")
-    lin, fused = data.get("linear", {}), data.get("silu_mul_linear", {})
-    if not isinstance(lin, dict) or not isinstance(fused, dict):
-        raise ValueError(f"{where}: 'linear' and 'silu_mul_linear' must be objects")
+    lin, fused, norm = (data.get(key, {}) for key in SECTIONS)
+    if not all(isinstance(sec, dict) for sec in (lin, fused, norm)):
+        raise ValueError(f"{where}: {', '.join(SECTIONS)} must be objects")
     m_max, fused_m_max = lin.get("m_max", DEFAULT_M_MAX), fused.get("m_max", DEFAULT_FUSED_M_MAX)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (m_max, fused_m_max)):
+    norm_m_max = norm.get("m_max", DEFAULT_NORM_M_MAX)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (m_max, fused_m_max, norm_m_max)):
         raise ValueError(f"{where}: m_max must be a non-negative int")
     return TunedTables(
         device=device_slug(str(data.get("device", "unknown"))),
@@ -145,6 +155,8 @@ def parse(data: dict, source: str | None = None) -> TunedTables:
         fused_m_max=fused_m_max,
         linear=_parse_table(lin, "linear", where),
         silu_mul_linear=_parse_table(fused, "silu_mul_linear", where),
+        norm_m_max=norm_m_max,
+        add_rms_norm_linear=_parse_table(norm, "add_rms_norm_linear", where),
         note=str(data.get("source", "")),
     )
 
@@ -181,6 +193,7 @@ def to_json(t: TunedTables, device_name: str, note: str = "") -> dict:
         "config_fields": CONFIG_FIELDS,
         "linear": section(t.linear, t.m_max),
         "silu_mul_linear": section(t.silu_mul_linear, t.fused_m_max),
+        "add_rms_norm_linear": section(t.add_rms_norm_linear, t.norm_m_max),
     }
 
 
@@ -190,13 +203,13 @@ def dumps(t: TunedTables, device_name: str, note: str = "") -> str:
     lines = ["{"]
     for key in ("format", "device", "source", "config_fields"):
         lines.append(f"  {json.dumps(key)}: {json.dumps(data[key])},")
-    for i, key in enumerate(("linear", "silu_mul_linear")):
+    for i, key in enumerate(SECTIONS):
         sec = data[key]
         lines.append(f'  "{key}": {{"m_max": {sec["m_max"]}, "configs": {{')
         shapes = list(sec["configs"].items())
         for j, (shape, per_m) in enumerate(shapes):
             lines.append(f"    {json.dumps(shape)}: {json.dumps(per_m)}" + ("," if j < len(shapes) - 1 else ""))
-        lines.append("  }}" + ("," if i == 0 else ""))
+        lines.append("  }}" + ("," if i < len(SECTIONS) - 1 else ""))
     lines.append("}")
     text = "\n".join(lines) + "\n"
     assert json.loads(text) == data

@@ -79,12 +79,12 @@ def decoder_layer(
     """One layer; returns (mlp_out, residual). The layer's output (residual stream) is their sum:
     the add is deferred into the next layer's fused add+norm."""
     eps = g.rms_norm_eps
+    rows = h.shape[0]
     if residual is None:
-        x, residual = ops.rms_norm(h, w.input_norm, eps), h
-    else:
-        x, residual = ops.add_rms_norm(h, residual, w.input_norm, eps)
-    rows = x.shape[0]
-    qkv = ops.linear(x, w.qkv)
+        residual = h
+        qkv = ops.linear(ops.rms_norm(h, w.input_norm, eps), w.qkv)
+    else:  # the add + norm may run inside the projection (see kernels.md, add_rms_norm_linear)
+        qkv, residual = ops.add_rms_norm_linear(h, residual, w.input_norm, eps, w.qkv)
     q = qkv[:, : g.q_size].view(rows, g.num_heads, g.head_dim)
     k = qkv[:, g.q_size : g.q_size + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
     v = qkv[:, g.q_size + g.kv_size :].view(rows, g.num_kv_heads, g.head_dim)
@@ -103,7 +103,7 @@ def decoder_layer(
         meta.causal,
     )
     h = ops.linear(o.view(rows, g.q_size), w.o)
-    x, residual = ops.add_rms_norm(h, residual, w.post_norm, eps)
+    gate_up, residual = ops.add_rms_norm_linear(h, residual, w.post_norm, eps, w.gate_up)
     # SwiGLU fused into the down projection (the [rows, I] activation is not materialised on the
-    # skinny path; the torch backend computes exactly linear(silu_and_mul(.)))
-    return ops.silu_mul_linear(ops.linear(x, w.gate_up), w.down), residual
+    # skinny path). The torch backend computes exactly add_rms_norm + linear and linear(silu_and_mul(.)).
+    return ops.silu_mul_linear(gate_up, w.down), residual
