@@ -17,8 +17,8 @@
    batch-invariant config) and verify spans of 8.
 CSVs land in DIR (linear.csv, silu_mul_linear.csv, add_rms_norm_linear.csv, linear_invariant.csv,
 attention.csv) with the printed Markdown (report.md) and the tuned table from this run
-(DIR/tuned/<device>.json).
-`--write-tuned` also writes that table to engine/kernels/tuned/<device>.json, where the kernels read
+(DIR/tuned/<device>.json, always).
+`--write-tuned` also installs that table as engine/kernels/tuned/<device>.json, where the kernels read
 it (engine/kernels/tuning.py): merged over the existing file, every measured (shape, M bucket) set
 to its fastest config that passed the correctness check and beat cuBLAS (or the unfused pair), or
 removed (cuBLAS / unfused serves it). The table is written after section 3, before the others run.
@@ -512,7 +512,9 @@ def table_changes(old: TunedTables, new: TunedTables) -> list[str]:
     return lines
 
 
-def write_tuned(args, report: list[str]) -> None:
+def write_tuned(args, report: list[str], install: bool) -> None:
+    """The table from this run to DIR/tuned/<slug>.json, and with `install` also to
+    engine/kernels/tuned/<slug>.json (where the kernels read it)."""
     name = torch.cuda.get_device_name()
     old = tuning.load(name)
     new = tuned_from_sweep(args.state, old if old.source else TunedTables(tuning.device_slug(name)), args.ms == MS)
@@ -520,12 +522,13 @@ def write_tuned(args, report: list[str]) -> None:
             f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
     text = tuning.dumps(new, name, note)
     tuning.parse(json.loads(text))  # what the kernels will read back
-    paths = [args.out / "tuned" / f"{tuning.device_slug(name)}.json", tuning.tuned_path(name)]
+    paths = [args.out / "tuned" / f"{tuning.device_slug(name)}.json"] + ([tuning.tuned_path(name)] if install else [])
     for path in paths:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     changes = table_changes(old, new)
-    report.append(f"### Tuned table written: {', '.join(str(p) for p in paths)}\n\n"
+    where = ", ".join(str(p) for p in paths) + ("" if install else " (not installed: no --write-tuned)")
+    report.append(f"### Tuned table written: {where}\n\n"
                   + (f"Changes against {old.source}:\n" if old.source else "New table (no previous file):\n")
                   + "\n".join(f"- {c}" for c in changes or ["(none)"]) + "\n\n```json\n" + text + "```\n")
 
@@ -541,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=100.0,
                    help="wall-time target: the extended linear candidates stop at 55%% of it")
     p.add_argument("--write-tuned", action="store_true",
-                   help="write this device's tuned table (engine/kernels/tuned/<device>.json and DIR/tuned/)")
+                   help="install this run's tuned table as engine/kernels/tuned/<device>.json "
+                        "(it always goes to DIR/tuned/)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("engine.bench.kernels needs a CUDA device", file=sys.stderr)
@@ -559,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("norm", bench_norm, "add_rms_norm_linear.csv"),
                 ("invariant", bench_linear_invariant, "linear_invariant.csv"),
                 ("attention", bench_attention, "attention.csv")]
-    failed = []
+    failed, written = [], False
     for name, fn, csv_name in sections:
         if name in skip:
             continue
@@ -573,11 +577,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         write_csv(args.out / csv_name, rows)
         report.append(md + "\n")
-        if name == "norm" and args.write_tuned:  # before the sections that do not feed it
-            write_tuned(args, report)
-            args.write_tuned = False
-    if args.write_tuned:
-        write_tuned(args, report)
+        if name == "norm":  # before the sections that do not feed it
+            write_tuned(args, report, args.write_tuned)
+            written = True
+    if not written and not {"linear", "fused", "norm"} <= skip:
+        write_tuned(args, report, args.write_tuned)
     report.append(f"Total bench time: {time.time() - t0:.0f}s")
     text = "\n".join(report)
     (args.out / "report.md").write_text(text + "\n")
