@@ -50,7 +50,11 @@ def test_drafter_loss_falls(trained_target, stream):
     def measure() -> float:
         g = torch.Generator().manual_seed(123)
         with torch.no_grad():
-            return sum(float(drafter_loss(drafter, target, *data.sample(g), 4, r.loss_gamma, g)[0]) for _ in range(4))
+            total = 0.0
+            for _ in range(4):
+                seqs, lo, feats = data.sample(g)
+                total += float(drafter_loss(drafter, target, seqs, lo, 4, r.loss_gamma, g, feats)[0])
+            return total
 
     before = measure()
     train_drafter(drafter, target, data, r, CPU, seed=0)
@@ -69,3 +73,20 @@ def test_greedy_pool_is_target_greedy(trained_target, stream):
     for row in pool.tolist():
         prompt = row[: r.greedy_prompt_len]
         assert row[r.greedy_prompt_len :] == plain_generate(target, prompt, r.greedy_new_tokens)
+
+
+def test_precomputed_features_match_on_the_fly(trained_target, stream):
+    from engine.fixture.train_drafter import target_features
+
+    target, _, _ = trained_target
+    r = dataclasses.replace(MICRO, greedy_sequences=6)
+    pool = make_greedy_pool(target, stream, r, torch.Generator().manual_seed(9))
+    feats = target_features(target, pool, r.target_layer_ids, batch=4)
+    drafter = make_drafter(r, 1, target, seed=0)
+    data = DrafterData(pool, r.greedy_prompt_len, stream, r, features=feats)
+    seqs, lo, f = data.sample(torch.Generator().manual_seed(3))
+    assert f is not None and f.shape[:2] == seqs.shape
+    with torch.no_grad():
+        pre = drafter_loss(drafter, target, seqs, lo, 4, r.loss_gamma, torch.Generator().manual_seed(4), f)[0]
+        fly = drafter_loss(drafter, target, seqs, lo, 4, r.loss_gamma, torch.Generator().manual_seed(4))[0]
+    torch.testing.assert_close(pre, fly, rtol=1e-5, atol=1e-5)
