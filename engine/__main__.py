@@ -33,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--no-cuda-graphs", action="store_true")
     g.add_argument("--max-batch", type=int, default=None, help="load gate (default: PEGAINFER_SPEC_MAX_BATCH)")
     g.add_argument("--max-drafts", type=int, default=None, help="draft trim (default: PEGAINFER_SPEC_MAX_DRAFTS)")
+    g.add_argument("--hedge", type=int, default=None, help="hedged requests/round (default: PEGAINFER_SPEC_HEDGE)")
+    g.add_argument(
+        "--hedge-positions",
+        type=lambda v: tuple(int(p) for p in v.split(",")),
+        default=None,
+        help="branch positions, e.g. 0,1,2 (default: PEGAINFER_SPEC_HEDGE_POSITIONS)",
+    )
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     return p
 
@@ -51,6 +58,8 @@ def _generate(args: argparse.Namespace) -> int:
             max_num_seqs=1,
             spec_max_batch=args.max_batch,
             spec_max_drafts=args.max_drafts,
+            spec_hedge=args.hedge,
+            spec_hedge_positions=args.hedge_positions,
         )
     )
     if engine.tokenizer is None:

@@ -1,4 +1,5 @@
-"""The levers gate: its six cases, how a lossless child is re-executed, and what its output must show.
+"""The levers gate: its six cases (plus the hedge case), how a lossless child is re-executed, and
+what its output must show.
 
 Everything but `run_child` is a pure function of the child's output, so each
 check can be proven to fail on a planted fault (tests/test_levers_gate_checks.py).
@@ -16,14 +17,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trace_tools import RecordRow, RoundRow, TraceError, levers_trace_rows, lossless_lines, summarize
-from trace_tools.summary import ChildSummary, resumed_and_accepted, rows_after_first_gate
+from trace_tools import (
+    HedgeRow,
+    RecordRow,
+    RoundRow,
+    TraceError,
+    hedge_trace_rows,
+    levers_trace_rows,
+    lossless_lines,
+    summarize,
+    summarize_hedge,
+)
+from trace_tools.summary import ChildSummary, HedgeSummary, resumed_and_accepted, rows_after_first_gate
 
 CHILD_MODULE = "gates/test_lossless.py"
 GREEDY = "test_greedy_matches_plain_greedy"
 CONCURRENT = "test_concurrent_heterogeneous_is_lossless"
-KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDGE*): a case sets exactly one
+KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDGE*): a case sets its own only
 TRACE_ENV = "PEGAINFER_TEST_LOG"
+HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"  # only the hedge child gets it (the gate picks it)
 CHILD_TIMEOUT_S = 1800
 TAIL_LINES = 60
 # Inherited from a parent pytest (or its xdist worker) they would change how the child runs:
@@ -35,6 +47,7 @@ class Expect(enum.Enum):
     ALL_GATED = "every round gated"
     TRIM = "no gated round; some round verifies exactly k drafts, none more"
     RESUME = "gated rounds, then gated requests speculate and accept again"
+    HEDGE = "hedge chains verified; at least one chain wins and at least one is discarded"
 
 
 @dataclass(frozen=True)
@@ -44,10 +57,11 @@ class LeverCase:
     knob: str  # the variable without its PEGAINFER_SPEC_ prefix
     value: int
     expect: Expect
+    extra: tuple[tuple[str, str], ...] = ()  # more knobs of the same lever, e.g. (("HEDGE_POSITIONS", "0,1,2"),)
 
     @property
     def id(self) -> str:
-        return f"{self.short}-{self.env_label}"
+        return f"{self.short}-{self.env_label.replace(' ', '-')}"
 
     @property
     def nodeid(self) -> str:
@@ -59,7 +73,11 @@ class LeverCase:
 
     @property
     def env_label(self) -> str:
-        return f"{self.knob}={self.value}"
+        return " ".join(f"{k}={v}" for k, v in ((self.knob, self.value), *self.extra))
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {KNOB_PREFIX + k: str(v) for k, v in ((self.knob, self.value), *self.extra)}
 
 
 # SPEC section 3, in its order (the run record keeps it).
@@ -71,19 +89,27 @@ CASES: tuple[LeverCase, ...] = (
     LeverCase(CONCURRENT, "concurrent", "MAX_DRAFTS", 2, Expect.TRIM),
     LeverCase(CONCURRENT, "concurrent", "MAX_BATCH", 3, Expect.RESUME),
 )
+# Hedged verify (SPEC 2.7) needs a Markov-head drafter: the case runs the greedy child on one and
+# skips with the reason when there is none.
+HEDGE_CASES: tuple[LeverCase, ...] = (
+    LeverCase(GREEDY, "greedy", "HEDGE", 8, Expect.HEDGE, (("HEDGE_POSITIONS", "0,1,2"),)),
+)
+ALL_CASES = CASES + HEDGE_CASES
 
 
 def _requests(ids: Sequence[int]) -> str:
     return ", ".join(f"req-{i}" for i in ids)
 
 
-def check_case(case: LeverCase, rows: Sequence[RoundRow]) -> list[str]:
+def check_case(case: LeverCase, rows: Sequence[RoundRow], hedges: Sequence[HedgeRow] = ()) -> list[str]:
     """What the trace fails to show for this case; empty when it shows everything."""
     if not rows:
         return [f"the child printed no DFlash round lines (does {TRACE_ENV}=1 reach the engine's stderr?)"]
     s = summarize(rows)
     problems = []
-    if case.expect is Expect.ALL_GATED:
+    if case.expect is Expect.HEDGE:
+        problems += _hedge_problems(case, s, summarize_hedge(hedges))
+    elif case.expect is Expect.ALL_GATED:
         if s.gated_rounds == 0:
             problems.append(f"no gated round: {case.env_label} never tripped the gate")
         if s.speculating_rounds:
@@ -105,6 +131,23 @@ def check_case(case: LeverCase, rows: Sequence[RoundRow]) -> list[str]:
                             "the trim was never exercised")
     else:
         problems += _resume_problems(case, rows, s)
+    return problems
+
+
+def _hedge_problems(case: LeverCase, s: ChildSummary, h: HedgeSummary) -> list[str]:
+    # Both paths must run: a win makes a chain's scratch KV and feature rows canonical, a discard
+    # must leave no trace; the child's lossless comparison covers the output of both.
+    problems = []
+    if s.gated_rounds:
+        problems.append(f"{s.gated_rounds} gated rounds under {case.env_label} alone: the gate must stay off")
+    if h.chains == 0:
+        problems.append(f"no hedge chain verified under {case.env_label} (no `DFlash hedge` line with chains > 0; "
+                        "is the drafter a Markov-head one?)")
+    else:
+        if h.wins == 0:
+            problems.append(f"no chain won in {h.hedged_rounds} hedged rounds: the win path never ran")
+        if h.discards == 0:
+            problems.append(f"every one of {h.chains} chains won: the discard path never ran")
     return problems
 
 
@@ -144,13 +187,17 @@ class ChildSpec:
         return f"cd {shlex.quote(str(cwd))} && env {unset}{assigns} {shlex.join(self.argv)}"
 
 
-def child_spec(case: LeverCase, base_env: Mapping[str, str], python: str = sys.executable) -> ChildSpec:
-    """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering."""
+def child_spec(case: LeverCase, base_env: Mapping[str, str], python: str = sys.executable,
+               extra_env: Mapping[str, str] | None = None) -> ChildSpec:
+    """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering.
+    extra_env: set on top (the hedge case's Markov drafter); the hedge drafter variable reaches no
+    other child, so every other case keeps the pair's drafter."""
     argv = (python, "-m", "pytest", case.nodeid, "-x", "-q", "-s",
             "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist")
-    removed = tuple(k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV))
+    removed = tuple(k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV)
+                    or k == HEDGE_DRAFTER_ENV)
     # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
-    env_set = {case.env_var: str(case.value), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
+    env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
     env = {k: v for k, v in base_env.items() if k not in removed} | env_set
     return ChildSpec(argv, env, env_set, removed)
 
@@ -196,12 +243,14 @@ class CaseResult:
     summary: ChildSummary
     excused_divergences: int | None  # None: no [lossless] line
     problems: tuple[str, ...]
+    hedge: HedgeSummary | None = None  # the hedge case only
 
     @property
     def row(self) -> RecordRow:
-        s = self.summary
+        s, h = self.summary, self.hedge
         return RecordRow(self.case.child, self.case.env_label, s.gated_rounds, s.speculating_rounds,
-                         s.max_drafts, self.excused_divergences, passed=not self.problems)
+                         s.max_drafts, self.excused_divergences, passed=not self.problems,
+                         hedge_chains=None if h is None else h.chains, hedge_wins=None if h is None else h.wins)
 
 
 def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s: float = CHILD_TIMEOUT_S
@@ -213,9 +262,11 @@ def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s:
         problems.append(f"the child was killed after {timeout_s:g} s")
     elif returncode != 0:
         problems.append(f"the child exited {returncode}: its lossless assertions or its setup failed")
+    hedges: list[HedgeRow] = []
     try:
         rows = levers_trace_rows(lines)
-        problems += check_case(case, rows)
+        hedges = hedge_trace_rows(lines)
+        problems += check_case(case, rows, hedges)
     except TraceError as e:
         rows, problems = [], [*problems, f"unreadable trace: {e}"]
     try:
@@ -227,13 +278,15 @@ def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s:
     elif sum(r.compared_tokens for r in results) == 0:
         problems.append("the child's [lossless] lines compared 0 tokens")
     excused = sum(r.excused_divergences for r in results) if results else None
-    return CaseResult(case, summarize(rows), excused, tuple(problems))
+    hedge = summarize_hedge(hedges) if case.expect is Expect.HEDGE else None
+    return CaseResult(case, summarize(rows), excused, tuple(problems), hedge)
 
 
 def gate_line(row: RecordRow) -> str:
     max_drafts = "-" if row.max_drafts is None else row.max_drafts
+    hedge = "" if row.hedge_chains is None else f" hedge_chains={row.hedge_chains} hedge_wins={row.hedge_wins}"
     return (f"spec lever gate: child={row.child} env={row.env} gated_rounds={row.gated_rounds} "
-            f"speculating_rounds={row.speculating_rounds} max_drafts={max_drafts}")
+            f"speculating_rounds={row.speculating_rounds} max_drafts={max_drafts}{hedge}")
 
 
 def failure_message(case: LeverCase, run: ChildRun, problems: Sequence[str]) -> str:

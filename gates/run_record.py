@@ -21,7 +21,7 @@ import pytest
 from filelock import FileLock
 
 from gates.devices import device_name, device_slug
-from gates.levers import CASES, gate_line
+from gates.levers import ALL_CASES, gate_line
 from trace_tools import RecordHeader, RecordRow, render_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ class RunRecorder:
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if not self.rows:
             return
-        ordered = [self.rows[c.id] for c in CASES if c.id in self.rows]
+        ordered = [self.rows[c.id] for c in ALL_CASES if c.id in self.rows]
         terminalreporter.section("spec lever gate")
         for _, row in ordered:
             terminalreporter.write_line(gate_line(row))

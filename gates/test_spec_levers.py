@@ -1,4 +1,5 @@
-"""Levers gate: each lossless child re-run with one lever set, its trace checked against the lever."""
+"""Levers gate: each lossless child re-run with one lever set, its trace checked against the lever.
+The hedge case runs the greedy child on a Markov-head drafter (skipped with the reason without one)."""
 from __future__ import annotations
 
 import os
@@ -6,8 +7,10 @@ import os
 import pytest
 
 from gates.levers import (
-    CASES,
+    ALL_CASES,
     CHILD_TIMEOUT_S,
+    HEDGE_DRAFTER_ENV,
+    Expect,
     LeverCase,
     check_child,
     child_spec,
@@ -18,11 +21,19 @@ from gates.levers import (
 from gates.run_record import REPO_ROOT, row_property
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", ALL_CASES, ids=[c.id for c in ALL_CASES])
 def test_spec_levers_keep_losslessness(case: LeverCase, gate_weights, request, tmp_path):
-    run = run_child(child_spec(case, os.environ), REPO_ROOT, CHILD_TIMEOUT_S, tmp_path / "child.log")
+    extra, label = {}, gate_weights.label
+    if case.expect is Expect.HEDGE:
+        from gates.weights import hedge_drafter
+
+        drafter, reason = hedge_drafter(gate_weights)
+        if drafter is None:
+            pytest.skip(reason)
+        extra, label = {HEDGE_DRAFTER_ENV: drafter}, f"{label} (hedge drafter {drafter})"
+    run = run_child(child_spec(case, os.environ, extra_env=extra), REPO_ROOT, CHILD_TIMEOUT_S, tmp_path / "child.log")
     result = check_child(case, run.returncode, run.output, run.timeout_s)
     print(gate_line(result.row))
-    request.node.user_properties.append(row_property(case.id, result.row, gate_weights.label))
+    request.node.user_properties.append(row_property(case.id, result.row, label))
     if result.problems:
         pytest.fail(failure_message(case, run, result.problems), pytrace=False)

@@ -5,10 +5,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.fixture.paths import shipped_pair
+from engine.fixture.paths import shipped_dspark, shipped_pair
 
 TARGET_ENV = "PEGAINFER_TEST_MODEL_PATH"
 DRAFTER_ENV = "PEGAINFER_DFLASH_TEST_MODEL_PATH"
+# A Markov-head (DSpark) drafter: the levers gate passes it to its hedge child, whose weights then
+# use it in place of the pair's drafter. The gate strips it from every other child.
+HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
 
 
 @dataclass(frozen=True)
@@ -19,16 +22,58 @@ class GateWeights:
 
 
 def resolve_gate_weights() -> tuple[GateWeights | None, str]:
-    """The pair named by the environment, else the shipped tiny fixture pair.
+    """The pair named by the environment, else the shipped tiny fixture pair; with
+    PEGAINFER_TEST_HEDGE_DRAFTER set, that drafter replaces the pair's (the label, which picks the
+    prompts, stays the target's).
 
     Returns (weights, "") or (None, reason-to-skip)."""
+    weights, reason = _resolve_pair()
+    hedge = os.environ.get(HEDGE_DRAFTER_ENV)
+    if weights is None or not hedge:
+        return weights, reason
+    if not _is_checkpoint(hedge):
+        return None, f"{HEDGE_DRAFTER_ENV}={hedge!r} is neither a directory nor a hub repo id"
+    return GateWeights(weights.target, hedge, weights.label), ""
+
+
+def _is_checkpoint(value: str) -> bool:
+    return Path(value).expanduser().is_dir() or value.count("/") == 1
+
+
+def hedge_drafter(weights: GateWeights) -> tuple[str | None, str]:
+    """The Markov-head drafter the hedge case runs: PEGAINFER_TEST_HEDGE_DRAFTER, else the fixture's
+    drafter-dspark on the fixture pair. Returns (path, "") or (None, reason-to-skip)."""
+    from engine.loader import CheckpointError, open_checkpoint
+    from engine.models.config import DFlashConfig
+
+    chosen = os.environ.get(HEDGE_DRAFTER_ENV)
+    if not chosen:
+        if weights.label != "fixture:tiny":
+            return None, (f"no Markov-head drafter for {weights.label}: set {HEDGE_DRAFTER_ENV} to a DSpark "
+                          "drafter that fits the target")
+        chosen = str(shipped_dspark("tiny"))
+        if not (Path(chosen) / "config.json").is_file():
+            return None, f"the fixture's Markov-head drafter is missing ({chosen}); build it with " \
+                         "`python -m engine.fixture markov`"
+    if not _is_checkpoint(chosen):
+        return None, f"{HEDGE_DRAFTER_ENV}={chosen!r} is neither a directory nor a hub repo id"
+    try:
+        cfg = DFlashConfig.from_dict(open_checkpoint(chosen).config, where=chosen)
+    except (CheckpointError, OSError) as err:
+        return None, f"hedge drafter {chosen!r} is not a readable drafter: {err}"
+    if cfg.markov_rank <= 0:
+        return None, f"hedge drafter {chosen!r} has no Markov head (markov_rank 0): hedging needs DSpark"
+    return chosen, ""
+
+
+def _resolve_pair() -> tuple[GateWeights | None, str]:
     target, drafter = os.environ.get(TARGET_ENV), os.environ.get(DRAFTER_ENV)
     if bool(target) != bool(drafter):
         missing = DRAFTER_ENV if target else TARGET_ENV
         return None, f"{missing} is unset while the other weight variable is set; set both or neither"
     if target and drafter:
         for var, value in ((TARGET_ENV, target), (DRAFTER_ENV, drafter)):
-            if not Path(value).expanduser().is_dir() and value.count("/") != 1:
+            if not _is_checkpoint(value):
                 return None, f"{var}={value!r} is neither a directory nor a hub repo id"
         return GateWeights(target, drafter, f"{target} + {drafter}"), ""
     t, d = shipped_pair("tiny")

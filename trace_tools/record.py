@@ -8,6 +8,7 @@ from dataclasses import dataclass
 BEGIN = "<!-- run-record:begin -->"
 END = "<!-- run-record:end -->"
 COLUMNS = ("child", "env", "gated rows", "speculating rows", "max drafts", "excused divergences", "verdict")
+HEDGE_COLUMN = "hedge chains / wins"  # appended only when a row carries hedge counts
 
 
 class RecordError(ValueError):
@@ -23,6 +24,8 @@ class RecordRow:
     max_drafts: int | None  # None: no speculating row
     excused_divergences: int | None  # None: the child printed no [lossless] line
     passed: bool
+    hedge_chains: int | None = None  # the hedge case: chains verified (None: not a hedge case)
+    hedge_wins: int | None = None  # the hedge case: request-rounds a chain won
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,10 @@ def _cell(value: object) -> str:
 
 
 def render_record(header: RecordHeader, rows: Sequence[RecordRow]) -> str:
-    """The record file: a header block, then one table row per case."""
+    """The record file: a header block, then one table row per case (with a hedge column when a row
+    carries hedge counts)."""
+    hedged = any(r.hedge_chains is not None for r in rows)
+    columns = (*COLUMNS, HEDGE_COLUMN) if hedged else COLUMNS
     lines = [
         f"- head: `{header.head}`",
         f"- device: {_cell(header.device)}",
@@ -47,12 +53,14 @@ def render_record(header: RecordHeader, rows: Sequence[RecordRow]) -> str:
         f"- date: {header.date}",
         f"- command: `{header.command}`",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
     ]
     for r in rows:
         cells = (r.child, r.env, r.gated_rounds, r.speculating_rounds, r.max_drafts,
                  r.excused_divergences, "pass" if r.passed else "FAIL")
+        if hedged:
+            cells += (None if r.hedge_chains is None else f"{r.hedge_chains} / {r.hedge_wins}",)
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
