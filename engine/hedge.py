@@ -118,6 +118,12 @@ class AutoHedge:
         self._last = None
         self._reset_window()
 
+    def reanchor(self) -> None:
+        """A step that is no verify round ran (prefill, plain decode): the next tick only re-anchors,
+        so that step's time is charged to no C; the window keeps its rounds (prefills interleave
+        all the time under load, and breaking the window on each would starve it)."""
+        self._last = None
+
     def tick(self, executed: int, committed_tokens: int) -> None:
         """A verify round finished that ran `executed` chains per hedged request and committed
         `committed_tokens` over the batch."""

@@ -110,7 +110,7 @@ class Speculator:
     def pause(self) -> None:
         """A non-speculative step ran (prefill or plain decode): its time is no hedging sample."""
         if self.hedging and self.hedging.auto:
-            self.hedging.auto.break_window()
+            self.hedging.auto.reanchor()
 
     def _plan(self, reqs: list[Request], limits: list[int], k: int) -> list[tuple[int, int]]:
         h = self.hedging

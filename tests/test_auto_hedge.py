@@ -125,6 +125,17 @@ def test_long_idle_gaps_break_the_window():
     assert list(ctl.rates[0]) == [pytest.approx(100.0)]
 
 
+def test_a_prefill_between_rounds_is_not_charged_but_keeps_the_window():
+    clock = Clock()
+    ctl = small(clock, window=4)
+    drive(ctl, clock, lambda c: 100.0, 3)  # anchor + two rounds into C=0's window
+    ctl.reanchor()
+    clock.now += 0.4  # a prefill step
+    ctl.tick(0, 8)  # re-anchors only
+    drive(ctl, clock, lambda c: 100.0, 2)  # completes the 4-round window: 2 + 2 rounds, all at 100 tok/s
+    assert list(ctl.rates[0]) == [pytest.approx(100.0)]
+
+
 def test_no_chains_to_explore_stays_at_zero():
     clock = Clock()
     ctl = small(clock, max_chains=0)
