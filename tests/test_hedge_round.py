@@ -10,6 +10,7 @@ drafter context are compared with an HF forward over its committed tokens.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -19,7 +20,7 @@ from transformers import Qwen3ForCausalLM as HFQwen3
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.features import tap
 from tests.checkpoints import VOCAB, make_dspark_drafter
-from trace_tools import hedge_trace_rows, levers_trace_rows
+from trace_tools import hedge_trace_rows, levers_trace_rows, summarize_hedge
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
 BUDGETS = [40, 7, 25, 33]
@@ -249,3 +250,21 @@ def test_scratch_is_reserved_from_the_kv_budget(tiny_target, dspark):
                             spec_hedge=2, spec_hedge_positions=(0, 1, 2)))
     off = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", num_kv_blocks=40))
     assert off.speculator.scratch is None and off.blocks.num_blocks == 40
+
+
+def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
+    from engine.fixture.paths import shipped_dspark, shipped_pair, shipped_prompts
+
+    dspark = shipped_dspark("tiny")
+    if not (dspark / "config.json").is_file():
+        pytest.skip("the fixture's drafter-dspark is not built (python -m engine.fixture markov)")
+    target = shipped_pair("tiny")[0]
+    texts = [json.loads(line)["text"] for line in shipped_prompts("tiny").read_text().splitlines()[:4]]
+    plain = Engine(EngineConfig(model=str(target), device="cpu"))
+    spec = Engine(EngineConfig(model=str(target), draft_model=str(dspark), device="cpu", trace=True,
+                               spec_hedge=8, spec_hedge_positions=POSITIONS))
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(texts, params)]
+    assert [o.token_ids for o in spec.generate(texts, params)] == want
+    s = summarize_hedge(hedge_trace_rows(capsys.readouterr().err.splitlines()))
+    assert s.wins > 0 and s.discards > 0
