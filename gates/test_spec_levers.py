@@ -25,12 +25,12 @@ from gates.run_record import REPO_ROOT, row_property
 def test_spec_levers_keep_losslessness(case: LeverCase, gate_weights, request, tmp_path):
     extra, label = {}, gate_weights.label
     if case.expect is Expect.HEDGE:
-        from gates.weights import hedge_drafter
+        from gates.weights import hedge_drafter, hedge_label
 
         drafter, reason = hedge_drafter(gate_weights)
         if drafter is None:
             pytest.skip(reason)
-        extra, label = {HEDGE_DRAFTER_ENV: drafter}, f"{label} (hedge drafter {drafter})"
+        extra, label = {HEDGE_DRAFTER_ENV: drafter}, f"{label} + hedge drafter {hedge_label(drafter)}"
     run = run_child(child_spec(case, os.environ, extra_env=extra), REPO_ROOT, CHILD_TIMEOUT_S, tmp_path / "child.log")
     result = check_child(case, run.returncode, run.output, run.timeout_s)
     print(gate_line(result.row))

@@ -66,6 +66,12 @@ def hedge_drafter(weights: GateWeights) -> tuple[str | None, str]:
     return chosen, ""
 
 
+def hedge_label(drafter: str) -> str:
+    """How the run record names the hedge drafter: the fixture's by name, others by path."""
+    shipped = shipped_dspark("tiny")
+    return "fixture:tiny/drafter-dspark" if Path(drafter).resolve() == shipped.resolve() else drafter
+
+
 def _resolve_pair() -> tuple[GateWeights | None, str]:
     target, drafter = os.environ.get(TARGET_ENV), os.environ.get(DRAFTER_ENV)
     if bool(target) != bool(drafter):
