@@ -63,8 +63,15 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise ValueError(f"EngineConfig.{name}={value!r}; expected an int >= 0 (0 = off) or None")
-        if self.spec_hedge_positions is not None and any(p < 0 for p in self.spec_hedge_positions):
-            raise ValueError(f"EngineConfig.spec_hedge_positions={self.spec_hedge_positions!r}; expected counts >= 0")
+        positions = self.spec_hedge_positions
+        if positions is not None:
+            if isinstance(positions, (str, bytes)) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions
+            ):
+                raise ValueError(f"EngineConfig.spec_hedge_positions={positions!r}; expected counts >= 0")
+            self.spec_hedge_positions = tuple(positions)
+        if self.spec_hedge_auto is not None and not isinstance(self.spec_hedge_auto, bool):
+            raise ValueError(f"EngineConfig.spec_hedge_auto={self.spec_hedge_auto!r}; expected a bool or None")
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ class ModelRunner:
         )
         self.null_row = max_num_seqs
         self.chain_row0 = max_num_seqs + 1
-        self.buckets = batch_buckets(max_num_seqs + chain_rows)
+        self.buckets = sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs})
         self.use_graphs = use_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if use_graphs else None

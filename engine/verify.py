@@ -86,17 +86,17 @@ class Speculator:
                        levers.hedge)
             self.hedging = None
             return
-        if self.scratch is None:
-            self._once("no-scratch", "hedge=%d has no effect: no scratch KV was reserved at engine start "
-                       "(start the engine with the hedge on)", levers.hedge)
-            self.hedging = None
-            return
         positions = effective_positions(levers.hedge_positions, self.per_round)
         dropped = sorted(set(levers.hedge_positions) - set(positions))
         if dropped:
             self._once(f"dropped{dropped}", "hedge positions %s dropped: the drafter has %d draft positions",
                        dropped, self.per_round)
         if not positions:
+            self.hedging = None
+            return
+        if self.scratch is None:
+            self._once("no-scratch", "hedge=%d has no effect: no scratch KV was reserved at engine start "
+                       "(start the engine with the hedge on)", levers.hedge)
             self.hedging = None
             return
         auto = None

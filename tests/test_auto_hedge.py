@@ -186,3 +186,14 @@ def test_hedge_levers_resolve_explicit_over_environment():
 def test_set_lever_values_are_checked(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         check_lever_values(**bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("spec_hedge_positions", (0, -1)), ("spec_hedge_positions", "012"), ("spec_hedge_positions", (True,)),
+     ("spec_hedge_auto", 1), ("spec_hedge", -2), ("spec_hedge_knee", 2.5)],
+)
+def test_engine_config_checks_the_hedge_fields(field, value):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(model="x", **{field: value})
+    assert EngineConfig(model="x", spec_hedge_positions=[2, 0]).spec_hedge_positions == (2, 0)

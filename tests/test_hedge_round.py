@@ -268,3 +268,25 @@ def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
     assert [o.token_ids for o in spec.generate(texts, params)] == want
     s = summarize_hedge(hedge_trace_rows(capsys.readouterr().err.splitlines()))
     assert s.wins > 0 and s.discards > 0
+
+
+def test_set_levers_turns_the_hedge_and_its_controller_on_and_off(tiny_target, dspark, plain, caplog, capsys):
+    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    want = [plain[tuple(p)][:b] for p, b in zip(PROMPTS, BUDGETS, strict=True)]
+    with caplog.at_level(logging.INFO, logger="engine.verify"):
+        cold = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu"))
+        cold.set_levers(hedge=8)  # no scratch was reserved at start
+        hot = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True,
+                                  spec_hedge=2, spec_hedge_positions=(0, 9)))
+    said = " | ".join(r.getMessage() for r in caplog.records)
+    assert "no scratch KV was reserved" in said and "hedge positions [9] dropped" in said
+    assert cold.speculator.hedging is None
+    assert [o.token_ids for o in cold.generate(PROMPTS, params)] == want and cold.stats.hedge_chains == 0
+    assert hot.speculator.hedging.positions == (0,) and hot.speculator.scratch.chains == 2
+    hot.set_levers(hedge_auto=True)
+    assert hot.speculator.hedging.auto is not None and hot.speculator.hedging.auto.max_chains == 1
+    assert [o.token_ids for o in hot.generate(PROMPTS, params)] == want
+    hot.set_levers(hedge=0)
+    chains = hot.stats.hedge_chains
+    assert [o.token_ids for o in hot.generate(PROMPTS, params)] == want and hot.stats.hedge_chains == chains
+    capsys.readouterr()
