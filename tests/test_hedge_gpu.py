@@ -1,5 +1,6 @@
 """The Markov walk and hedged verify on the triton backend with CUDA graphs (GPU only; skipped on
-CPU). Not run yet: written for the first GPU session (docs/design/hedging.md, last section)."""
+CPU). Run on the H200 by scripts/h200_stage4.sh: 5 of 6 passed; the auto case hedged no round
+(the controller may settle at C = 0), so it now asserts a hedged draft graph only when chains ran."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_hedged_markov_drafter_equals_the_torch_path_fp32(tiny_target, dspark, g
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == want
     if not levers:
         assert e.stats.hedge_chains > 0
-    if graphs:
+    if graphs and e.stats.hedge_chains:  # the auto controller may settle at C = 0 and never hedge
         assert any(key[0] == "draft" and key[1] == (0, 1, 2) for key in e.runner.graphs), "no hedged draft graph"
         for key, graph in e.runner.graphs.items():
             if key[0] == "span":
