@@ -212,8 +212,14 @@ class Engine:
         """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
         None keeps the current value. Hedge scratch KV is sized at start: an engine started with the
         hedge off cannot hedge later, and chains beyond the reserved scratch are not verified."""
-        given = dict(max_batch=max_batch, max_drafts=max_drafts, hedge=hedge, hedge_positions=hedge_positions,
-                     hedge_auto=hedge_auto, hedge_knee=hedge_knee)
+        given = dict(
+            max_batch=max_batch,
+            max_drafts=max_drafts,
+            hedge=hedge,
+            hedge_positions=hedge_positions,
+            hedge_auto=hedge_auto,
+            hedge_knee=hedge_knee,
+        )
         check_lever_values(**given)
         if hedge_positions is not None:
             given["hedge_positions"] = tuple(hedge_positions)

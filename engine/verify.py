@@ -82,21 +82,30 @@ class Speculator:
             self.hedging = None
             return
         if drafter.markov is None:
-            self._once("no-markov", "hedge=%d has no effect: the drafter has no Markov head (markov_rank 0)",
-                       levers.hedge)
+            self._once(
+                "no-markov", "hedge=%d has no effect: the drafter has no Markov head (markov_rank 0)", levers.hedge
+            )
             self.hedging = None
             return
         positions = effective_positions(levers.hedge_positions, self.per_round)
         dropped = sorted(set(levers.hedge_positions) - set(positions))
         if dropped:
-            self._once(f"dropped{dropped}", "hedge positions %s dropped: the drafter has %d draft positions",
-                       dropped, self.per_round)
+            self._once(
+                f"dropped{dropped}",
+                "hedge positions %s dropped: the drafter has %d draft positions",
+                dropped,
+                self.per_round,
+            )
         if not positions:
             self.hedging = None
             return
         if self.scratch is None:
-            self._once("no-scratch", "hedge=%d has no effect: no scratch KV was reserved at engine start "
-                       "(start the engine with the hedge on)", levers.hedge)
+            self._once(
+                "no-scratch",
+                "hedge=%d has no effect: no scratch KV was reserved at engine start "
+                "(start the engine with the hedge on)",
+                levers.hedge,
+            )
             self.hedging = None
             return
         auto = None
@@ -104,8 +113,13 @@ class Speculator:
             old = self.hedging.auto if self.hedging else None
             auto = old if old is not None and old.max_chains == len(positions) else AutoHedge(len(positions))
         self.hedging = Hedging(positions, levers.hedge, levers.hedge_knee, auto)
-        self._once(f"on{positions}", "spec hedge on: up to %d request(s)/round, branch positions %s%s",
-                   levers.hedge, list(positions), " (auto chain count)" if auto else "")
+        self._once(
+            f"on{positions}",
+            "spec hedge on: up to %d request(s)/round, branch positions %s%s",
+            levers.hedge,
+            list(positions),
+            " (auto chain count)" if auto else "",
+        )
 
     def pause(self) -> None:
         """A non-speculative step ran (prefill or plain decode): its time is no hedging sample."""

@@ -1,4 +1,5 @@
 """Gate-suite wiring: weights, the skip-to-failure switch, one GPU per xdist worker, the run record."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,11 @@ REQUIRE_ENV = "PEGAINFER_REQUIRE_SPEC_GATE"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--run-record", metavar="PATH", default=None,
+        "--run-record",
+        metavar="PATH",
+        default=None,
         help=f"where the levers gate writes its run record (default: ${RECORD_ENV}, "
-             "else docs/benchmarks/records/levers-gate-<device>.md)",
+        "else docs/benchmarks/records/levers-gate-<device>.md)",
     )
 
 

@@ -1,4 +1,5 @@
 """Which GPU an xdist worker's children use, and how the run record names the device."""
+
 from __future__ import annotations
 
 import platform
@@ -26,8 +27,11 @@ def worker_gpu(worker_id: str, environ: Mapping[str, str], gpu_count: int) -> st
     if m is None:
         return None
     pinned = environ.get("CUDA_VISIBLE_DEVICES")
-    pool = [d.strip() for d in pinned.split(",") if d.strip()] if pinned is not None else \
-        [str(i) for i in range(gpu_count)]
+    pool = (
+        [d.strip() for d in pinned.split(",") if d.strip()]
+        if pinned is not None
+        else [str(i) for i in range(gpu_count)]
+    )
     if len(pool) < 2:
         return None
     return pool[int(m.group(1)) % len(pool)]

@@ -4,6 +4,7 @@ what its output must show.
 Everything but `run_child` is a pure function of the child's output, so each
 check can be proven to fail on a planted fault (tests/test_levers_gate_checks.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -114,21 +115,23 @@ def check_case(case: LeverCase, rows: Sequence[RoundRow], hedges: Sequence[Hedge
             problems.append(f"no gated round: {case.env_label} never tripped the gate")
         if s.speculating_rounds:
             spec = [r.request for r in rows if not r.gated]
-            problems.append(f"{s.speculating_rounds} speculating rounds under {case.env_label}, which must "
-                            f"gate every round (requests {_requests(list(dict.fromkeys(spec)))})")
+            problems.append(
+                f"{s.speculating_rounds} speculating rounds under {case.env_label}, which must "
+                f"gate every round (requests {_requests(list(dict.fromkeys(spec)))})"
+            )
     elif case.expect is Expect.TRIM:
         k = case.value
         if s.gated_rounds:
-            problems.append(f"{s.gated_rounds} gated rounds under {case.env_label} alone: "
-                            "the gate must stay off")
+            problems.append(f"{s.gated_rounds} gated rounds under {case.env_label} alone: the gate must stay off")
         over = [r for r in rows if r.verified_draft > k]
         if over:
-            problems.append(f"{len(over)} rounds verified more than {k} drafts "
-                            f"(up to {max(r.verified_draft for r in over)}): the trim leaks")
+            problems.append(
+                f"{len(over)} rounds verified more than {k} drafts "
+                f"(up to {max(r.verified_draft for r in over)}): the trim leaks"
+            )
         if not any(r.verified_draft == k for r in rows):
             widest = max(r.verified_draft for r in rows)
-            problems.append(f"no round verified exactly {k} drafts (widest {widest}): "
-                            "the trim was never exercised")
+            problems.append(f"no round verified exactly {k} drafts (widest {widest}): the trim was never exercised")
     else:
         problems += _resume_problems(case, rows, s)
     return problems
@@ -141,8 +144,10 @@ def _hedge_problems(case: LeverCase, s: ChildSummary, h: HedgeSummary) -> list[s
     if s.gated_rounds:
         problems.append(f"{s.gated_rounds} gated rounds under {case.env_label} alone: the gate must stay off")
     if h.chains == 0:
-        problems.append(f"no hedge chain verified under {case.env_label} (no `DFlash hedge` line with chains > 0; "
-                        "is the drafter a Markov-head one?)")
+        problems.append(
+            f"no hedge chain verified under {case.env_label} (no `DFlash hedge` line with chains > 0; "
+            "is the drafter a Markov-head one?)"
+        )
     else:
         if h.wins == 0:
             problems.append(f"no chain won in {h.hedged_rounds} hedged rounds: the win path never ran")
@@ -163,13 +168,16 @@ def _resume_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary)
         problems.append("no speculating round: speculation never resumed after the gate")
     after = rows_after_first_gate(rows)
     if after and not any(resumed_and_accepted(later) for later in after.values()):
-        problems.append(f"no gated request ({_requests(list(after))}) later speculated and accepted a draft: "
-                        "the gate latches")
-    stalled = [req for req, later in after.items()
-               if any(not r.gated for r in later) and not resumed_and_accepted(later)]
+        problems.append(
+            f"no gated request ({_requests(list(after))}) later speculated and accepted a draft: the gate latches"
+        )
+    stalled = [
+        req for req, later in after.items() if any(not r.gated for r in later) and not resumed_and_accepted(later)
+    ]
     if stalled:
-        problems.append(f"{_requests(stalled)} speculated again after being gated but never verified and "
-                        "accepted a draft")
+        problems.append(
+            f"{_requests(stalled)} speculated again after being gated but never verified and accepted a draft"
+        )
     return problems
 
 
@@ -187,15 +195,33 @@ class ChildSpec:
         return f"cd {shlex.quote(str(cwd))} && env {unset}{assigns} {shlex.join(self.argv)}"
 
 
-def child_spec(case: LeverCase, base_env: Mapping[str, str], python: str = sys.executable,
-               extra_env: Mapping[str, str] | None = None) -> ChildSpec:
+def child_spec(
+    case: LeverCase,
+    base_env: Mapping[str, str],
+    python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
+) -> ChildSpec:
     """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering.
     extra_env: set on top (the hedge case's Markov drafter); the hedge drafter variable reaches no
     other child, so every other case keeps the pair's drafter."""
-    argv = (python, "-m", "pytest", case.nodeid, "-x", "-q", "-s",
-            "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist")
-    removed = tuple(k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV)
-                    or k == HEDGE_DRAFTER_ENV)
+    argv = (
+        python,
+        "-m",
+        "pytest",
+        case.nodeid,
+        "-x",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+    removed = tuple(
+        k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV) or k == HEDGE_DRAFTER_ENV
+    )
     # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
     env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
     env = {k: v for k, v in base_env.items() if k not in removed} | env_set
@@ -215,8 +241,15 @@ class ChildRun:
 def run_child(spec: ChildSpec, cwd: Path, timeout_s: float, log_path: Path) -> ChildRun:
     """Run the child to completion (or the timeout) and keep its combined output in log_path too."""
     # Own session, so a timeout or Ctrl-C kills the child's helpers as well, not just the child.
-    with subprocess.Popen(spec.argv, cwd=cwd, env=dict(spec.env), stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True) as proc:
+    with subprocess.Popen(
+        spec.argv,
+        cwd=cwd,
+        env=dict(spec.env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    ) as proc:
         try:
             raw, _ = proc.communicate(timeout=timeout_s)
             returncode: int | None = proc.returncode
@@ -248,13 +281,20 @@ class CaseResult:
     @property
     def row(self) -> RecordRow:
         s, h = self.summary, self.hedge
-        return RecordRow(self.case.child, self.case.env_label, s.gated_rounds, s.speculating_rounds,
-                         s.max_drafts, self.excused_divergences, passed=not self.problems,
-                         hedge_chains=None if h is None else h.chains, hedge_wins=None if h is None else h.wins)
+        return RecordRow(
+            self.case.child,
+            self.case.env_label,
+            s.gated_rounds,
+            s.speculating_rounds,
+            s.max_drafts,
+            self.excused_divergences,
+            passed=not self.problems,
+            hedge_chains=None if h is None else h.chains,
+            hedge_wins=None if h is None else h.wins,
+        )
 
 
-def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s: float = CHILD_TIMEOUT_S
-                ) -> CaseResult:
+def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s: float = CHILD_TIMEOUT_S) -> CaseResult:
     """The verdict on one child: it exited 0, its trace shows the case, it printed a [lossless] line."""
     lines = output.splitlines()
     problems = []
@@ -285,21 +325,26 @@ def check_child(case: LeverCase, returncode: int | None, output: str, timeout_s:
 def gate_line(row: RecordRow) -> str:
     max_drafts = "-" if row.max_drafts is None else row.max_drafts
     hedge = "" if row.hedge_chains is None else f" hedge_chains={row.hedge_chains} hedge_wins={row.hedge_wins}"
-    return (f"spec lever gate: child={row.child} env={row.env} gated_rounds={row.gated_rounds} "
-            f"speculating_rounds={row.speculating_rounds} max_drafts={max_drafts}{hedge}")
+    return (
+        f"spec lever gate: child={row.child} env={row.env} gated_rounds={row.gated_rounds} "
+        f"speculating_rounds={row.speculating_rounds} max_drafts={max_drafts}{hedge}"
+    )
 
 
 def failure_message(case: LeverCase, run: ChildRun, problems: Sequence[str]) -> str:
     exit_text = f"killed after {run.timeout_s:g} s" if run.returncode is None else str(run.returncode)
     tail = run.output.splitlines()[-TAIL_LINES:]
-    return "\n".join([
-        f"spec lever gate {case.id}: {case.expect.value} ({case.env_label}) not shown:",
-        *(f"  - {p}" for p in problems),
-        f"child: {run.spec.shell(run.cwd)}",
-        "env set: " + " ".join(f"{k}={v}" for k, v in run.spec.env_set.items())
-        + (f"; removed: {' '.join(run.spec.env_removed)}" if run.spec.env_removed else ""),
-        f"exit code: {exit_text}",
-        f"full output: {run.log_path}  (python -m trace_tools summarize {run.log_path})",
-        f"---- last {len(tail)} lines of the child's output ----",
-        *tail,
-    ])
+    return "\n".join(
+        [
+            f"spec lever gate {case.id}: {case.expect.value} ({case.env_label}) not shown:",
+            *(f"  - {p}" for p in problems),
+            f"child: {run.spec.shell(run.cwd)}",
+            "env set: "
+            + " ".join(f"{k}={v}" for k, v in run.spec.env_set.items())
+            + (f"; removed: {' '.join(run.spec.env_removed)}" if run.spec.env_removed else ""),
+            f"exit code: {exit_text}",
+            f"full output: {run.log_path}  (python -m trace_tools summarize {run.log_path})",
+            f"---- last {len(tail)} lines of the child's output ----",
+            *tail,
+        ]
+    )

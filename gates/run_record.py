@@ -4,6 +4,7 @@ A case attaches its row to its report (`user_properties`), which xdist ships to
 the controller; the controller's RunRecorder collects rows from the call-phase
 reports and, at the end of the session, prints the gate lines and writes the record.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,9 +44,12 @@ def head_commit(repo: Path = REPO_ROOT) -> str:
     """`git rev-parse --short HEAD`, with `-dirty` when tracked files differ from it; PEGASPEC_COMMIT
     where the tree has no .git (a copy shipped to a device)."""
     try:
+
         def git(*args: str) -> str:
-            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
-                                  timeout=30, check=True).stdout.strip()
+            return subprocess.run(
+                ["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True
+            ).stdout.strip()
+
         head = git("rev-parse", "--short", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):

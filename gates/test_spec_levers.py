@@ -1,5 +1,6 @@
 """Levers gate: each lossless child re-run with one lever set, its trace checked against the lever.
 The hedge case runs the greedy child on a Markov-head drafter (skipped with the reason without one)."""
+
 from __future__ import annotations
 
 import os

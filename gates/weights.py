@@ -1,4 +1,5 @@
 """Which target + drafter pair the gates run on."""
+
 from __future__ import annotations
 
 import os
@@ -49,12 +50,17 @@ def hedge_drafter(weights: GateWeights) -> tuple[str | None, str]:
     chosen = os.environ.get(HEDGE_DRAFTER_ENV)
     if not chosen:
         if weights.label != "fixture:tiny":
-            return None, (f"no Markov-head drafter for {weights.label}: set {HEDGE_DRAFTER_ENV} to a DSpark "
-                          "drafter that fits the target")
+            return None, (
+                f"no Markov-head drafter for {weights.label}: set {HEDGE_DRAFTER_ENV} to a DSpark "
+                "drafter that fits the target"
+            )
         chosen = str(shipped_dspark("tiny"))
         if not (Path(chosen) / "config.json").is_file():
-            return None, f"the fixture's Markov-head drafter is missing ({chosen}); build it with " \
-                         "`python -m engine.fixture markov`"
+            return (
+                None,
+                f"the fixture's Markov-head drafter is missing ({chosen}); build it with "
+                "`python -m engine.fixture markov`",
+            )
     if not _is_checkpoint(chosen):
         return None, f"{HEDGE_DRAFTER_ENV}={chosen!r} is neither a directory nor a hub repo id"
     try:

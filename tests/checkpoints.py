@@ -120,8 +120,15 @@ def make_dspark_drafter(
         num_target_layers=3,
     )
     if layout == "deepspec":
-        d = dict(geometry, target_layer_ids=list(taps), mask_token_id=MASK, num_anchors=512,
-                 markov_rank=markov_rank, markov_head_type="vanilla", architectures=["Qwen3DSparkModel"])
+        d = dict(
+            geometry,
+            target_layer_ids=list(taps),
+            mask_token_id=MASK,
+            num_anchors=512,
+            markov_rank=markov_rank,
+            markov_head_type="vanilla",
+            architectures=["Qwen3DSparkModel"],
+        )
     else:
         d = dict(geometry, dflash_config=dict(mask_token_id=MASK, target_layer_ids=list(taps), markov_rank=markov_rank))
     model = DFlashDraftModel(DFlashConfig.from_dict(d))

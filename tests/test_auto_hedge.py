@@ -145,11 +145,19 @@ def test_no_chains_to_explore_stays_at_zero():
 
 # ---- selection ----
 
+
 def test_plan_chains_fcfs_greedy_limits_cap_knee_and_slots():
     cands = [Candidate(True, 7), Candidate(False, 7), Candidate(True, 1), Candidate(True, 0), Candidate(True, 7)]
     positions = [0, 1, 2]
     assert plan_chains(cands, positions, 8, cap=8, knee=0, slots=99) == [
-        (0, 0), (0, 1), (0, 2), (2, 0), (4, 0), (4, 1), (4, 2)]
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (2, 0),
+        (4, 0),
+        (4, 1),
+        (4, 2),
+    ]
     assert plan_chains(cands, positions, 8, cap=2, knee=0, slots=99) == [(0, 0), (0, 1), (0, 2), (2, 0)]
     assert plan_chains(cands, positions, 8, cap=8, knee=0, slots=4) == [(0, 0), (0, 1), (0, 2), (2, 0)]
     # knee: (5 main + chains) x 8 rows <= 64 -> 3 chains at most
@@ -167,21 +175,34 @@ def test_effective_positions():
 
 # ---- levers ----
 
+
 def test_hedge_levers_resolve_explicit_over_environment():
-    env = {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2", "PEGAINFER_SPEC_HEDGE_AUTO": "1",
-           "PEGAINFER_SPEC_HEDGE_KNEE": "96"}
+    env = {
+        "PEGAINFER_SPEC_HEDGE": "8",
+        "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2",
+        "PEGAINFER_SPEC_HEDGE_AUTO": "1",
+        "PEGAINFER_SPEC_HEDGE_KNEE": "96",
+    }
     knobs = read_knobs(env)
     lv = resolve_levers(EngineConfig(model="x"), knobs)
     assert (lv.hedge, lv.hedge_positions, lv.hedge_auto, lv.hedge_knee) == (8, (0, 1, 2), True, 96)
-    lv = resolve_levers(EngineConfig(model="x", spec_hedge=0, spec_hedge_positions=(3,), spec_hedge_auto=False,
-                                     spec_hedge_knee=0), knobs)
+    lv = resolve_levers(
+        EngineConfig(model="x", spec_hedge=0, spec_hedge_positions=(3,), spec_hedge_auto=False, spec_hedge_knee=0),
+        knobs,
+    )
     assert (lv.hedge, lv.hedge_positions, lv.hedge_auto, lv.hedge_knee) == (0, (3,), False, 0)
 
 
 @pytest.mark.parametrize(
     "bad",
-    [{"hedge": -1}, {"hedge": True}, {"hedge_knee": 1.5}, {"hedge_positions": "012"},
-     {"hedge_positions": (0, -1)}, {"hedge_auto": 1}],
+    [
+        {"hedge": -1},
+        {"hedge": True},
+        {"hedge_knee": 1.5},
+        {"hedge_positions": "012"},
+        {"hedge_positions": (0, -1)},
+        {"hedge_auto": 1},
+    ],
 )
 def test_set_lever_values_are_checked(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -190,8 +211,14 @@ def test_set_lever_values_are_checked(bad):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("spec_hedge_positions", (0, -1)), ("spec_hedge_positions", "012"), ("spec_hedge_positions", (True,)),
-     ("spec_hedge_auto", 1), ("spec_hedge", -2), ("spec_hedge_knee", 2.5)],
+    [
+        ("spec_hedge_positions", (0, -1)),
+        ("spec_hedge_positions", "012"),
+        ("spec_hedge_positions", (True,)),
+        ("spec_hedge_auto", 1),
+        ("spec_hedge", -2),
+        ("spec_hedge_knee", 2.5),
+    ],
 )
 def test_engine_config_checks_the_hedge_fields(field, value):
     with pytest.raises(ValueError, match=field):

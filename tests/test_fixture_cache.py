@@ -1,5 +1,6 @@
 """The fixture cache: hit on a second build, miss on a changed recipe, one artifact under
 concurrent builders, atomic publish; and one real micro build end to end."""
+
 from __future__ import annotations
 
 import dataclasses

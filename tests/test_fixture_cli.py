@@ -1,4 +1,5 @@
 """The CLI end to end on the micro recipe: build --out/--tar writes the layout, eval reads it."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,24 @@ def test_build_out_tar_then_eval(tmp_path, capsys):
     out, tar = tmp_path / "pair", tmp_path / "pair.tar"
     (out).mkdir()
     (out / "README").write_text("kept")  # --out replaces the layout entries, nothing else
-    assert main(["build", "--recipe", "micro", "--device", "cpu", "--out", str(out), "--tar", str(tar),
-                 "--set", "eval_prompts=1"]) == 0
+    assert (
+        main(
+            [
+                "build",
+                "--recipe",
+                "micro",
+                "--device",
+                "cpu",
+                "--out",
+                str(out),
+                "--tar",
+                str(tar),
+                "--set",
+                "eval_prompts=1",
+            ]
+        )
+        == 0
+    )
     assert sorted(p.name for p in out.iterdir()) == sorted([*LAYOUT, "README"])
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["recipe"]["eval_prompts"] == 1 and manifest["seed"] == 0
@@ -21,8 +38,13 @@ def test_build_out_tar_then_eval(tmp_path, capsys):
     assert manifest["bytes_on_disk"]["pair_total"] > 0 and manifest["eval"]["lossless_mismatches"] == 0
     with tarfile.open(tar) as t:
         names = t.getnames()
-    assert {"target/config.json", "target/tokenizer.json", "drafter/model.safetensors", "prompts.jsonl",
-            "manifest.json"} <= set(names)
+    assert {
+        "target/config.json",
+        "target/tokenizer.json",
+        "drafter/model.safetensors",
+        "prompts.jsonl",
+        "manifest.json",
+    } <= set(names)
     capsys.readouterr()
     assert main(["eval", "--pair", str(out), "--device", "cpu", "--max-new-tokens", "6", "--check-lossless"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -1,4 +1,5 @@
 """The corpus: deterministic file list without tests, a stable three-way split, held-out prompts."""
+
 from __future__ import annotations
 
 from engine.fixture.corpus import bucket, heldout_prompts, load_corpus

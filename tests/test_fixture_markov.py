@@ -1,5 +1,6 @@
 """The fixture's Markov-head build: block data aligned for the walk, and the CLI end to end on the
 shipped pair with a toy-sized recipe (seconds)."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,17 @@ from engine.fixture.paths import DATA_DIR, shipped_pair
 from engine.models.config import DFlashConfig
 from engine.models.dflash import DFlashDraftModel
 
-TOY = ["files=3", "sequences=12", "new_tokens=24", "anchors=3", "steps=4", "batch=8", "eval_every=2",
-       "eval_prompts=2", "eval_tokens=8"]
+TOY = [
+    "files=3",
+    "sequences=12",
+    "new_tokens=24",
+    "anchors=3",
+    "steps=4",
+    "batch=8",
+    "eval_every=2",
+    "eval_prompts=2",
+    "eval_tokens=8",
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """The DFlash training mask and anchor sampling: no leakage across the anchor or between blocks."""
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """The reference speculative loop on a micro pair: lossless against plain greedy, exact budgets,
 and the drafter context is always the features of the committed tokens."""
+
 from __future__ import annotations
 
 import dataclasses

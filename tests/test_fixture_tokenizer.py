@@ -1,4 +1,5 @@
 """The fixture tokenizer: byte-level BPE that round-trips code exactly and loads with AutoTokenizer."""
+
 from __future__ import annotations
 
 import pytest

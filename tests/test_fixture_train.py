@@ -1,4 +1,5 @@
 """Training smoke tests on a micro geometry: target and drafter losses fall in a few CPU steps."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,5 +1,6 @@
 """The levers gate's hedge case: its checks fail on planted faults, its child gets the Markov drafter
 (and no other child does), its row reaches the run record, and a missing drafter is a skip."""
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,18 @@ LOSSLESS = "[lossless] test=greedy_matches_plain_greedy requests=5 compared_toke
 
 
 def rnd(req: int, accepted: int, gated: int = 0, verified: int = 7) -> str:
-    return (f"[DEBUG] DFlash round request=req-{req} gated={gated} verified_draft={verified} "
-            f"accepted_draft={accepted} committed_tokens={accepted + 1}")
+    return (
+        f"[DEBUG] DFlash round request=req-{req} gated={gated} verified_draft={verified} "
+        f"accepted_draft={accepted} committed_tokens={accepted + 1}"
+    )
 
 
 def hdg(req: int, chains: int, winner: int, main: int, best: int | None = None) -> str:
     best = main if best is None else best
-    return (f"[DEBUG] DFlash hedge request=req-{req} chains={chains} winner={winner} "
-            f"main_accepted={main} best_accepted={best}")
+    return (
+        f"[DEBUG] DFlash hedge request=req-{req} chains={chains} winner={winner} "
+        f"main_accepted={main} best_accepted={best}"
+    )
 
 
 GOOD = [rnd(0, 3), hdg(0, 3, 0, 3), rnd(0, 4), hdg(0, 3, 2, 1, 4), rnd(1, 7), hdg(1, 3, 0, 7), rnd(1, 0)]
@@ -82,7 +87,8 @@ def test_child_result_carries_hedge_counts_into_the_row_and_gate_line():
     assert (row.hedge_chains, row.hedge_wins, row.env) == (9, 1, "HEDGE=8 HEDGE_POSITIONS=0,1,2")
     assert gate_line(row).endswith("max_drafts=7 hedge_chains=9 hedge_wins=1")
     assert check_child(HEDGE, 1, "\n".join([*GOOD, LOSSLESS])).problems == (
-        "the child exited 1: its lossless assertions or its setup failed",)
+        "the child exited 1: its lossless assertions or its setup failed",
+    )
     other = check_child(CASES[1], 0, "\n".join([rnd(0, 4, verified=4), LOSSLESS])).row
     assert other.hedge_chains is None and "hedge" not in gate_line(other)
 
@@ -106,8 +112,14 @@ def test_record_gets_a_hedge_column_only_with_a_hedge_row():
 def test_only_the_hedge_child_gets_the_markov_drafter():
     base = {"PATH": "/bin", HEDGE_DRAFTER_ENV: "/user/dspark", "PEGAINFER_SPEC_HEDGE_AUTO": "1"}
     hedge = child_spec(HEDGE, base, python="/py", extra_env={HEDGE_DRAFTER_ENV: "/gate/dspark"})
-    assert hedge.env == {"PATH": "/bin", "PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2",
-                         HEDGE_DRAFTER_ENV: "/gate/dspark", "PEGAINFER_TEST_LOG": "1", "PYTHONUNBUFFERED": "1"}
+    assert hedge.env == {
+        "PATH": "/bin",
+        "PEGAINFER_SPEC_HEDGE": "8",
+        "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2",
+        HEDGE_DRAFTER_ENV: "/gate/dspark",
+        "PEGAINFER_TEST_LOG": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     for case in CASES:
         spec = child_spec(case, base, python="/py")
         assert HEDGE_DRAFTER_ENV not in spec.env and HEDGE_DRAFTER_ENV in spec.env_removed

@@ -31,9 +31,19 @@ def test_hedged_markov_drafter_equals_the_torch_path_fp32(tiny_target, dspark, g
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
     reference = Engine(EngineConfig(model=str(tiny_target), device="cuda", backend="torch", dtype="float32"))
     want = [o.token_ids for o in reference.generate(PROMPTS, params)]
-    e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cuda", backend="triton",
-                            dtype="float32", cuda_graphs=graphs, spec_hedge=4, spec_hedge_positions=(0, 1, 2),
-                            **levers))
+    e = Engine(
+        EngineConfig(
+            model=str(tiny_target),
+            draft_model=str(dspark),
+            device="cuda",
+            backend="triton",
+            dtype="float32",
+            cuda_graphs=graphs,
+            spec_hedge=4,
+            spec_hedge_positions=(0, 1, 2),
+            **levers,
+        )
+    )
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == want
     if not levers:
         assert e.stats.hedge_chains > 0

@@ -47,8 +47,17 @@ def plain(tiny_target):
 
 
 def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list, **cfg) -> Engine:
-    engine = Engine(EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", trace=True,
-                                 spec_hedge=8, spec_hedge_positions=POSITIONS, **cfg))
+    engine = Engine(
+        EngineConfig(
+            model=str(target),
+            draft_model=str(drafter),
+            device="cpu",
+            trace=True,
+            spec_hedge=8,
+            spec_hedge_positions=POSITIONS,
+            **cfg,
+        )
+    )
     real_draft, real_chains = engine.runner.draft, engine.runner.draft_chains
 
     def record_context(reqs):
@@ -213,8 +222,16 @@ def test_real_markov_drafter_hedged_is_lossless(tiny_target, dspark, plain, leve
 
 
 def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
-    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True,
-                                 spec_hedge=8, spec_hedge_positions=POSITIONS))
+    engine = Engine(
+        EngineConfig(
+            model=str(tiny_target),
+            draft_model=str(dspark),
+            device="cpu",
+            trace=True,
+            spec_hedge=8,
+            spec_hedge_positions=POSITIONS,
+        )
+    )
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
     params[2] = SamplingParams(max_tokens=BUDGETS[2], ignore_eos=True, temperature=0.8, seed=3)
     outs = engine.generate(PROMPTS, params)
@@ -227,8 +244,7 @@ def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
 
 def test_hedge_without_a_markov_head_says_so_once_and_does_nothing(tiny_target, tiny_drafter, plain, caplog):
     with caplog.at_level(logging.INFO, logger="engine.verify"):
-        engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu",
-                                     spec_hedge=4))
+        engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", spec_hedge=4))
         engine.set_levers(hedge=8)
     said = [r.getMessage() for r in caplog.records if "no Markov head" in r.getMessage()]
     assert len(said) == 1 and "hedge=4" in said[0]
@@ -240,14 +256,31 @@ def test_hedge_without_a_markov_head_says_so_once_and_does_nothing(tiny_target, 
 
 def test_scratch_is_reserved_from_the_kv_budget(tiny_target, dspark):
     # block 5 anchor-first: span 6 rows reach 2 blocks of 16 from any offset; 2 requests x 3 positions.
-    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", max_num_seqs=4,
-                                 num_kv_blocks=40, spec_hedge=2, spec_hedge_positions=(0, 1, 2, 7)))
+    engine = Engine(
+        EngineConfig(
+            model=str(tiny_target),
+            draft_model=str(dspark),
+            device="cpu",
+            max_num_seqs=4,
+            num_kv_blocks=40,
+            spec_hedge=2,
+            spec_hedge_positions=(0, 1, 2, 7),
+        )
+    )
     assert engine.speculator.scratch.chains == 6 and engine.speculator.scratch.per_chain == 2
     assert engine.blocks.num_blocks == 40 - 12 and engine.runner.kv[0][0].shape[0] == 40
     assert engine.runner.block_tables.shape[0] == 4 + 1 + 6
     with pytest.raises(ValueError, match="leaves no KV pool"):
-        Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", num_kv_blocks=12,
-                            spec_hedge=2, spec_hedge_positions=(0, 1, 2)))
+        Engine(
+            EngineConfig(
+                model=str(tiny_target),
+                draft_model=str(dspark),
+                device="cpu",
+                num_kv_blocks=12,
+                spec_hedge=2,
+                spec_hedge_positions=(0, 1, 2),
+            )
+        )
     off = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", num_kv_blocks=40))
     assert off.speculator.scratch is None and off.blocks.num_blocks == 40
 
@@ -261,8 +294,16 @@ def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
     target = shipped_pair("tiny")[0]
     texts = [json.loads(line)["text"] for line in shipped_prompts("tiny").read_text().splitlines()[:4]]
     plain = Engine(EngineConfig(model=str(target), device="cpu"))
-    spec = Engine(EngineConfig(model=str(target), draft_model=str(dspark), device="cpu", trace=True,
-                               spec_hedge=8, spec_hedge_positions=POSITIONS))
+    spec = Engine(
+        EngineConfig(
+            model=str(target),
+            draft_model=str(dspark),
+            device="cpu",
+            trace=True,
+            spec_hedge=8,
+            spec_hedge_positions=POSITIONS,
+        )
+    )
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     want = [o.token_ids for o in plain.generate(texts, params)]
     assert [o.token_ids for o in spec.generate(texts, params)] == want
@@ -276,8 +317,16 @@ def test_set_levers_turns_the_hedge_and_its_controller_on_and_off(tiny_target, d
     with caplog.at_level(logging.INFO, logger="engine.verify"):
         cold = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu"))
         cold.set_levers(hedge=8)  # no scratch was reserved at start
-        hot = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True,
-                                  spec_hedge=2, spec_hedge_positions=(0, 9)))
+        hot = Engine(
+            EngineConfig(
+                model=str(tiny_target),
+                draft_model=str(dspark),
+                device="cpu",
+                trace=True,
+                spec_hedge=2,
+                spec_hedge_positions=(0, 9),
+            )
+        )
     said = " | ".join(r.getMessage() for r in caplog.records)
     assert "no scratch KV was reserved" in said and "hedge positions [9] dropped" in said
     assert cold.speculator.hedging is None

@@ -9,6 +9,7 @@ Tolerance policy: relative error = ||out - ref|| / ||ref|| (fp32 math on both si
 dtype by TOL; kernels that only select or compare (argmax, accept_prefix, cache copies of v, the
 residual sum) must match exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,6 +85,7 @@ def randn(*shape, dtype=torch.float32, scale=1.0):
 
 # --- norm -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(0, 64), (1, 64), (5, 300), (2, 3, 96), (3, 2560)])
 def test_rms_norm(dtype, shape):
@@ -115,6 +117,7 @@ def test_rms_norm_strided_rows():
 
 
 # --- qk norm + rope + store -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hkv,d", [(4, 2, 32), (2, 2, 16), (4, 1, 64), (8, 2, 32)])
@@ -156,6 +159,7 @@ def test_qk_norm_rope_store_empty():
 
 
 # --- paged attention --------------------------------------------------------------------------
+
 
 def make_paged(spans, ctxs, hq, hkv, d, dtype, page=16, spare_blocks=3):
     """Caches full of NaN except the rows each sequence owns; unused block-table entries point at
@@ -222,8 +226,16 @@ def _invariance_check(dtype, hq, hkv, d, causal):
     spans, ctxs = [8, 1, 1, 3, 1, 1, 1], [40, 10, 70, 5, 16, 31, 2]
     q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)
     run = lambda q_, bt_, seq_, span: attention.paged_attention(
-        q_, kc, vc, bt_, seq_, torch.tensor([0, span], dtype=torch.int32, device=DEV), span,
-        d**-0.5, causal, batch_invariant=True,
+        q_,
+        kc,
+        vc,
+        bt_,
+        seq_,
+        torch.tensor([0, span], dtype=torch.int32, device=DEV),
+        span,
+        d**-0.5,
+        causal,
+        batch_invariant=True,
     )
     full = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal, batch_invariant=True)
     ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal, batch_invariant=True)
@@ -307,6 +319,7 @@ def test_linear_dispatch(monkeypatch):
 
 # --- tuned tables (engine/kernels/tuned/<device>.json) --------------------------------------------
 
+
 def test_device_slug():
     assert tuning.device_slug("NVIDIA H200") == "nvidia-h200"
     assert tuning.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
@@ -331,7 +344,10 @@ def test_tuned_h200_file():
     # The writer's text round-trips.
     again = tuning.parse(json.loads(tuning.dumps(t, "NVIDIA H200")))
     assert (again.linear, again.silu_mul_linear, again.add_rms_norm_linear) == (
-        t.linear, t.silu_mul_linear, t.add_rms_norm_linear)
+        t.linear,
+        t.silu_mul_linear,
+        t.add_rms_norm_linear,
+    )
     assert (again.m_max, again.fused_m_max, again.norm_m_max) == (t.m_max, t.fused_m_max, t.norm_m_max)
 
 
@@ -345,19 +361,40 @@ def test_tuned_fallback(tmp_path):
     assert tuning.load(None) is tuning.DEFAULT
     assert tuning.load("NVIDIA Future GPU", tmp_path) is tuning.DEFAULT  # no file: default heuristic
     path = tuning.tuned_path("Broken GPU", tmp_path)
-    for text in ("{not json", json.dumps({"format": 99}), json.dumps([1, 2]),
-                 json.dumps({"format": 1, "linear": {"m_max": "16"}}), json.dumps({"format": 1, "linear": []}),
-                 json.dumps({"format": 1, "add_rms_norm_linear": {"m_max": -1}})):
+    for text in (
+        "{not json",
+        json.dumps({"format": 99}),
+        json.dumps([1, 2]),
+        json.dumps({"format": 1, "linear": {"m_max": "16"}}),
+        json.dumps({"format": 1, "linear": []}),
+        json.dumps({"format": 1, "add_rms_norm_linear": {"m_max": -1}}),
+    ):
         path.write_text(text)
         with pytest.warns(UserWarning, match="ignoring the tuned table"):
             assert tuning.load("Broken GPU", tmp_path) is tuning.DEFAULT
     # Bad entries are dropped (that bucket then falls back to cuBLAS), good ones kept.
     good = [16, 32, 128, 4, 4, 4]
-    data = {"format": 1, "device": "Partly GPU", "linear": {"m_max": 8, "configs": {
-        "64x96": {"1": [1, 16, 256, 1, 4, 1], "2": [1, 16, 256, 1, 4, 1], "4": good, "3": good,
-                  "8": [16, 24, 64, 1, 4, 3], "16": [16, 32, 64], "32": [16, 32, 64, 1, 3, 3], "64": "oops"},
-        "64by96": {"1": good}}},
-        "silu_mul_linear": {"configs": {"10x20": {"4": good, "8": [16, 32, 128, 0, 4, 4]}}}}
+    data = {
+        "format": 1,
+        "device": "Partly GPU",
+        "linear": {
+            "m_max": 8,
+            "configs": {
+                "64x96": {
+                    "1": [1, 16, 256, 1, 4, 1],
+                    "2": [1, 16, 256, 1, 4, 1],
+                    "4": good,
+                    "3": good,
+                    "8": [16, 24, 64, 1, 4, 3],
+                    "16": [16, 32, 64],
+                    "32": [16, 32, 64, 1, 3, 3],
+                    "64": "oops",
+                },
+                "64by96": {"1": good},
+            },
+        },
+        "silu_mul_linear": {"configs": {"10x20": {"4": good, "8": [16, 32, 128, 0, 4, 4]}}},
+    }
     tuning.tuned_path("Partly GPU", tmp_path).write_text(json.dumps(data))
     with pytest.warns(UserWarning, match="dropped"):
         t = tuning.load("Partly GPU", tmp_path)
@@ -594,6 +631,7 @@ def test_ops_add_rms_norm_linear():
 
 # --- activation, sampling -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(0, 64), (3, 200), (2, 2, 2 * 1100)])
 def test_silu_and_mul(dtype, shape):
@@ -695,8 +733,10 @@ def test_gpu_tuned_table():
                         out, ref = linear.silu_mul_linear_with_config(x, w, cfg), fused_ref(x, w)
                     elif op == "norm":
                         x, r, nw = randn(m, k, dtype=bf), randn(m, k, dtype=bf), randn(k, dtype=bf)
-                        (out, summed), (ref, ref_sum) = (linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg),
-                                                         norm_linear_ref(x, r, nw, 1e-6, w))
+                        (out, summed), (ref, ref_sum) = (
+                            linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg),
+                            norm_linear_ref(x, r, nw, 1e-6, w),
+                        )
                         assert torch.equal(summed, ref_sum), (op, n, k, m, cfg)
                     else:
                         x = randn(m, k, dtype=bf)
@@ -780,8 +820,10 @@ def test_gpu_add_rms_norm_linear_4b(n):
 
 
 @gpu
-@pytest.mark.parametrize("spans,ctxs", [([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]), ([1], [8000]),
-                                        ([9, 9, 1], [600, 1800, 40]), ([64], [300])])
+@pytest.mark.parametrize(
+    "spans,ctxs",
+    [([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]), ([1], [8000]), ([9, 9, 1], [600, 1800, 40]), ([64], [300])],
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_gpu_attention_4b(spans, ctxs, causal):
     torch.manual_seed(14)
@@ -840,6 +882,7 @@ def test_gpu_attention_graph_replay(spans, causal):
 
 # --- the kernel bench's sweep -> tuned table path (CPU dry run) ------------------------------------
 
+
 @pytest.mark.skipif(CUDA, reason="a CPU dry run of the bench plumbing; on a GPU run the bench itself")
 def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     """engine.bench.kernels end to end on tiny shapes under the interpreter with a fake timer: the
@@ -871,8 +914,11 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
         return 9.0 - (cfg.split_k == 2) - 0.5 * gemv - bool(fused and gemv) + 0.01 * cfg.block_n
 
     monkeypatch.setattr(bench, "Timer", lambda kind: fake_timer)
-    old = TunedTables("dry-run-gpu", m_max=8, linear={head: {1: SkinnyConfig(1, 16, 32, 1, 4, 1)},
-                                                      (7, 7): {1: SkinnyConfig(1, 16, 32, 1, 4, 1)}})
+    old = TunedTables(
+        "dry-run-gpu",
+        m_max=8,
+        linear={head: {1: SkinnyConfig(1, 16, 32, 1, 4, 1)}, (7, 7): {1: SkinnyConfig(1, 16, 32, 1, 4, 1)}},
+    )
     (tmp_path / "pkg").mkdir()
     tuning.tuned_path("Dry Run GPU").write_text(tuning.dumps(old, "Dry Run GPU"))
     out = tmp_path / "out"
@@ -895,5 +941,6 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     assert t.silu_mul_linear[down][1].block_m == 1
     assert set(t.add_rms_norm_linear[qkv]) == {1} and t.add_rms_norm_linear[qkv][1] == t.linear[qkv][1]
     import csv
+
     rows = list(csv.DictReader((out / "silu_mul_linear.csv").open()))
     assert {r["M"] for r in rows} == {"1", "2"} and {"fused", "silu_and_mul+cublas"} <= {r["impl"] for r in rows}

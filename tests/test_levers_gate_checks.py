@@ -1,4 +1,5 @@
 """The levers gate's checks fail on planted faults (real-format lines, no weights), and its plumbing works."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ LOSSLESS = "[lossless] test={} requests=4 compared_tokens=176 excused_divergence
 
 
 def rnd(req: int, gated: int, verified: int, accepted: int) -> str:
-    return (f"[DEBUG] DFlash round request=req-{req} gated={gated} verified_draft={verified} "
-            f"accepted_draft={accepted} committed_tokens={accepted + 1}")
+    return (
+        f"[DEBUG] DFlash round request=req-{req} gated={gated} verified_draft={verified} "
+        f"accepted_draft={accepted} committed_tokens={accepted + 1}"
+    )
 
 
 def gated_phase(requests: range, rounds: int) -> list[str]:
@@ -67,7 +70,7 @@ GOOD = {
     "greedy-MAX_BATCH=1": gated_phase(range(1), 5) + gated_phase(range(1, 2), 5),
     "greedy-MAX_DRAFTS=4": sample("greedy-max-drafts-4.log"),
     "concurrent-MAX_DRAFTS=2": [rnd(r, 0, 2, a) for r, a in [(0, 2), (1, 0), (2, 1), (3, 2), (0, 1)]]
-                               + [rnd(1, 0, 1, 1)],
+    + [rnd(1, 0, 1, 1)],
     "concurrent-MAX_BATCH=3": sample("concurrent-max-batch-3.log"),
 }
 
@@ -85,6 +88,7 @@ def test_a_request_that_finishes_while_gated_is_not_a_latch():
 
 
 # ---- planted faults ----
+
 
 def test_trim_that_verifies_k_plus_one_drafts_fails():
     lines = [rnd(0, 0, 4, 2), rnd(0, 0, 5, 1), rnd(0, 0, 4, 4)]
@@ -156,9 +160,11 @@ def test_child_exit_code_fails_even_with_a_good_trace():
     case = CASE["concurrent-MAX_BATCH=3"]
     assert check_child(case, 0, _good_output(case)).problems == ()
     assert check_child(case, 1, _good_output(case)).problems == (
-        "the child exited 1: its lossless assertions or its setup failed",)
+        "the child exited 1: its lossless assertions or its setup failed",
+    )
     assert check_child(case, None, _good_output(case), timeout_s=1800).problems == (
-        "the child was killed after 1800 s",)
+        "the child was killed after 1800 s",
+    )
 
 
 def test_child_without_a_lossless_line_fails():
@@ -172,15 +178,17 @@ def test_child_without_a_lossless_line_fails():
 
 def test_child_that_compared_no_tokens_fails():
     case = CASE["greedy-MAX_BATCH=1"]
-    output = "\n".join([*GOOD["greedy-MAX_BATCH=1"],
-                        "[lossless] test=t requests=0 compared_tokens=0 excused_divergences=0"])
+    output = "\n".join(
+        [*GOOD["greedy-MAX_BATCH=1"], "[lossless] test=t requests=0 compared_tokens=0 excused_divergences=0"]
+    )
     assert check_child(case, 0, output).problems == ("the child's [lossless] lines compared 0 tokens",)
 
 
 def test_unreadable_trace_is_a_problem_not_a_crash():
     case = CASE["greedy-MAX_BATCH=1"]
-    output = "\n".join([*GOOD["greedy-MAX_BATCH=1"], "[DEBUG] DFlash round request=req-0 gated=1",
-                        LOSSLESS.format(case.child, 0)])
+    output = "\n".join(
+        [*GOOD["greedy-MAX_BATCH=1"], "[DEBUG] DFlash round request=req-0 gated=1", LOSSLESS.format(case.child, 0)]
+    )
     found = check_child(case, 0, output).problems
     assert len(found) == 1 and found[0].startswith("unreadable trace: line 11")
 
@@ -190,41 +198,80 @@ def test_row_sums_excused_divergences_and_carries_the_verdict():
     output = _good_output(case, excused=2) + "\n" + LOSSLESS.format(case.child, 1)
     row = check_child(case, 0, output).row
     rows = levers_trace_rows(GOOD["concurrent-MAX_BATCH=3"])
-    assert row == RecordRow(case.child, "MAX_BATCH=3", sum(r.gated for r in rows),
-                            sum(not r.gated for r in rows), 7, 3, True)
+    assert row == RecordRow(
+        case.child, "MAX_BATCH=3", sum(r.gated for r in rows), sum(not r.gated for r in rows), 7, 3, True
+    )
 
 
 def test_gate_line_format():
     row = RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True)
-    assert gate_line(row) == ("spec lever gate: child=test_greedy_matches_plain_greedy env=MAX_BATCH=1 "
-                              "gated_rounds=315 speculating_rounds=0 max_drafts=-")
+    assert gate_line(row) == (
+        "spec lever gate: child=test_greedy_matches_plain_greedy env=MAX_BATCH=1 "
+        "gated_rounds=315 speculating_rounds=0 max_drafts=-"
+    )
     assert gate_line(RecordRow("c", "MAX_DRAFTS=4", 0, 64, 4, 0, True)).endswith("max_drafts=4")
 
 
 # ---- the cases and the child command ----
 
+
 def test_the_six_cases_of_the_spec_in_order():
     assert [c.id for c in CASES] == [
-        "greedy-MAX_BATCH=1", "greedy-MAX_DRAFTS=4", "concurrent-MAX_DRAFTS=4",
-        "greedy-MAX_DRAFTS=2", "concurrent-MAX_DRAFTS=2", "concurrent-MAX_BATCH=3",
+        "greedy-MAX_BATCH=1",
+        "greedy-MAX_DRAFTS=4",
+        "concurrent-MAX_DRAFTS=4",
+        "greedy-MAX_DRAFTS=2",
+        "concurrent-MAX_DRAFTS=2",
+        "concurrent-MAX_BATCH=3",
     ]
-    assert CASE["concurrent-MAX_BATCH=3"].nodeid == \
-        "gates/test_lossless.py::test_concurrent_heterogeneous_is_lossless"
+    assert CASE["concurrent-MAX_BATCH=3"].nodeid == "gates/test_lossless.py::test_concurrent_heterogeneous_is_lossless"
 
 
 def test_child_spec_sets_one_knob_and_removes_the_others():
-    base = {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1", "PEGAINFER_TEST_MODEL_PATH": "/m",
-            "PEGAINFER_SPEC_MAX_BATCH": "8", "PEGAINFER_SPEC_HEDGE": "2", "PEGAINFER_SPEC_HEDGE_AUTO": "1",
-            "PYTEST_ADDOPTS": "-n 4", "PYTEST_XDIST_WORKER": "gw1", "PEGAINFER_TEST_LOG": "0"}
+    base = {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "PEGAINFER_TEST_MODEL_PATH": "/m",
+        "PEGAINFER_SPEC_MAX_BATCH": "8",
+        "PEGAINFER_SPEC_HEDGE": "2",
+        "PEGAINFER_SPEC_HEDGE_AUTO": "1",
+        "PYTEST_ADDOPTS": "-n 4",
+        "PYTEST_XDIST_WORKER": "gw1",
+        "PEGAINFER_TEST_LOG": "0",
+    }
     before = dict(base)
     spec = child_spec(CASE["greedy-MAX_DRAFTS=4"], base, python="/py")
     assert base == before
-    assert spec.argv == ("/py", "-m", "pytest", "gates/test_lossless.py::test_greedy_matches_plain_greedy",
-                         "-x", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist")
-    assert spec.env == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1", "PEGAINFER_TEST_MODEL_PATH": "/m",
-                        "PEGAINFER_SPEC_MAX_DRAFTS": "4", "PEGAINFER_TEST_LOG": "1", "PYTHONUNBUFFERED": "1"}
-    assert set(spec.env_removed) == {"PEGAINFER_SPEC_MAX_BATCH", "PEGAINFER_SPEC_HEDGE",
-                                     "PEGAINFER_SPEC_HEDGE_AUTO", "PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"}
+    assert spec.argv == (
+        "/py",
+        "-m",
+        "pytest",
+        "gates/test_lossless.py::test_greedy_matches_plain_greedy",
+        "-x",
+        "-q",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:xdist",
+    )
+    assert spec.env == {
+        "PATH": "/bin",
+        "CUDA_VISIBLE_DEVICES": "1",
+        "PEGAINFER_TEST_MODEL_PATH": "/m",
+        "PEGAINFER_SPEC_MAX_DRAFTS": "4",
+        "PEGAINFER_TEST_LOG": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert set(spec.env_removed) == {
+        "PEGAINFER_SPEC_MAX_BATCH",
+        "PEGAINFER_SPEC_HEDGE",
+        "PEGAINFER_SPEC_HEDGE_AUTO",
+        "PYTEST_ADDOPTS",
+        "PYTEST_XDIST_WORKER",
+    }
     assert spec.shell(Path("/repo dir")).startswith("cd '/repo dir' && env -u PEGAINFER_SPEC_MAX_BATCH ")
 
 
@@ -273,13 +320,16 @@ def test_failure_message_names_command_env_exit_code_and_tail(tmp_path):
     case = CASE["greedy-MAX_DRAFTS=2"]
     spec = child_spec(case, {"PATH": "/bin", "PEGAINFER_SPEC_HEDGE": "2"}, python="/py")
     output = "\n".join(f"line {i}" for i in range(100))
-    run = SimpleNamespace(spec=spec, cwd=tmp_path, returncode=2, timeout_s=1800, output=output,
-                          log_path=tmp_path / "child.log")
+    run = SimpleNamespace(
+        spec=spec, cwd=tmp_path, returncode=2, timeout_s=1800, output=output, log_path=tmp_path / "child.log"
+    )
     msg = failure_message(case, run, ["the child exited 2: boom"])
     assert "  - the child exited 2: boom" in msg
     assert f"child: cd {tmp_path} && env -u PEGAINFER_SPEC_HEDGE PEGAINFER_SPEC_MAX_DRAFTS=2 " in msg
-    assert "env set: PEGAINFER_SPEC_MAX_DRAFTS=2 PEGAINFER_TEST_LOG=1 PYTHONUNBUFFERED=1; " \
-           "removed: PEGAINFER_SPEC_HEDGE" in msg
+    assert (
+        "env set: PEGAINFER_SPEC_MAX_DRAFTS=2 PEGAINFER_TEST_LOG=1 PYTHONUNBUFFERED=1; "
+        "removed: PEGAINFER_SPEC_HEDGE" in msg
+    )
     assert "exit code: 2" in msg
     assert msg.endswith("\n".join(f"line {i}" for i in range(100 - TAIL_LINES, 100)))
     assert f"line {99 - TAIL_LINES}\n" not in msg
@@ -287,16 +337,20 @@ def test_failure_message_names_command_env_exit_code_and_tail(tmp_path):
 
 # ---- devices ----
 
-@pytest.mark.parametrize("worker, environ, count, expected", [
-    ("gw0", {}, 4, "0"),
-    ("gw5", {}, 4, "1"),
-    ("gw1", {}, 1, None),  # one GPU: nothing to spread
-    ("gw1", {}, 0, None),  # no driver
-    ("gw1", {"CUDA_VISIBLE_DEVICES": "3"}, 8, None),  # the user pinned one device
-    ("gw1", {"CUDA_VISIBLE_DEVICES": ""}, 8, None),  # the user hid every GPU
-    ("gw3", {"CUDA_VISIBLE_DEVICES": "4,5, 6"}, 8, "4"),  # the user's pool, not all GPUs
-    ("master", {}, 4, None),
-])
+
+@pytest.mark.parametrize(
+    "worker, environ, count, expected",
+    [
+        ("gw0", {}, 4, "0"),
+        ("gw5", {}, 4, "1"),
+        ("gw1", {}, 1, None),  # one GPU: nothing to spread
+        ("gw1", {}, 0, None),  # no driver
+        ("gw1", {"CUDA_VISIBLE_DEVICES": "3"}, 8, None),  # the user pinned one device
+        ("gw1", {"CUDA_VISIBLE_DEVICES": ""}, 8, None),  # the user hid every GPU
+        ("gw3", {"CUDA_VISIBLE_DEVICES": "4,5, 6"}, 8, "4"),  # the user's pool, not all GPUs
+        ("master", {}, 4, None),
+    ],
+)
 def test_worker_gpu(worker, environ, count, expected):
     assert worker_gpu(worker, environ, count) == expected
 
@@ -310,8 +364,10 @@ def test_device_slug():
 # ---- run record ----
 
 HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/")
-ROWS = [RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True),
-        RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 1, False)]
+ROWS = [
+    RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True),
+    RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 1, False),
+]
 
 
 def test_row_property_round_trips_through_json():
@@ -330,8 +386,7 @@ def test_write_run_record_replaces_the_file(tmp_path):
 
 def test_record_path_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    assert record_path(None, "NVIDIA H200", tmp_path) == \
-        tmp_path / "docs/benchmarks/records/levers-gate-nvidia-h200.md"
+    assert record_path(None, "NVIDIA H200", tmp_path) == tmp_path / "docs/benchmarks/records/levers-gate-nvidia-h200.md"
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "env.md"))
     assert record_path(None, "cpu (x86_64)", tmp_path) == tmp_path / "env.md"
     assert record_path(str(tmp_path / "opt.md"), "cpu", tmp_path) == tmp_path / "opt.md"
@@ -368,17 +423,21 @@ def _report(when: str, *props: tuple[str, str]) -> SimpleNamespace:
 
 
 def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
-    config = SimpleNamespace(getoption=lambda name: str(tmp_path / "rec.md"),
-                             invocation_params=SimpleNamespace(args=("gates/", "-n", "6")))
+    config = SimpleNamespace(
+        getoption=lambda name: str(tmp_path / "rec.md"), invocation_params=SimpleNamespace(args=("gates/", "-n", "6"))
+    )
     recorder = RunRecorder(config)
     recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w")))
     recorder.pytest_runtest_logreport(_report("setup", row_property("greedy-MAX_DRAFTS=4", ROWS[1], "w")))
-    recorder.pytest_runtest_logreport(_report("call", ("other", "x"),
-                                              row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
+    recorder.pytest_runtest_logreport(_report("call", ("other", "x"), row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
     term = _Terminal()
     recorder.pytest_terminal_summary(term)
-    assert term.lines == ["== spec lever gate", gate_line(ROWS[0]), gate_line(ROWS[1]),
-                          f"run record written to {tmp_path / 'rec.md'}"]
+    assert term.lines == [
+        "== spec lever gate",
+        gate_line(ROWS[0]),
+        gate_line(ROWS[1]),
+        f"run record written to {tmp_path / 'rec.md'}",
+    ]
     text = (tmp_path / "rec.md").read_text()
     assert text.endswith(render_record(HEADER, ROWS).split("\n\n", 1)[1])
     assert "- command: `pytest gates/ -n 6`" in text and "- weights: w" in text
@@ -393,13 +452,16 @@ def test_recorder_without_rows_writes_nothing(tmp_path):
 
 # ---- the conftest hooks, in real pytest sessions ----
 
+
 @pytest.fixture
 def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("PEGAINFER_REQUIRE_SPEC_GATE", raising=False)
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    pytester.makeconftest("from gates.conftest import *  # noqa: F403\n"
-                          "from gates.conftest import pytest_runtest_makereport  # noqa: F401\n")
+    pytester.makeconftest(
+        "from gates.conftest import *  # noqa: F403\n"
+        "from gates.conftest import pytest_runtest_makereport  # noqa: F401\n"
+    )
     return pytester
 
 
@@ -423,9 +485,13 @@ def test_require_spec_gate_turns_skips_into_failures(inner, monkeypatch):
     monkeypatch.setenv("PEGAINFER_REQUIRE_SPEC_GATE", "1")
     result = inner.runpytest_subprocess()
     result.assert_outcomes(failed=1, errors=1, xfailed=1)
-    result.stdout.fnmatch_lines(["*ERROR at setup of test_weights*",
-                                 "*_SPEC_GATE=1 turns this skip into a failure*DFLASH_TEST_MODEL_PATH*unset*",
-                                 "*_SPEC_GATE=1 turns this skip into a failure*no weights here*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at setup of test_weights*",
+            "*_SPEC_GATE=1 turns this skip into a failure*DFLASH_TEST_MODEL_PATH*unset*",
+            "*_SPEC_GATE=1 turns this skip into a failure*no weights here*",
+        ]
+    )
 
 
 def test_rows_from_xdist_workers_reach_the_controller(inner, tmp_path):
@@ -444,8 +510,9 @@ def test_rows_from_xdist_workers_reach_the_controller(inner, tmp_path):
     record = tmp_path / "rec.md"
     result = inner.runpytest_subprocess("-n", "2", "--run-record", str(record))
     result.assert_outcomes(passed=6)
-    result.stdout.fnmatch_lines([f"spec lever gate: child={c.child} env={c.env_label} *" for c in CASES]
-                                + [f"run record written to {record}"])
+    result.stdout.fnmatch_lines(
+        [f"spec lever gate: child={c.child} env={c.env_label} *" for c in CASES] + [f"run record written to {record}"]
+    )
     table = [ln for ln in record.read_text().splitlines() if ln.startswith("| test_")]
     assert [ln.split(" | ")[1] for ln in table] == [c.env_label for c in CASES]
     assert "gw0" in record.read_text() and "gw1" in record.read_text()  # both workers' rows arrived

@@ -1,4 +1,5 @@
 """trace_tools on real-format `DFlash hedge` lines: no weights, no torch."""
+
 from __future__ import annotations
 
 import subprocess
@@ -16,8 +17,10 @@ ROUND = "[DEBUG] DFlash round request=req-3 gated=0 verified_draft=5 accepted_dr
 
 def hedge(req: int, chains: int, winner: int, main: int, best: int | None = None) -> str:
     best = main if best is None else best
-    return (f"[DEBUG] DFlash hedge request=req-{req} chains={chains} winner={winner} "
-            f"main_accepted={main} best_accepted={best}")
+    return (
+        f"[DEBUG] DFlash hedge request=req-{req} chains={chains} winner={winner} "
+        f"main_accepted={main} best_accepted={best}"
+    )
 
 
 def test_reads_the_engine_line_as_printed():
@@ -66,8 +69,13 @@ def test_summary_counts_chains_wins_and_discards():
 def test_cli_summarize_prints_the_hedge_line(tmp_path):
     log = tmp_path / "child.log"
     log.write_text("\n".join([ROUND, HEDGE, hedge(3, 3, 0, 1)]) + "\n")
-    out = subprocess.run([sys.executable, "-m", "trace_tools", "summarize", str(log)], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "trace_tools", "summarize", str(log)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "hedge: hedged_rounds=2 chains=6 wins=1 discards=5" in out
 
 

@@ -1,4 +1,5 @@
 """`python -m trace_tools`: summarize a child's log, paste a run record into a doc."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,10 @@ def _summarize(args: argparse.Namespace) -> None:
     s = summarize(levers_trace_rows(lines))
     child = args.child or Path(args.log).stem
     max_drafts = "-" if s.max_drafts is None else s.max_drafts
-    print(f"child={child} rounds={s.rounds} gated_rounds={s.gated_rounds} "
-          f"speculating_rounds={s.speculating_rounds} max_drafts={max_drafts}")
+    print(
+        f"child={child} rounds={s.rounds} gated_rounds={s.gated_rounds} "
+        f"speculating_rounds={s.speculating_rounds} max_drafts={max_drafts}"
+    )
     print(f"requests: {_requests(s.requests)}")
     print(f"gated requests: {_requests(s.gated_requests)}")
     print(f"gated, never later speculating and accepting: {_requests(s.unresumed_requests)}")
@@ -33,8 +36,10 @@ def _summarize(args: argparse.Namespace) -> None:
         print(f"hedge: {summarize_hedge(hedges).line}")
     results = lossless_lines(lines)
     for r in results:
-        print(f"lossless: test={r.test} requests={r.requests} compared_tokens={r.compared_tokens} "
-              f"excused_divergences={r.excused_divergences}")
+        print(
+            f"lossless: test={r.test} requests={r.requests} compared_tokens={r.compared_tokens} "
+            f"excused_divergences={r.excused_divergences}"
+        )
     if not results:
         print("lossless: no [lossless] line")
 
@@ -73,23 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trace_tools",
         description="Read the engine's DFlash round trace and the lossless children's result lines; "
-                    "paste a levers-gate run record into a doc.",
+        "paste a levers-gate run record into a doc.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser(
-        "summarize", help="summarize one child's log (round lines + [lossless] lines)",
+        "summarize",
+        help="summarize one child's log (round lines + [lossless] lines)",
         description="Count the `DFlash round` lines of one child's log (gated / speculating rows, "
-                    "widest verify, gated requests that never resume), its `DFlash hedge` lines (chains, "
-                    "wins, discards) and list its [lossless] lines.",
+        "widest verify, gated requests that never resume), its `DFlash hedge` lines (chains, "
+        "wins, discards) and list its [lossless] lines.",
     )
     s.add_argument("log", metavar="LOG", help="a log holding one child's combined stdout/stderr")
     s.add_argument("--child", metavar="NAME", help="label for the summary line (default: LOG's file stem)")
     s.set_defaults(run=_summarize)
     p = sub.add_parser(
-        "paste", help="paste a run record into a doc between the run-record markers",
+        "paste",
+        help="paste a run record into a doc between the run-record markers",
         description="Replace what lies between `<!-- run-record:begin -->` and `<!-- run-record:end -->` "
-                    "in DOC with the contents of RECORD, in place; every other byte of DOC is kept. "
-                    "DOC must hold each marker exactly once.",
+        "in DOC with the contents of RECORD, in place; every other byte of DOC is kept. "
+        "DOC must hold each marker exactly once.",
     )
     p.add_argument("--doc", required=True, metavar="DOC", help="the Markdown doc to rewrite in place")
     p.add_argument("--record", required=True, metavar="RECORD", help="the run record the gate wrote")

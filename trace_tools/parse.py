@@ -5,6 +5,7 @@ follows `name=` (the value ends at whitespace), so `request=req-3` reads 3.
 Names match at a word boundary, so `accepted_draft=` never matches inside
 `xaccepted_draft=`. Field order is free and unknown fields are ignored.
 """
+
 from __future__ import annotations
 
 import re
@@ -84,16 +85,18 @@ def levers_trace_rows(lines: Iterable[str]) -> list[RoundRow]:
         m = ROUND_MARKER.search(line)
         if m is None:
             continue
-        f = _counts(line[m.end():], ROUND_FIELDS, lineno, line)
+        f = _counts(line[m.end() :], ROUND_FIELDS, lineno, line)
         if f["gated"] not in (0, 1):
             raise TraceError(f"line {lineno}: gated={f['gated']} is neither 0 nor 1: {line.rstrip()!r}")
-        rows.append(RoundRow(
-            request=f["request"],
-            gated=f["gated"] == 1,
-            verified_draft=f["verified_draft"],
-            accepted_draft=f["accepted_draft"],
-            committed_tokens=f["committed_tokens"],
-        ))
+        rows.append(
+            RoundRow(
+                request=f["request"],
+                gated=f["gated"] == 1,
+                verified_draft=f["verified_draft"],
+                accepted_draft=f["accepted_draft"],
+                committed_tokens=f["committed_tokens"],
+            )
+        )
     return rows
 
 
@@ -107,12 +110,14 @@ def hedge_trace_rows(lines: Iterable[str]) -> list[HedgeRow]:
         m = HEDGE_MARKER.search(line)
         if m is None:
             continue
-        row = HedgeRow(**_counts(line[m.end():], HEDGE_FIELDS, lineno, line))
+        row = HedgeRow(**_counts(line[m.end() :], HEDGE_FIELDS, lineno, line))
         if row.winner > row.chains:
             raise TraceError(f"line {lineno}: winner={row.winner} but only {row.chains} chains: {line.rstrip()!r}")
         if (row.best_accepted > row.main_accepted) != (row.winner > 0) or row.best_accepted < row.main_accepted:
-            raise TraceError(f"line {lineno}: winner={row.winner} disagrees with main_accepted="
-                             f"{row.main_accepted} best_accepted={row.best_accepted}: {line.rstrip()!r}")
+            raise TraceError(
+                f"line {lineno}: winner={row.winner} disagrees with main_accepted="
+                f"{row.main_accepted} best_accepted={row.best_accepted}: {line.rstrip()!r}"
+            )
         rows.append(row)
     return rows
 
@@ -125,7 +130,7 @@ def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
         at = line.find(LOSSLESS_MARKER)
         if at < 0:
             continue
-        text = line[at + len(LOSSLESS_MARKER):]
+        text = line[at + len(LOSSLESS_MARKER) :]
         test = _value(text, "test")
         if not test:
             raise TraceError(f"line {lineno}: lacks field test=: {line.rstrip()!r}")

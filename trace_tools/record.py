@@ -1,4 +1,5 @@
 """The levers-gate run record (a Markdown table) and pasting it into a doc between markers."""
+
 from __future__ import annotations
 
 import re
@@ -57,8 +58,15 @@ def render_record(header: RecordHeader, rows: Sequence[RecordRow]) -> str:
         "|" + "---|" * len(columns),
     ]
     for r in rows:
-        cells = (r.child, r.env, r.gated_rounds, r.speculating_rounds, r.max_drafts,
-                 r.excused_divergences, "pass" if r.passed else "FAIL")
+        cells = (
+            r.child,
+            r.env,
+            r.gated_rounds,
+            r.speculating_rounds,
+            r.max_drafts,
+            r.excused_divergences,
+            "pass" if r.passed else "FAIL",
+        )
         if hedged:
             cells += (None if r.hedge_chains is None else f"{r.hedge_chains} / {r.hedge_wins}",)
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")

@@ -3,6 +3,7 @@
 "Later" means later in the trace, i.e. later in time: the engine writes the
 round lines of one process in order.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -29,6 +29,7 @@ the median over replays. `--timer do_bench` uses triton.testing.do_bench (median
 L2 with a 256 MB memset before every call, whose dirty lines are written back during the timed
 kernel, which understates bandwidth for weights of a few tens of MB.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,13 @@ from engine.kernels import activation, attention, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
-SHAPE_NAMES = {(6144, 2560): "qkv", (2560, 4096): "o", (19456, 2560): "gate_up", (2560, 9728): "down",
-               (151936, 2560): "lm_head"}
+SHAPE_NAMES = {
+    (6144, 2560): "qkv",
+    (2560, 4096): "o",
+    (19456, 2560): "gate_up",
+    (2560, 9728): "down",
+    (151936, 2560): "lm_head",
+}
 LAYERS_4B = 36
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 L2_BYTES = 60 << 20
@@ -68,10 +74,25 @@ DOWN_SHAPE = (2560, 9728)  # the fused silu_mul_linear sweep
 FUSED_MS = [1, 2, 4, 8, 16]
 NORM_SHAPES = [(6144, 2560), (19456, 2560)]  # the projections after an add + RMSNorm: q|k|v, gate|up
 # (block_m, block_n, block_k, num_warps, num_stages); each is tried at every split count.
-EXTENDED_GEMV = [(1, 16, 512, 4, 1), (1, 32, 512, 4, 1), (1, 16, 256, 4, 2), (1, 16, 256, 4, 3),
-                 (1, 32, 256, 4, 3), (1, 16, 256, 2, 1), (1, 8, 512, 4, 1)]
-EXTENDED_DOT = [(16, 16, 256, 4, 3), (16, 16, 512, 4, 2), (16, 32, 256, 4, 4), (16, 32, 512, 4, 2),
-                (16, 32, 512, 4, 3), (16, 64, 256, 4, 3), (16, 64, 256, 8, 3), (16, 32, 128, 4, 3)]
+EXTENDED_GEMV = [
+    (1, 16, 512, 4, 1),
+    (1, 32, 512, 4, 1),
+    (1, 16, 256, 4, 2),
+    (1, 16, 256, 4, 3),
+    (1, 32, 256, 4, 3),
+    (1, 16, 256, 2, 1),
+    (1, 8, 512, 4, 1),
+]
+EXTENDED_DOT = [
+    (16, 16, 256, 4, 3),
+    (16, 16, 512, 4, 2),
+    (16, 32, 256, 4, 4),
+    (16, 32, 512, 4, 2),
+    (16, 32, 512, 4, 3),
+    (16, 64, 256, 4, 3),
+    (16, 64, 256, 8, 3),
+    (16, 32, 128, 4, 3),
+]
 
 
 def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None) -> list[tuple[SkinnyConfig, bool]]:
@@ -80,12 +101,10 @@ def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None)
     splits = [1, 2, 4] if quick else [1, 2, 4, 8]
     extended: list[tuple[int, int, int, int, int]] = []
     if m == 1:
-        tiles = [(1, 16, 256, 4, 1), (1, 32, 256, 4, 1), (1, 64, 128, 4, 1), (1, 32, 512, 8, 1),
-                 (16, 64, 128, 4, 4)]
+        tiles = [(1, 16, 256, 4, 1), (1, 32, 256, 4, 1), (1, 64, 128, 4, 1), (1, 32, 512, 8, 1), (16, 64, 128, 4, 4)]
         extended = EXTENDED_GEMV
     elif m <= 16:
-        tiles = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 64, 4, 5), (16, 32, 256, 4, 3),
-                 (16, 128, 64, 4, 4)]
+        tiles = [(16, 32, 128, 4, 4), (16, 64, 128, 4, 4), (16, 64, 64, 4, 5), (16, 32, 256, 4, 3), (16, 128, 64, 4, 4)]
         extended = EXTENDED_DOT
     elif m <= 32:
         tiles = [(32, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4)]
@@ -113,8 +132,9 @@ class Timer:
             import triton.testing
 
             counter = iter(range(1 << 62))
-            return 1e3 * triton.testing.do_bench(lambda: fn(next(counter) % variants), warmup=5, rep=25,
-                                                 return_mode="median")
+            return 1e3 * triton.testing.do_bench(
+                lambda: fn(next(counter) % variants), warmup=5, rep=25, return_mode="median"
+            )
         calls = max(variants, min(200, math.ceil(300.0 / max(est_us, 0.5))))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -174,8 +194,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def time_candidate(timer: Timer, fn: Callable[[int], torch.Tensor], ref: torch.Tensor, copies: int, est: float,
-                   label: str) -> float | None:
+def time_candidate(
+    timer: Timer, fn: Callable[[int], torch.Tensor], ref: torch.Tensor, copies: int, est: float, label: str
+) -> float | None:
     """Microseconds per call of fn, or None (reported) if it does not compile, fit or match ref."""
     try:
         err = rel_err(fn(0), ref)
@@ -211,14 +232,28 @@ def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                     results.append(("triton", cfg, us))
             for impl, cfg, us in results:
                 gbps = wbytes / (us * 1e-6) / 1e9
-                rows.append(dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
-                                 us=round(us, 2), GBps=round(gbps, 1), frac=round(gbps / peak, 3)))
+                rows.append(
+                    dict(
+                        N=n,
+                        K=k,
+                        M=m,
+                        impl=impl,
+                        config="" if cfg is None else str(tuple(cfg)),
+                        us=round(us, 2),
+                        GBps=round(gbps, 1),
+                        frac=round(gbps / peak, 3),
+                    )
+                )
             tri = sorted((r for r in results if r[0] == "triton"), key=lambda r: r[2])
             ranked[(n, k, m)] = [(cfg, us) for _, cfg, us in tri]
             best[(n, k, m)] = (results[0][2], tri[0] if tri else None)
             b = best[(n, k, m)][1]
-            print(f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton "
-                  f"{b[2]:.1f} us {tuple(b[1])}" if b else "  (no triton config ran)", flush=True)
+            print(
+                f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton {b[2]:.1f} us {tuple(b[1])}"
+                if b
+                else "  (no triton config ran)",
+                flush=True,
+            )
         del ws
     args.state.update(linear_best=best, linear_ranked=ranked)
     md = linear_report(best, args.ms, peak, args.state)
@@ -237,33 +272,65 @@ def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = N
                 continue
             _, cfg, us = tri
             gb = lambda t, wb=wbytes: wb / (t * 1e-6) / 1e9
-            table.append([f"{SHAPE_NAMES[(n, k)]} {n}x{k}", m, f"{cub_us:.1f}", f"{gb(cub_us):.0f}",
-                          f"{gb(cub_us) / peak:.2f}", f"{us:.1f}", f"{gb(us):.0f}", f"{gb(us) / peak:.2f}",
-                          str(tuple(cfg)), f"{cub_us / us:.2f}x"])
+            table.append(
+                [
+                    f"{SHAPE_NAMES[(n, k)]} {n}x{k}",
+                    m,
+                    f"{cub_us:.1f}",
+                    f"{gb(cub_us):.0f}",
+                    f"{gb(cub_us) / peak:.2f}",
+                    f"{us:.1f}",
+                    f"{gb(us):.0f}",
+                    f"{gb(us) / peak:.2f}",
+                    str(tuple(cfg)),
+                    f"{cub_us / us:.2f}x",
+                ]
+            )
             if us < cub_us:  # a tuned shape's missing bucket means cuBLAS (see linear.skinny_config)
                 configs.setdefault((n, k), {})[m] = cfg
             elif (n, k) not in crossover:
                 crossover[(n, k)] = m
     out.append(f"### Skinny-M linear vs cuBLAS ({DTYPE}; GB/s = weight bytes / time)\n")
-    out.append(md_table(["shape", "M", "cuBLAS us", "GB/s", "frac", "triton us", "GB/s", "frac",
-                         "config (bm,bn,bk,split,warps,stages)", "speedup"], table))
-    out.append("\nCrossover (first M where cuBLAS is faster): " + ", ".join(
-        f"{SHAPE_NAMES[s]}={crossover.get(s, '>' + str(ms[-1]))}" for s in SHAPES))
+    out.append(
+        md_table(
+            [
+                "shape",
+                "M",
+                "cuBLAS us",
+                "GB/s",
+                "frac",
+                "triton us",
+                "GB/s",
+                "frac",
+                "config (bm,bn,bk,split,warps,stages)",
+                "speedup",
+            ],
+            table,
+        )
+    )
+    out.append(
+        "\nCrossover (first M where cuBLAS is faster): "
+        + ", ".join(f"{SHAPE_NAMES[s]}={crossover.get(s, '>' + str(ms[-1]))}" for s in SHAPES)
+    )
     # The decode step of Qwen3-4B: 36 x (qkv, o, gate_up, down) + lm_head, at each M.
     step = {}
     for m in ms:
         weight = lambda s: 1 if SHAPE_NAMES[s] == "lm_head" else LAYERS_4B
         if all(best[(n, k, m)][1] for n, k in SHAPES):
-            step[m] = (sum(weight(s) * best[(*s, m)][0] for s in SHAPES),
-                       sum(weight(s) * best[(*s, m)][1][2] for s in SHAPES))
+            step[m] = (
+                sum(weight(s) * best[(*s, m)][0] for s in SHAPES),
+                sum(weight(s) * best[(*s, m)][1][2] for s in SHAPES),
+            )
     m_max = 0
     for m in ms:
         if m in step and step[m][1] < step[m][0]:
             m_max = m
         else:
             break
-    out.append("\nQwen3-4B decode-step projection time (36 layers + lm_head), cuBLAS vs triton (us): "
-               + ", ".join(f"M={m}: {c:.0f} vs {t:.0f}" for m, (c, t) in step.items()))
+    out.append(
+        "\nQwen3-4B decode-step projection time (36 layers + lm_head), cuBLAS vs triton (us): "
+        + ", ".join(f"M={m}: {c:.0f} vs {t:.0f}" for m, (c, t) in step.items())
+    )
     if state is not None:
         state.update(linear_configs=configs, m_max=m_max, linear_ms=list(ms))
     return "\n".join(out)
@@ -289,10 +356,18 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         if down_cfg is not None:
             fn = lambda i, x=x, ws=ws, cfg=down_cfg: linear.linear_with_config(activation.silu_and_mul(x), ws[i], cfg)
             unfused.append(("silu_and_mul+triton", down_cfg, fn))
-        wide = [(1, 32, 256, 4, 4, 1), (1, 32, 512, 4, 8, 1)] if m == 1 else \
-            [(16, 64, 128, 4, 4, 4), (16, 64, 256, 4, 4, 3), (16, 128, 128, 2, 4, 3)]
-        cands = list(dict.fromkeys(top + [SkinnyConfig(*c) for c in wide[: 1 if args.quick else 3]]
-                                   + [linear.silu_mul_linear_config(m, n, inter, current)]))
+        wide = (
+            [(1, 32, 256, 4, 4, 1), (1, 32, 512, 4, 8, 1)]
+            if m == 1
+            else [(16, 64, 128, 4, 4, 4), (16, 64, 256, 4, 4, 3), (16, 128, 128, 2, 4, 3)]
+        )
+        cands = list(
+            dict.fromkeys(
+                top
+                + [SkinnyConfig(*c) for c in wide[: 1 if args.quick else 3]]
+                + [linear.silu_mul_linear_config(m, n, inter, current)]
+            )
+        )
         results = []
         for name, cfg, fn in unfused:
             us = time_candidate(timer, fn, ref, copies, est, f"{name} M={m}")
@@ -304,24 +379,49 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             if us is not None:
                 results.append(("fused", cfg, us))
         for impl, cfg, us in results:
-            rows.append(dict(N=n, I=inter, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
-                             us=round(us, 2), frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3)))
+            rows.append(
+                dict(
+                    N=n,
+                    I=inter,
+                    M=m,
+                    impl=impl,
+                    config="" if cfg is None else str(tuple(cfg)),
+                    us=round(us, 2),
+                    frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3),
+                )
+            )
         base = min((r for r in results if r[0] != "fused"), key=lambda r: r[2], default=None)
         fused = min((r for r in results if r[0] == "fused"), key=lambda r: r[2], default=None)
         best[m] = (base, fused)
         if base and fused:
-            print(f"  fused M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}",
-                  flush=True)
+            print(
+                f"  fused M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}",
+                flush=True,
+            )
             frac = wbytes / (fused[2] * 1e-6) / 1e9 / peak
-            table.append([m, f"{base[2]:.1f}", base[0], f"{fused[2]:.1f}", f"{frac:.2f}", str(tuple(fused[1])),
-                          f"{base[2] / fused[2]:.2f}x",
-                          f"{LAYERS_4B * (base[2] - fused[2]):+.0f}"])
+            table.append(
+                [
+                    m,
+                    f"{base[2]:.1f}",
+                    base[0],
+                    f"{fused[2]:.1f}",
+                    f"{frac:.2f}",
+                    str(tuple(fused[1])),
+                    f"{base[2] / fused[2]:.2f}x",
+                    f"{LAYERS_4B * (base[2] - fused[2]):+.0f}",
+                ]
+            )
     del ws
     configs = {m: f[1] for m, (b, f) in best.items() if b and f and f[2] < b[2]}
     args.state.update(fused_configs=configs, fused_ms=[m for m in FUSED_MS if m in args.ms])
-    return rows, (f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
-                  f"({DTYPE})\n\n" + md_table(["M", "unfused us", "unfused path", "fused us", "frac", "fused config",
-                                                 "speedup", "36 layers: us saved"], table))
+    return rows, (
+        f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
+        f"({DTYPE})\n\n"
+        + md_table(
+            ["M", "unfused us", "unfused path", "fused us", "frac", "fused config", "speedup", "36 layers: us saved"],
+            table,
+        )
+    )
 
 
 def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
@@ -344,11 +444,23 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             ref = F.linear(normed.float(), ws[0].float())
             top = [cfg for cfg, _ in ranked.get((n, k, m), [])][: 2 if args.quick else 3]
             lin_cfg = top[0] if top else linear.skinny_config(m, n, k, current)
-            unfused = [("add_rms_norm+cublas", None,
-                        lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i]))]
+            unfused = [
+                (
+                    "add_rms_norm+cublas",
+                    None,
+                    lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i]),
+                )
+            ]
             if lin_cfg is not None:
-                unfused.append(("add_rms_norm+triton", lin_cfg, lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg:
-                                linear.linear_with_config(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg)))
+                unfused.append(
+                    (
+                        "add_rms_norm+triton",
+                        lin_cfg,
+                        lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg: linear.linear_with_config(
+                            norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg
+                        ),
+                    )
+                )
             cands = list(dict.fromkeys(top + [linear.add_rms_norm_linear_config(m, n, k, current)]))
             results = []
             for name, cfg, fn in unfused:
@@ -357,35 +469,65 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                     results.append((name, cfg, us))
             for cfg in (c for c in cands if c is not None):
                 fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: linear.add_rms_norm_linear_with_config(
-                    x, r, nw, 1e-6, ws[i], cfg)[0]
+                    x, r, nw, 1e-6, ws[i], cfg
+                )[0]
                 us = time_candidate(timer, fn, ref, copies, est, f"norm-fused N={n} K={k} M={m} {tuple(cfg)}")
                 if us is not None:
                     results.append(("fused", cfg, us))
             for impl, cfg, us in results:
-                rows.append(dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)),
-                                 us=round(us, 2), frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3)))
+                rows.append(
+                    dict(
+                        N=n,
+                        K=k,
+                        M=m,
+                        impl=impl,
+                        config="" if cfg is None else str(tuple(cfg)),
+                        us=round(us, 2),
+                        frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3),
+                    )
+                )
             base = min((r for r in results if r[0] != "fused"), key=lambda r: r[2], default=None)
             fused = min((r for r in results if r[0] == "fused"), key=lambda r: r[2], default=None)
             if base and fused:
                 if fused[2] < base[2]:
                     configs.setdefault((n, k), {})[m] = fused[1]
-                print(f"  norm-fused N={n} K={k} M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us "
-                      f"{tuple(fused[1])}", flush=True)
-                table.append([f"{SHAPE_NAMES.get((n, k), '')} {n}x{k}", m, f"{base[2]:.1f}", base[0],
-                              f"{fused[2]:.1f}", str(tuple(fused[1])), f"{base[2] / fused[2]:.2f}x",
-                              f"{LAYERS_4B * (base[2] - fused[2]):+.0f}"])
+                print(
+                    f"  norm-fused N={n} K={k} M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us "
+                    f"{tuple(fused[1])}",
+                    flush=True,
+                )
+                table.append(
+                    [
+                        f"{SHAPE_NAMES.get((n, k), '')} {n}x{k}",
+                        m,
+                        f"{base[2]:.1f}",
+                        base[0],
+                        f"{fused[2]:.1f}",
+                        str(tuple(fused[1])),
+                        f"{base[2] / fused[2]:.2f}x",
+                        f"{LAYERS_4B * (base[2] - fused[2]):+.0f}",
+                    ]
+                )
         del ws
     args.state.update(norm_configs=configs, norm_ms=[m for m in FUSED_MS if m in args.ms])
-    return rows, (f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
-                  f"the best unfused projection ({DTYPE})\n\n" + md_table(
-                      ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup",
-                       "36 layers: us saved"], table))
+    return rows, (
+        f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
+        f"the best unfused projection ({DTYPE})\n\n"
+        + md_table(
+            ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup", "36 layers: us saved"],
+            table,
+        )
+    )
 
 
 def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     dtype, rows, table = DTYPE, [], []
-    tilings = [SkinnyConfig(16, 64, 64, 1, 4, 4), linear.INVARIANT_CONFIG, SkinnyConfig(64, 64, 64, 1, 4, 4),
-               SkinnyConfig(64, 128, 64, 1, 4, 3)]
+    tilings = [
+        SkinnyConfig(16, 64, 64, 1, 4, 4),
+        linear.INVARIANT_CONFIG,
+        SkinnyConfig(64, 64, 64, 1, 4, 4),
+        SkinnyConfig(64, 128, 64, 1, 4, 3),
+    ]
     for n, k in SHAPES:
         wbytes = n * k * dtype.itemsize
         copies = max(1, min(16, math.ceil(ROTATE_BYTES / wbytes)))
@@ -403,8 +545,11 @@ def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict],
             table.append(line)
         del ws
     header = ["shape", "M", "cuBLAS us"] + [f"{c.block_m}x{c.block_n}x{c.block_k} us" for c in tilings]
-    return rows, f"### Batch-invariant GEMM tilings ({DTYPE}, us; current: INVARIANT_CONFIG = "\
-        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + md_table(header, table)
+    return (
+        rows,
+        f"### Batch-invariant GEMM tilings ({DTYPE}, us; current: INVARIANT_CONFIG = "
+        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + md_table(header, table),
+    )
 
 
 def paged_case(batch: int, ctx: int, span: int, hq: int, hkv: int, d: int, page: int):
@@ -433,10 +578,12 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
             variants.append(("decode_block_n=64", {"decode_block_n": 64}))
         variants.append(("batch_invariant", {"batch_invariant": True}))
-        auto_cfg = attention.attention_config(batch, kc.shape[2], q.shape[1] // kc.shape[2], span,
-                                              bt.shape[1] * kc.shape[1], q.device, False)
+        auto_cfg = attention.attention_config(
+            batch, kc.shape[2], q.shape[1] // kc.shape[2], span, bt.shape[1] * kc.shape[1], q.device, False
+        )
         line = [batch, ctx, span, str(auto_cfg)]
         for name, kw in variants:
+
             def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
                 kw = dict(kw)
                 block_n = kw.pop("decode_block_n", attention.DECODE_BLOCK_N)
@@ -449,18 +596,40 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             err = rel_err(fn(0), ref)
             us = timer(fn, copies, kv_bytes / (peak * 1e3))
             gbps = kv_bytes / (us * 1e-6) / 1e9
-            rows.append(dict(batch=batch, ctx=ctx, span=span, variant=name, us=round(us, 2), kv_GBps=round(gbps, 1),
-                             frac=round(gbps / peak, 3), rel_err=f"{err:.1e}"))
+            rows.append(
+                dict(
+                    batch=batch,
+                    ctx=ctx,
+                    span=span,
+                    variant=name,
+                    us=round(us, 2),
+                    kv_GBps=round(gbps, 1),
+                    frac=round(gbps / peak, 3),
+                    rel_err=f"{err:.1e}",
+                )
+            )
             line.append(f"{us:.1f} ({gbps / peak:.2f})")
         if span != 1:
             line[5:5] = ["-"] * 5
         table.append(line)
         print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
         del caches
-    header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)", "splits=1", "splits=4",
-              "splits=16", "splits=32", "decode BLOCK_N=64", "batch_invariant"]
-    return rows, f"### Paged attention {ATTN_GEOMETRY}, {DTYPE}: us (fraction of peak on K+V bytes)\n\n" \
-        + md_table(header, table)
+    header = [
+        "batch",
+        "ctx",
+        "span",
+        "auto (BQ,BM,BN,splits)",
+        "auto us (frac)",
+        "splits=1",
+        "splits=4",
+        "splits=16",
+        "splits=32",
+        "decode BLOCK_N=64",
+        "batch_invariant",
+    ]
+    return rows, f"### Paged attention {ATTN_GEOMETRY}, {DTYPE}: us (fraction of peak on K+V bytes)\n\n" + md_table(
+        header, table
+    )
 
 
 def tuned_from_sweep(state: dict, old: TunedTables, full_ms: bool) -> TunedTables:
@@ -494,14 +663,24 @@ def tuned_from_sweep(state: dict, old: TunedTables, full_ms: bool) -> TunedTable
                 else:
                     per_m.pop(m, None)
     m_max = state["m_max"] if "m_max" in state and full_ms else old.m_max
-    return TunedTables(device=old.device, m_max=m_max, fused_m_max=old.fused_m_max, linear=lin,
-                       silu_mul_linear=fused, norm_m_max=old.norm_m_max, add_rms_norm_linear=normed)
+    return TunedTables(
+        device=old.device,
+        m_max=m_max,
+        fused_m_max=old.fused_m_max,
+        linear=lin,
+        silu_mul_linear=fused,
+        norm_m_max=old.norm_m_max,
+        add_rms_norm_linear=normed,
+    )
 
 
 def table_changes(old: TunedTables, new: TunedTables) -> list[str]:
     lines = [f"linear m_max {old.m_max} -> {new.m_max}"] if old.m_max != new.m_max else []
-    pairs = (("linear", old.linear, new.linear), ("silu_mul_linear", old.silu_mul_linear, new.silu_mul_linear),
-             ("add_rms_norm_linear", old.add_rms_norm_linear, new.add_rms_norm_linear))
+    pairs = (
+        ("linear", old.linear, new.linear),
+        ("silu_mul_linear", old.silu_mul_linear, new.silu_mul_linear),
+        ("add_rms_norm_linear", old.add_rms_norm_linear, new.add_rms_norm_linear),
+    )
     for what, a, b in pairs:
         for shape in sorted(set(a) | set(b)):
             pa, pb = a.get(shape, {}), b.get(shape, {})
@@ -518,8 +697,10 @@ def write_tuned(args, report: list[str], install: bool) -> None:
     name = torch.cuda.get_device_name()
     old = tuning.load(name)
     new = tuned_from_sweep(args.state, old if old.source else TunedTables(tuning.device_slug(name)), args.ms == MS)
-    note = (f"python -m engine.bench.kernels{' --quick' if args.quick else ''} --write-tuned on {name}, "
-            f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}")
+    note = (
+        f"python -m engine.bench.kernels{' --quick' if args.quick else ''} --write-tuned on {name}, "
+        f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    )
     text = tuning.dumps(new, name, note)
     tuning.parse(json.loads(text))  # what the kernels will read back
     paths = [args.out / "tuned" / f"{tuning.device_slug(name)}.json"] + ([tuning.tuned_path(name)] if install else [])
@@ -528,9 +709,14 @@ def write_tuned(args, report: list[str], install: bool) -> None:
         path.write_text(text)
     changes = table_changes(old, new)
     where = ", ".join(str(p) for p in paths) + ("" if install else " (not installed: no --write-tuned)")
-    report.append(f"### Tuned table written: {where}\n\n"
-                  + (f"Changes against {old.source}:\n" if old.source else "New table (no previous file):\n")
-                  + "\n".join(f"- {c}" for c in changes or ["(none)"]) + "\n\n```json\n" + text + "```\n")
+    report.append(
+        f"### Tuned table written: {where}\n\n"
+        + (f"Changes against {old.source}:\n" if old.source else "New table (no previous file):\n")
+        + "\n".join(f"- {c}" for c in changes or ["(none)"])
+        + "\n\n```json\n"
+        + text
+        + "```\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -541,11 +727,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer configs (a smoke run)")
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
     p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,norm,invariant,attention")
-    p.add_argument("--budget-s", type=float, default=100.0,
-                   help="wall-time target: the extended linear candidates stop at 55%% of it")
-    p.add_argument("--write-tuned", action="store_true",
-                   help="install this run's tuned table as engine/kernels/tuned/<device>.json "
-                        "(it always goes to DIR/tuned/)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=100.0,
+        help="wall-time target: the extended linear candidates stop at 55%% of it",
+    )
+    p.add_argument(
+        "--write-tuned",
+        action="store_true",
+        help="install this run's tuned table as engine/kernels/tuned/<device>.json (it always goes to DIR/tuned/)",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("engine.bench.kernels needs a CUDA device", file=sys.stderr)
@@ -556,13 +748,18 @@ def main(argv: list[str] | None = None) -> int:
     args.t0, args.state = t0, {}
     skip = set(args.skip.split(","))
     copy = copy_bandwidth()
-    report = [f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
-              f"timer={args.timer}\n", f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
-              f"fractions below are of {args.peak_gbps:.0f} GB/s.\n"]
-    sections = [("linear", bench_linear, "linear.csv"), ("fused", bench_fused, "silu_mul_linear.csv"),
-                ("norm", bench_norm, "add_rms_norm_linear.csv"),
-                ("invariant", bench_linear_invariant, "linear_invariant.csv"),
-                ("attention", bench_attention, "attention.csv")]
+    report = [
+        f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, timer={args.timer}\n",
+        f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
+        f"fractions below are of {args.peak_gbps:.0f} GB/s.\n",
+    ]
+    sections = [
+        ("linear", bench_linear, "linear.csv"),
+        ("fused", bench_fused, "silu_mul_linear.csv"),
+        ("norm", bench_norm, "add_rms_norm_linear.csv"),
+        ("invariant", bench_linear_invariant, "linear_invariant.csv"),
+        ("attention", bench_attention, "attention.csv"),
+    ]
     failed, written = [], False
     for name, fn, csv_name in sections:
         if name in skip:

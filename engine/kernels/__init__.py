@@ -1,4 +1,5 @@
 """Op families, each a torch reference and (on CUDA) a Triton kernel; `get_ops` picks a backend."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -8,6 +8,7 @@ imports triton, binds `tl` in that module, and swaps every recorded kernel for t
 `from __future__ import annotations` so `tl.constexpr` annotations stay unevaluated until then.
 Under the interpreter, `bind` also patches two triton 3.6 interpreter problems (see the fixups).
 """
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """SwiGLU activation on a fused gate|up projection."""
+
 from __future__ import annotations
 
 import torch
@@ -15,6 +16,7 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 # --- Triton ---------------------------------------------------------------------------------
 tl = None  # triton.language, bound by _triton.bind at the first launch
+
 
 @jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):

@@ -4,6 +4,7 @@ One entry point serves decode (one query row per sequence), prefill and verify s
 (causal within the span, over everything already cached) and the drafter's block
 (non-causal: every block row sees every cached row of its sequence).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,9 +14,7 @@ import torch
 from engine.kernels._triton import cdiv, jit, next_pow2
 
 
-def gather_kv_ref(
-    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
-) -> torch.Tensor:
+def gather_kv_ref(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """Rows 0..seq_len-1 of one sequence from a [num_blocks, block_size, Hkv, D] cache."""
     block_size = cache.shape[1]
     pos = torch.arange(seq_len, device=cache.device)
@@ -86,12 +85,38 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 
 @jit
 def _paged_attn_kernel(
-    q_ptr, k_cache, v_cache, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_kb, stride_ko, stride_kh, stride_vb, stride_vo, stride_vh, stride_bt, qk_scale,
-    HKV: tl.constexpr, HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_cache,
+    v_cache,
+    bt_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ko,
+    stride_kh,
+    stride_vb,
+    stride_vo,
+    stride_vh,
+    stride_bt,
+    qk_scale,
+    HKV: tl.constexpr,
+    HQ: tl.constexpr,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // HKV
@@ -137,7 +162,8 @@ def _paged_attn_kernel(
         off = n % PAGE
         k = tl.load(
             k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + d[None, :],
-            mask=n_ok[:, None], other=0.0,
+            mask=n_ok[:, None],
+            other=0.0,
         )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         ok = n_ok[None, :]
@@ -150,7 +176,8 @@ def _paged_attn_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(
             v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + d[None, :],
-            mask=n_ok[:, None], other=0.0,
+            mask=n_ok[:, None],
+            other=0.0,
         )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -169,8 +196,16 @@ def _paged_attn_kernel(
 
 @jit
 def _paged_attn_reduce_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, qsl_ptr, num_seqs, stride_ot, stride_oh,
-    HQ: tl.constexpr, D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    qsl_ptr,
+    num_seqs,
+    stride_ot,
+    stride_oh,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -194,8 +229,13 @@ def _num_sms(device: torch.device) -> int:
 
 
 def attention_config(
-    num_seqs: int, num_kv_heads: int, group: int, max_query_len: int, max_kv: int,
-    device: torch.device, batch_invariant: bool,
+    num_seqs: int,
+    num_kv_heads: int,
+    group: int,
+    max_query_len: int,
+    max_kv: int,
+    device: torch.device,
+    batch_invariant: bool,
 ) -> tuple[int, int, int, int]:
     """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS) from shapes and python ints only."""
     if batch_invariant:
@@ -250,19 +290,53 @@ def paged_attention(
         part_o = part_lse = out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
     _paged_attn_kernel[grid](
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, part_o, part_lse,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        out,
+        part_o,
+        part_lse,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
         scale * math.log2(math.e),
-        HKV=num_kv_heads, HQ=num_heads, G=group, D=head_dim, PAGE=page,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits, CAUSAL=causal,
+        HKV=num_kv_heads,
+        HQ=num_heads,
+        G=group,
+        D=head_dim,
+        PAGE=page,
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, num_stages=2,
+        num_warps=4,
+        num_stages=2,
     )
     if splits > 1:
         _paged_attn_reduce_kernel[(num_tokens, num_heads)](
-            part_o, part_lse, out, query_start_loc, num_seqs, out.stride(0), out.stride(1),
-            HQ=num_heads, D=head_dim, NUM_SPLITS=splits, num_warps=4,
+            part_o,
+            part_lse,
+            out,
+            query_start_loc,
+            num_seqs,
+            out.stride(0),
+            out.stride(1),
+            HQ=num_heads,
+            D=head_dim,
+            NUM_SPLITS=splits,
+            num_warps=4,
         )
     return out

@@ -1,4 +1,5 @@
 """Dense projections y = x @ W^T (weights stored [N, K] as in HF checkpoints)."""
+
 from __future__ import annotations
 
 import torch
@@ -80,10 +81,31 @@ def _add_rms(x, r, rstd, nw):
 
 @jit(do_not_specialize=["M"])
 def _linear_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split, up_off,
-    r_ptr, nw_ptr, s_ptr, stride_rm, stride_sm, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-    EVEN_K: tl.constexpr, PRECISION: tl.constexpr, SWIGLU: tl.constexpr, NORM: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    k_per_split,
+    up_off,
+    r_ptr,
+    nw_ptr,
+    s_ptr,
+    stride_rm,
+    stride_sm,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
@@ -110,8 +132,10 @@ def _linear_kernel(
             for k in range(0, K, BLOCK_K):
                 rk = k + rk0
                 km = rk < K
-                s = (tl.load(x_row + rk, mask=km, other=0.0).to(tl.float32)
-                     + tl.load(r_row + rk, mask=km, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+                s = (
+                    tl.load(x_row + rk, mask=km, other=0.0).to(tl.float32)
+                    + tl.load(r_row + rk, mask=km, other=0.0).to(tl.float32)
+                ).to(x_ptr.dtype.element_ty)
                 tl.store(s_row + rk, s, mask=km & writer)
                 sf = s.to(tl.float32)
                 ss1 += sf * sf
@@ -132,8 +156,12 @@ def _linear_kernel(
                 if SWIGLU:  # masked lanes: silu(0) * 0 = 0
                     x = _swiglu(x, tl.load(x_row + up_off + rk, mask=rk < k_hi, other=0.0))
                 if NORM:  # masked lanes: nw = 0
-                    x = _add_rms(x, tl.load(r_row + rk, mask=rk < k_hi, other=0.0), rstd1,
-                                 tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0))
+                    x = _add_rms(
+                        x,
+                        tl.load(r_row + rk, mask=rk < k_hi, other=0.0),
+                        rstd1,
+                        tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0),
+                    )
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         acc1 = tl.sum(acc2, axis=1)
         if not SPLIT:
@@ -152,8 +180,10 @@ def _linear_kernel(
             for k in range(0, K, BLOCK_K):
                 rk = k + rk0
                 msk = m_ok[:, None] & (rk < K)[None, :]
-                s = (tl.load(x_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
-                     + tl.load(r_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)).to(x_ptr.dtype.element_ty)
+                s = (
+                    tl.load(x_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
+                    + tl.load(r_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
+                ).to(x_ptr.dtype.element_ty)
                 tl.store(s_rows + rk[None, :], s, mask=msk & writer)
                 sf = s.to(tl.float32)
                 ss += sf * sf
@@ -167,8 +197,12 @@ def _linear_kernel(
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None], other=0.0))
                 if NORM:
-                    x = _add_rms(x, tl.load(r_rows + rk[None, :], mask=m_ok[:, None], other=0.0), rstd,
-                                 tl.load(nw_ptr + rk)[None, :])
+                    x = _add_rms(
+                        x,
+                        tl.load(r_rows + rk[None, :], mask=m_ok[:, None], other=0.0),
+                        rstd,
+                        tl.load(nw_ptr + rk)[None, :],
+                    )
             else:
                 k_ok = (rk < k_hi)[None, :]
                 x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
@@ -176,8 +210,12 @@ def _linear_kernel(
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0))
                 if NORM:
-                    x = _add_rms(x, tl.load(r_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0), rstd,
-                                 tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
+                    x = _add_rms(
+                        x,
+                        tl.load(r_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0),
+                        rstd,
+                        tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0),
+                    )
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
@@ -261,11 +299,33 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bo
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     _linear_kernel[grid](
-        x, weight, out, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split, k if swiglu else 0,
-        r, nw, summed, r.stride(0), summed.stride(0), eps,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split_k > 1, EVEN_K=even_k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SWIGLU=swiglu, NORM=norm is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        x,
+        weight,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        k_per_split,
+        k if swiglu else 0,
+        r,
+        nw,
+        summed,
+        r.stride(0),
+        summed.stride(0),
+        eps,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT=cfg.split_k > 1,
+        EVEN_K=even_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SWIGLU=swiglu,
+        NORM=norm is not None,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if cfg.split_k > 1:
         block = 1024
@@ -289,7 +349,11 @@ def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: Skin
 
 
 def add_rms_norm_linear_with_config(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
     cfg: SkinnyConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) * norm_weight @ W^T, x + residual) in one launch (+ the split-K
@@ -351,8 +415,14 @@ def add_rms_norm_linear(
     n, k = weight.shape
     m = x.numel() // k if k else 0
     cfg = add_rms_norm_linear_config(m, n, k, tuning.tables_for(x.device)) if m else None
-    if (cfg is None or not _plain(weight) or x.shape != residual.shape or x.shape[-1] != k
-            or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1 or norm_weight.stride(-1) != 1):
+    if (
+        cfg is None
+        or not _plain(weight)
+        or x.shape != residual.shape
+        or x.shape[-1] != k
+        or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1
+        or norm_weight.stride(-1) != 1
+    ):
         normed, summed = add_rms_norm(x, residual, norm_weight, eps)
         return linear(normed, weight), summed
     y, summed = add_rms_norm_linear_with_config(_as_rows(x), _as_rows(residual), norm_weight, eps, weight, cfg)

@@ -1,4 +1,5 @@
 """RMSNorm and fused residual-add + RMSNorm."""
+
 from __future__ import annotations
 
 import torch
@@ -24,11 +25,22 @@ def add_rms_norm_ref(
 # --- Triton ---------------------------------------------------------------------------------
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
+
 @jit
 def _rms_norm_kernel(
-    x_ptr, r_ptr, w_ptr, out_ptr, sum_ptr,
-    stride_x, stride_r, stride_o, stride_s, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    out_ptr,
+    sum_ptr,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    n_cols,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -60,9 +72,20 @@ def _norm_launch(x2, r2, weight, out, summed, eps: float) -> None:
     num_warps = 4 if block <= 1024 else (8 if block <= 4096 else 16)
     has_res = r2 is not None
     _rms_norm_kernel[(rows,)](
-        x2, r2 if has_res else x2, weight, out, summed if has_res else out,
-        x2.stride(0), r2.stride(0) if has_res else 0, out.stride(0), summed.stride(0) if has_res else 0,
-        cols, eps, HAS_RESIDUAL=has_res, BLOCK=block, num_warps=num_warps,
+        x2,
+        r2 if has_res else x2,
+        weight,
+        out,
+        summed if has_res else out,
+        x2.stride(0),
+        r2.stride(0) if has_res else 0,
+        out.stride(0),
+        summed.stride(0) if has_res else 0,
+        cols,
+        eps,
+        HAS_RESIDUAL=has_res,
+        BLOCK=block,
+        num_warps=num_warps,
     )
 
 

@@ -1,4 +1,5 @@
 """QK-norm + rotary embedding + paged KV store."""
+
 from __future__ import annotations
 
 import torch
@@ -64,10 +65,9 @@ def qk_norm_rope_store_ref(
 # --- Triton ---------------------------------------------------------------------------------
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
+
 @jit
-def _norm_rope_heads(
-    row_ptr, stride_h, heads, hmask, w_ptr, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr
-):
+def _norm_rope_heads(row_ptr, stride_h, heads, hmask, w_ptr, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr):
     """RMSNorm + rotate-half RoPE of [HEADS, D] rows; rounds where the reference rounds."""
     d = tl.arange(0, D)
     partner = (d + D // 2) % D
@@ -87,10 +87,37 @@ def _norm_rope_heads(
 
 @jit
 def _qk_norm_rope_store_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, slot_ptr, qw_ptr, kw_ptr, cs_ptr, kc_ptr, vc_ptr, qo_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cs,
-    stride_kcb, stride_kco, stride_kch, stride_vcb, stride_vco, stride_vch, block_size, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, HB: tl.constexpr, HAS_Q: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    slot_ptr,
+    qw_ptr,
+    kw_ptr,
+    cs_ptr,
+    kc_ptr,
+    vc_ptr,
+    qo_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cs,
+    stride_kcb,
+    stride_kco,
+    stride_kch,
+    stride_vcb,
+    stride_vco,
+    stride_vch,
+    block_size,
+    eps,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    D: tl.constexpr,
+    HB: tl.constexpr,
+    HAS_Q: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
@@ -154,11 +181,37 @@ def qk_norm_rope_store(
     for t in (q_, k, v):
         assert t.stride(-1) == 1, "q/k/v need a unit-stride head_dim"
     _qk_norm_rope_store_kernel[grid](
-        q_, k, v, positions, slot_mapping, qw, k_norm_weight, cos_sin, k_cache, v_cache,
+        q_,
+        k,
+        v,
+        positions,
+        slot_mapping,
+        qw,
+        k_norm_weight,
+        cos_sin,
+        k_cache,
+        v_cache,
         q_out if q_out is not None else k_cache,
-        q_.stride(0), q_.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin.stride(0),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_cache.shape[1], eps,
-        HQ=num_q_heads, HKV=num_kv_heads, D=head_dim, HB=hb, HAS_Q=q is not None, num_warps=4,
+        q_.stride(0),
+        q_.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos_sin.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        k_cache.shape[1],
+        eps,
+        HQ=num_q_heads,
+        HKV=num_kv_heads,
+        D=head_dim,
+        HB=hb,
+        HAS_Q=q is not None,
+        num_warps=4,
     )
     return q_out

@@ -1,4 +1,5 @@
 """Greedy argmax and prefix acceptance."""
+
 from __future__ import annotations
 
 import torch
@@ -81,9 +82,7 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 @jit
-def _accept_prefix_kernel(
-    d_ptr, t_ptr, lim_ptr, out_ptr, stride_d, stride_t, k, BLOCK_K: tl.constexpr
-):
+def _accept_prefix_kernel(d_ptr, t_ptr, lim_ptr, out_ptr, stride_d, stride_t, k, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_K)
     lim = tl.load(lim_ptr + row)
@@ -102,7 +101,14 @@ def accept_prefix(drafts: torch.Tensor, targets: torch.Tensor, limits: torch.Ten
     if n_rows == 0:
         return out
     _accept_prefix_kernel[(n_rows,)](
-        drafts, targets, limits, out, drafts.stride(0), targets.stride(0), k,
-        BLOCK_K=max(2, next_pow2(k)), num_warps=1,
+        drafts,
+        targets,
+        limits,
+        out,
+        drafts.stride(0),
+        targets.stride(0),
+        k,
+        BLOCK_K=max(2, next_pow2(k)),
+        num_warps=1,
     )
     return out

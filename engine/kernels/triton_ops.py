@@ -1,5 +1,6 @@
 """The triton backend: every `Ops` field backed by a Triton kernel (GEMMs above the skinny-M
 crossover go to cuBLAS). Imported only when the triton backend is asked for."""
+
 from __future__ import annotations
 
 from functools import partial

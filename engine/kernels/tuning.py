@@ -23,6 +23,7 @@ prologue runs only where a sweep measured it faster). A section missing from a f
 malformed entry is dropped with a warning (so its bucket falls back to cuBLAS / the unfused pair),
 a malformed file is ignored with a warning: bad tuning data costs speed, never results.
 """
+
 from __future__ import annotations
 
 import json
@@ -181,8 +182,7 @@ def to_json(t: TunedTables, device_name: str, note: str = "") -> dict:
         return {
             "m_max": m_max,
             "configs": {
-                f"{n}x{k}": {str(b): list(cfg) for b, cfg in sorted(per_m.items())}
-                for (n, k), per_m in table.items()
+                f"{n}x{k}": {str(b): list(cfg) for b, cfg in sorted(per_m.items())} for (n, k), per_m in table.items()
             },
         }
 
