@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -15,18 +12,20 @@ from engine.config import EngineConfig, SamplingParams
 from engine.hedge import effective_positions
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
-from engine.kv_cache import BlockManager, kv_bytes_per_block
+from engine.kv_cache import BlockManager
 from engine.levers import Levers, check_lever_values, resolve_levers
 from engine.loader import open_checkpoint
+from engine.memory import plan_kv_blocks
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3 import Qwen3ForCausalLM
-from engine.request import Finish, Request
+from engine.request import Finish, Request, RequestOutput
 from engine.runner import ModelRunner
 from engine.sampler import sample_rows
 from engine.scheduler import Plan, Scheduler
 from engine.scratch import ScratchKV, chain_blocks
 from engine.timing import PhaseTimer
+from engine.tokenizing import encode_prompt, eos_ids, load_tokenizer
 from engine.trace import enable_trace
 from engine.verify import SpecStats, Speculator
 
@@ -36,18 +35,6 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_MODEL_LEN = 4096
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    error: str | None = None
-    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer)
 
 
 def _device(config: EngineConfig) -> torch.device:
@@ -107,8 +94,8 @@ class Engine:
                     self.levers.max_drafts,
                     self.draft_cfg.drafts_per_round,
                 )
-        self.tokenizer = _load_tokenizer(target.directory)
-        self.eos_ids = _eos_ids(self.target_cfg, target.directory, self.tokenizer)
+        self.tokenizer = load_tokenizer(target.directory)
+        self.eos_ids = eos_ids(self.target_cfg, target.directory, self.tokenizer)
 
         self.headroom = self.draft_cfg.block_size if self.draft_cfg else 0
         limits = [self.target_cfg.geometry.max_position_embeddings]
@@ -127,7 +114,8 @@ class Engine:
         # runs out of KV: one set per chain a round can verify.
         chains = self._hedge_chain_slots()
         per_chain = chain_blocks(1 + self.drafts_per_round, bs)
-        num_blocks = self._num_kv_blocks(max_blocks_per_seq, chains * per_chain)
+        geometries = [self.target_cfg.geometry] + ([self.draft_cfg.geometry] if self.draft_cfg else [])
+        num_blocks = plan_kv_blocks(config, geometries, self.dtype, self.device, max_blocks_per_seq, chains * per_chain)
         pool = num_blocks - chains * per_chain
         self.blocks = BlockManager(pool, bs)
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
@@ -184,7 +172,7 @@ class Engine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> str:
         """Queue a request; a request the engine cannot serve finishes at once as `rejected`."""
         params = params or SamplingParams()
-        ids, error = self._encode(prompt)
+        ids, error = encode_prompt(self.tokenizer, prompt)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         req = Request(self._next_index, ids, params, frozenset(stop))
         self._next_index += 1
@@ -249,7 +237,7 @@ class Engine:
             if self.timer:
                 self.timer.finish(plan.value, len(reqs))
             touched += reqs
-        outputs = [self._output(r) for r in touched]
+        outputs = [r.output(self.tokenizer) for r in touched]
         for r in touched:
             if r.finished:
                 self.scheduler.release(r)
@@ -326,16 +314,6 @@ class Engine:
         return sample_rows(logits, greedy, params, gens)
 
     # -- admission -----------------------------------------------------------------------------------
-    def _encode(self, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                return [], "text prompt but the model has no tokenizer; pass token ids"
-            return list(self.tokenizer.encode(prompt, add_special_tokens=False)), None
-        try:
-            return [int(t) for t in prompt], None
-        except (TypeError, ValueError):
-            return [], f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"
-
     def _admission_error(self, req: Request) -> str | None:
         n, budget, vocab = len(req.prompt_ids), req.params.max_tokens, self.target_cfg.geometry.vocab_size
         if n == 0:
@@ -367,73 +345,3 @@ class Engine:
         return min(lv.hedge, self.config.max_num_seqs) * len(
             effective_positions(lv.hedge_positions, self.drafts_per_round)
         )
-
-    def _num_kv_blocks(self, max_blocks_per_seq: int, scratch: int) -> int:
-        """Total KV blocks, hedge scratch included (the pool is the total minus the scratch)."""
-        if self.config.num_kv_blocks is not None:
-            if self.config.num_kv_blocks - scratch < 2:
-                raise ValueError(
-                    f"EngineConfig.num_kv_blocks={self.config.num_kv_blocks} leaves no KV pool after "
-                    f"{scratch} hedge scratch blocks"
-                )
-            return self.config.num_kv_blocks
-        want = self.config.max_num_seqs * max_blocks_per_seq + 1 + scratch
-        g = self.target_cfg.geometry
-        per_block = kv_bytes_per_block(g.num_layers, self.config.kv_block_size, g.num_kv_heads, g.head_dim, self.dtype)
-        if self.draft_cfg:
-            d = self.draft_cfg.geometry
-            per_block += kv_bytes_per_block(
-                d.num_layers, self.config.kv_block_size, d.num_kv_heads, d.head_dim, self.dtype
-            )
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            reserve = 4 << 30  # activations, logits and graph pools
-            budget = int(total * self.config.gpu_memory_utilization) - (total - free) - reserve
-        else:
-            budget = 8 << 30
-        fits = max(2 + scratch, budget // per_block)
-        if fits < want:
-            log.warning("KV cache limited to %d blocks (wanted %d) by the memory budget", fits, want)
-        return int(min(want, fits))
-
-    def _output(self, r: Request) -> RequestOutput:
-        new = r.output_ids[r.streamed :]
-        r.streamed = len(r.output_ids)
-        text = ""
-        if r.finished and self.tokenizer is not None and r.output_ids:
-            text = self.tokenizer.decode(r.output_ids, skip_special_tokens=True)
-        return RequestOutput(
-            r.id,
-            r.prompt_ids,
-            list(r.output_ids),
-            new,
-            r.finished,
-            r.finish_reason.value if r.finish_reason else None,
-            r.error,
-            text,
-        )
-
-
-def _load_tokenizer(directory: Path | None):
-    if directory is None or not any(
-        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
-    ):
-        return None
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(directory))
-    except Exception as err:  # a checkpoint without a usable tokenizer still serves token ids
-        log.warning("%s: tokenizer not loadable (%s); token-id prompts only", directory, err)
-        return None
-
-
-def _eos_ids(cfg: Qwen3Config, directory: Path | None, tokenizer) -> tuple[int, ...]:
-    ids = set(cfg.eos_token_ids)
-    gen = directory / "generation_config.json" if directory else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return tuple(sorted(int(i) for i in ids))

@@ -10,6 +10,18 @@ import torch
 from engine.config import SamplingParams
 
 
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer)
+
+
 class Status(Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -81,3 +93,15 @@ class Request:
         self.draft_ready = False
         self.ctx_pending = []
         self.draft_kv_len = 0
+
+    def output(self, tokenizer) -> RequestOutput:
+        """The public view; new_token_ids are those since the previous call."""
+        new = self.output_ids[self.streamed :]
+        self.streamed = len(self.output_ids)
+        text = ""
+        if self.finished and tokenizer is not None and self.output_ids:
+            text = tokenizer.decode(self.output_ids, skip_special_tokens=True)
+        reason = self.finish_reason.value if self.finish_reason else None
+        return RequestOutput(
+            self.id, self.prompt_ids, list(self.output_ids), new, self.finished, reason, self.error, text
+        )
