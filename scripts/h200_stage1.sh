@@ -1,24 +1,10 @@
 #!/usr/bin/env bash
 # H200 stage 1: build the tiny fixture pair on the GPU, run the GPU tests (kernels, engine) and the
 # gates on the new pair, and the kernel micro-benchmark. Results under $OUT (logs.tgz, tiny.tar).
-set -uo pipefail
-OUT=${OUT:-out}
-LOG=$OUT/logs
-mkdir -p "$LOG"
-export PYTHONUNBUFFERED=1
-stage() {  # stage NAME SECONDS CMD...: run with a time cap, log, never abort the script
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS rc
-  timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$LOG/stages.txt"
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-  git rev-parse --short HEAD 2>/dev/null; date -u; } >"$LOG/env.txt" 2>&1
+source "$(dirname "$0")/h200_common.sh"
 
 stage fixture-tiny 270 python3 -m engine.fixture build --recipe tiny --device cuda --out /tmp/tiny --tar "$OUT/tiny.tar"
-stage kernel-tests 80 python3 -m pytest tests/test_kernels.py -q -rs -p no:cacheprovider
+stage kernel-tests 80 python3 -m pytest tests/test_kernels*.py -q -rs -p no:cacheprovider
 stage engine-gpu-tests 70 python3 -m pytest tests/test_engine_gpu.py -q -rs -p no:cacheprovider
 if [ -f /tmp/tiny/target/config.json ]; then
   rm -rf engine/fixture/data/tiny && cp -r /tmp/tiny engine/fixture/data/tiny

@@ -1,19 +1,7 @@
 #!/usr/bin/env bash
 # H200 stage 3: build the small fixture pair, then the lever sweep on it (closed loop, arms interleaved
 # round by round, paired noise floor). Results under $OUT.
-set -uo pipefail
-OUT=${OUT:-out}
-LOG=$OUT/logs
-mkdir -p "$LOG"
-export PYTHONUNBUFFERED=1
-stage() {  # stage NAME SECONDS CMD...: run with a time cap, log, never abort the script
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS rc
-  timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$LOG/stages.txt"
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u; echo "commit ${PEGASPEC_COMMIT:-?}"; } >"$LOG/env.txt" 2>&1
+source "$(dirname "$0")/h200_common.sh"
 
 stage fixture-small 300 python3 -m engine.fixture build --recipe small --device cuda --out /tmp/small
 cp /tmp/small/manifest.json "$LOG/small-manifest.json" 2>/dev/null

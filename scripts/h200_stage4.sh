@@ -1,23 +1,10 @@
 #!/usr/bin/env bash
 # H200 stage 4: the GPU tests of the fused kernels and the engine, the kernel sweep that installs the
 # tuned table (only when the kernel tests pass), then the decode bench on that table. Results under $OUT.
-set -uo pipefail
-OUT=${OUT:-out}
-LOG=$OUT/logs
-mkdir -p "$LOG"
-export PYTHONUNBUFFERED=1
-stage() {  # stage NAME SECONDS CMD...: run with a time cap, log, never abort the script
-  local name=$1 secs=$2; shift 2
-  local t0=$SECONDS rc
-  timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$LOG/stages.txt"
-  return $rc
-}
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u; echo "commit ${PEGASPEC_COMMIT:-?}"; } >"$LOG/env.txt" 2>&1
+source "$(dirname "$0")/h200_common.sh"
 
 write=""
-stage gpu-tests 100 python3 -m pytest tests/test_kernels.py tests/test_engine_gpu.py tests/test_hedge_gpu.py -q -rs -n 6 -p no:cacheprovider && write=--write-tuned
+stage gpu-tests 100 python3 -m pytest tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py -q -rs -n 6 -p no:cacheprovider && write=--write-tuned
 stage kernels-bench 90 python3 -m engine.bench.kernels --out "$LOG/kernels-bench" --skip invariant,attention --budget-s 60 $write
 stage decode-bench 110 python3 -m engine.bench decode --out "$LOG/decode" --peer-concurrency 1 64 --peer-repeats 1
 cp engine/kernels/tuned/nvidia-h200.json "$LOG/nvidia-h200.json" 2>/dev/null
