@@ -28,7 +28,17 @@ pytest.importorskip("triton", reason="triton is not installed: the triton backen
 
 import numpy as np  # noqa: E402
 
-from engine.kernels import activation, attention, get_ops, linear, norm, rope, sampling, tuning  # noqa: E402
+from engine.kernels import (  # noqa: E402
+    activation,
+    attention,
+    fused_linear,
+    get_ops,
+    linear,
+    norm,
+    rope,
+    sampling,
+    tuning,
+)
 from engine.kernels.tuning import SkinnyConfig, TunedTables  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
@@ -461,7 +471,7 @@ def test_silu_mul_linear(dtype, m, n, inter, cfg):
     torch.manual_seed(18)
     x, w = randn(m, 2 * inter, dtype=dtype, scale=2.0), randn(n, inter, dtype=dtype, scale=0.1)
     cfg = cfg or linear.default_skinny_config(m, n, inter)
-    out = linear.silu_mul_linear_with_config(x, w, cfg)
+    out = fused_linear.silu_mul_linear_with_config(x, w, cfg)
     assert out.shape == (m, n) and out.dtype == dtype
     assert rel_err(out, fused_ref(x, w)) < TOL[dtype]
     unfused = linear.linear_with_config(activation.silu_and_mul(x), w, cfg)
@@ -476,14 +486,14 @@ def test_silu_mul_linear_dispatch(monkeypatch):
     n, inter = 40, 96
     w = randn(n, inter, scale=0.1)
     calls = []
-    real_fused = linear.silu_mul_linear_with_config
+    real_fused = fused_linear.silu_mul_linear_with_config
     spy = lambda x, w, cfg: calls.append(cfg) or real_fused(x, w, cfg)
-    monkeypatch.setattr(linear, "silu_mul_linear_with_config", spy)
+    monkeypatch.setattr(fused_linear, "silu_mul_linear_with_config", spy)
 
     def check(shape, fused_cfg):
         calls.clear()
         x = randn(*shape[:-1], 2 * inter, scale=2.0)
-        out = linear.silu_mul_linear(x, w)
+        out = fused_linear.silu_mul_linear(x, w)
         assert out.shape == (*shape[:-1], n)
         assert calls == ([fused_cfg] if fused_cfg else []), (shape, calls)
         if x.numel():
@@ -507,7 +517,7 @@ def test_silu_mul_linear_dispatch(monkeypatch):
     check((2, inter), None)
     check((7, inter), fused[8])
     check((9, inter), None)
-    assert linear.silu_mul_linear_config(1, n, inter, TunedTables("t", fused_m_max=0)) is None
+    assert fused_linear.silu_mul_linear_config(1, n, inter, TunedTables("t", fused_m_max=0)) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -515,11 +525,11 @@ def test_silu_mul_linear_batch_invariant(row_invariant_dot, dtype):
     torch.manual_seed(20)
     n, inter = 80, 200
     x, w = randn(64, 2 * inter, dtype=dtype, scale=2.0), randn(n, inter, dtype=dtype, scale=0.1)
-    full = linear.silu_mul_linear_batch_invariant(x, w)
+    full = fused_linear.silu_mul_linear_batch_invariant(x, w)
     assert rel_err(full, fused_ref(x, w)) < TOL[dtype]
     for rows in (1, 3, 16):
-        assert torch.equal(linear.silu_mul_linear_batch_invariant(x[:rows], w), full[:rows]), rows
-    assert torch.equal(linear.silu_mul_linear_batch_invariant(x[9:10], w), full[9:10])
+        assert torch.equal(fused_linear.silu_mul_linear_batch_invariant(x[:rows], w), full[:rows]), rows
+    assert torch.equal(fused_linear.silu_mul_linear_batch_invariant(x[9:10], w), full[9:10])
 
 
 def test_ops_silu_mul_linear():
@@ -529,7 +539,7 @@ def test_ops_silu_mul_linear():
     for inv in (False, True):
         ops = get_ops("torch", batch_invariant=inv)
         assert torch.equal(ops.silu_mul_linear(x, w), ops.linear(ops.silu_and_mul(x), w))
-    assert get_ops("torch").silu_mul_linear is linear.silu_mul_linear_ref
+    assert get_ops("torch").silu_mul_linear is fused_linear.silu_mul_linear_ref
 
 
 # --- fused residual add + RMSNorm + projection ------------------------------------------------------
@@ -557,7 +567,7 @@ def test_add_rms_norm_linear(dtype, m, n, k, cfg):
     x, r = randn(m, k, dtype=dtype, scale=2.0), randn(m, k, dtype=dtype)
     nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
     cfg = cfg or linear.default_skinny_config(m, n, k)
-    y, summed = linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+    y, summed = fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
     ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
     assert y.shape == (m, n) and y.dtype == dtype and summed.shape == (m, k)
     assert torch.equal(summed, ref_sum), "the residual sum is elementwise: it must match exactly"
@@ -574,14 +584,14 @@ def test_add_rms_norm_linear_dispatch(monkeypatch):
     n, k = 40, 96
     w, nw = randn(n, k, scale=0.1), randn(k)
     calls = []
-    real = linear.add_rms_norm_linear_with_config
+    real = fused_linear.add_rms_norm_linear_with_config
     spy = lambda x, r, nw, eps, w, cfg: calls.append(cfg) or real(x, r, nw, eps, w, cfg)
-    monkeypatch.setattr(linear, "add_rms_norm_linear_with_config", spy)
+    monkeypatch.setattr(fused_linear, "add_rms_norm_linear_with_config", spy)
 
     def check(shape, want_cfg):
         calls.clear()
         x, r = randn(*shape), randn(*shape)
-        y, summed = linear.add_rms_norm_linear(x, r, nw, 1e-5, w)
+        y, summed = fused_linear.add_rms_norm_linear(x, r, nw, 1e-5, w)
         assert y.shape == (*shape[:-1], n) and summed.shape == x.shape
         assert calls == ([want_cfg] if want_cfg else []), (shape, calls)
         if x.numel():
@@ -610,11 +620,13 @@ def test_add_rms_norm_linear_batch_invariant(row_invariant_dot, dtype):
     n, k = 80, 200
     x, r = randn(64, k, dtype=dtype, scale=2.0), randn(64, k, dtype=dtype)
     nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
-    full, summed = linear.add_rms_norm_linear_batch_invariant(x, r, nw, 1e-6, w)
+    full, summed = fused_linear.add_rms_norm_linear_batch_invariant(x, r, nw, 1e-6, w)
     ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
     assert torch.equal(summed, ref_sum) and rel_err(full, ref) < TOL[dtype]
     for rows in (1, 3, 16):
-        assert torch.equal(linear.add_rms_norm_linear_batch_invariant(x[:rows], r[:rows], nw, 1e-6, w)[0], full[:rows])
+        assert torch.equal(
+            fused_linear.add_rms_norm_linear_batch_invariant(x[:rows], r[:rows], nw, 1e-6, w)[0], full[:rows]
+        )
 
 
 def test_ops_add_rms_norm_linear():
@@ -626,7 +638,7 @@ def test_ops_add_rms_norm_linear():
         normed, summed = ops.add_rms_norm(x, r, nw, 1e-6)
         y, summed2 = ops.add_rms_norm_linear(x, r, nw, 1e-6, w)
         assert torch.equal(y, ops.linear(normed, w)) and torch.equal(summed, summed2)
-    assert get_ops("torch").add_rms_norm_linear is linear.add_rms_norm_linear_ref
+    assert get_ops("torch").add_rms_norm_linear is fused_linear.add_rms_norm_linear_ref
 
 
 # --- activation, sampling -----------------------------------------------------------------------
@@ -674,8 +686,10 @@ def test_triton_ops_fields():
         ops = get_ops("triton", batch_invariant=inv)
         assert ops.name == "triton"
         assert ops.linear is (linear.linear_batch_invariant if inv else linear.linear)
-        assert ops.silu_mul_linear is (linear.silu_mul_linear_batch_invariant if inv else linear.silu_mul_linear)
-        want = linear.add_rms_norm_linear_batch_invariant if inv else linear.add_rms_norm_linear
+        assert ops.silu_mul_linear is (
+            fused_linear.silu_mul_linear_batch_invariant if inv else fused_linear.silu_mul_linear
+        )
+        want = fused_linear.add_rms_norm_linear_batch_invariant if inv else fused_linear.add_rms_norm_linear
         assert ops.add_rms_norm_linear is want
         assert ops.paged_attention.keywords == {"batch_invariant": inv}
         assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
@@ -730,11 +744,11 @@ def test_gpu_tuned_table():
                 for m in sorted({bucket // 2 + 1, bucket}) if cfg.block_m != 1 else [1]:
                     if op == "silu_mul":
                         x = randn(m, 2 * k, dtype=bf, scale=2.0)
-                        out, ref = linear.silu_mul_linear_with_config(x, w, cfg), fused_ref(x, w)
+                        out, ref = fused_linear.silu_mul_linear_with_config(x, w, cfg), fused_ref(x, w)
                     elif op == "norm":
                         x, r, nw = randn(m, k, dtype=bf), randn(m, k, dtype=bf), randn(k, dtype=bf)
                         (out, summed), (ref, ref_sum) = (
-                            linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg),
+                            fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg),
                             norm_linear_ref(x, r, nw, 1e-6, w),
                         )
                         assert torch.equal(summed, ref_sum), (op, n, k, m, cfg)
@@ -757,10 +771,10 @@ def test_gpu_silu_mul_linear_4b():
     for m in (1, 2, 3, 4, 8, 16, 32, 64):
         x = randn(m, 2 * inter, dtype=bf, scale=2.0)
         ref = fused_ref(x, w)
-        out = linear.silu_mul_linear(x, w)
+        out = fused_linear.silu_mul_linear(x, w)
         assert rel_err(out, ref) < TOL[bf], m
-        cfg = linear.silu_mul_linear_config(m, n, inter, t) or linear.default_skinny_config(m, n, inter)
-        fused = linear.silu_mul_linear_with_config(x, w, cfg)
+        cfg = fused_linear.silu_mul_linear_config(m, n, inter, t) or linear.default_skinny_config(m, n, inter)
+        fused = fused_linear.silu_mul_linear_with_config(x, w, cfg)
         assert rel_err(fused, ref) < TOL[bf], (m, cfg)
         assert rel_err(fused, linear.linear_with_config(activation.silu_and_mul(x), w, cfg)) < TOL[bf] / 4, (m, cfg)
     for m in (1, 4):
@@ -768,11 +782,11 @@ def test_gpu_silu_mul_linear_4b():
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            linear.silu_mul_linear(x, w)  # compile + load the tables outside the capture
+            fused_linear.silu_mul_linear(x, w)  # compile + load the tables outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = linear.silu_mul_linear(x, w)
+            out = fused_linear.silu_mul_linear(x, w)
         for _ in range(2):
             x.copy_(randn(m, 2 * inter, dtype=bf, scale=2.0))
             graph.replay()
@@ -793,15 +807,15 @@ def test_gpu_add_rms_norm_linear_4b(n):
     for m in (1, 2, 3, 4, 8, 16):
         x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
         ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
-        cfg = linear.add_rms_norm_linear_config(m, n, k, t) or linear.default_skinny_config(m, n, k)
-        y, summed = linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+        cfg = fused_linear.add_rms_norm_linear_config(m, n, k, t) or linear.default_skinny_config(m, n, k)
+        y, summed = fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
         assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], (m, cfg)
-        y, summed = linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
+        y, summed = fused_linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
         assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], m
     for m in (1, 4):
         x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
         cfg = linear.default_skinny_config(m, n, k)
-        run = lambda x=x, r=r, cfg=cfg: linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
+        run = lambda x=x, r=r, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import activation, attention, linear, norm, tuning
+from engine.kernels import activation, attention, fused_linear, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
@@ -365,7 +365,7 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             dict.fromkeys(
                 top
                 + [SkinnyConfig(*c) for c in wide[: 1 if args.quick else 3]]
-                + [linear.silu_mul_linear_config(m, n, inter, current)]
+                + [fused_linear.silu_mul_linear_config(m, n, inter, current)]
             )
         )
         results = []
@@ -374,7 +374,7 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             if us is not None:
                 results.append((name, cfg, us))
         for cfg in (c for c in cands if c is not None):
-            fn = lambda i, x=x, cfg=cfg, ws=ws: linear.silu_mul_linear_with_config(x, ws[i], cfg)
+            fn = lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)
             us = time_candidate(timer, fn, ref, copies, est, f"fused N={n} I={inter} M={m} {tuple(cfg)}")
             if us is not None:
                 results.append(("fused", cfg, us))
@@ -461,14 +461,14 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                         ),
                     )
                 )
-            cands = list(dict.fromkeys(top + [linear.add_rms_norm_linear_config(m, n, k, current)]))
+            cands = list(dict.fromkeys(top + [fused_linear.add_rms_norm_linear_config(m, n, k, current)]))
             results = []
             for name, cfg, fn in unfused:
                 us = time_candidate(timer, fn, ref, copies, est, f"{name} N={n} K={k} M={m}")
                 if us is not None:
                     results.append((name, cfg, us))
             for cfg in (c for c in cands if c is not None):
-                fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: linear.add_rms_norm_linear_with_config(
+                fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(
                     x, r, nw, 1e-6, ws[i], cfg
                 )[0]
                 us = time_candidate(timer, fn, ref, copies, est, f"norm-fused N={n} K={k} M={m} {tuple(cfg)}")

@@ -8,14 +8,13 @@ from functools import partial
 
 from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.attention import paged_attention_ref
-from engine.kernels.linear import (
+from engine.kernels.fused_linear import (
     add_rms_norm_linear_batch_invariant_ref,
     add_rms_norm_linear_ref,
-    linear_batch_invariant_ref,
-    linear_ref,
     silu_mul_linear_batch_invariant_ref,
     silu_mul_linear_ref,
 )
+from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
 from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from engine.kernels.rope import qk_norm_rope_store_ref
 from engine.kernels.sampling import accept_prefix_ref, argmax_ref

@@ -1,4 +1,8 @@
-"""Dense projections y = x @ W^T (weights stored [N, K] as in HF checkpoints)."""
+"""Dense projections y = x @ W^T (weights stored [N, K] as in HF checkpoints).
+
+The one Triton GEMM here also runs the fused projections of fused_linear.py: its SWIGLU and NORM
+prologues (and their jit helpers) stay in this module because the lazy triton binding resolves a
+kernel's helpers in the kernel's own module."""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import torch.nn.functional as F
 
 from engine.kernels import tuning
 from engine.kernels._triton import cdiv, jit, next_pow2
-from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
-from engine.kernels.norm import add_rms_norm, add_rms_norm_ref
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
@@ -21,31 +23,6 @@ def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.T
     if x.shape[0] == 0:
         return x.new_empty(0, weight.shape[0])
     return torch.cat([F.linear(x[i : i + 1], weight) for i in range(x.shape[0])])
-
-
-def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate) * up): x [.., 2I] = [gate | up], weight [N, I]."""
-    return linear_ref(silu_and_mul_ref(x), weight)
-
-
-def silu_mul_linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return linear_batch_invariant_ref(silu_and_mul_ref(x), weight)
-
-
-def add_rms_norm_linear_ref(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(linear(rms_norm(x + residual)), x + residual): a residual add + RMSNorm and the projection
-    that consumes the normalised rows."""
-    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
-    return linear_ref(normed, weight), summed
-
-
-def add_rms_norm_linear_batch_invariant_ref(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
-    return linear_batch_invariant_ref(normed, weight), summed
 
 
 # --- Triton ---------------------------------------------------------------------------------
@@ -248,7 +225,9 @@ def default_skinny_config(m: int, n: int, k: int) -> SkinnyConfig:
     return SkinnyConfig(block_m, block_n, block_k, split_k, 4, 3)
 
 
-def _table_config(table, m: int, n: int, k: int, m_max: int) -> SkinnyConfig | None:
+def table_config(table, m: int, n: int, k: int, m_max: int) -> SkinnyConfig | None:
+    """A tuned section's config for (m, n, k): a listed shape's M-bucket entry (None where the bucket
+    is missing), else the default heuristic up to m_max rows."""
     per_m = table.get((n, k))
     if per_m is None:
         return default_skinny_config(m, n, k) if m <= m_max else None
@@ -263,28 +242,10 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
     A tuned shape uses its per-M-bucket entry (a missing bucket: cuBLAS); an untuned shape uses
     default_skinny_config up to `tables.m_max` rows."""
     t = tables or tuning.DEFAULT
-    return _table_config(t.linear, m, n, k, t.m_max)
+    return table_config(t.linear, m, n, k, t.m_max)
 
 
-def add_rms_norm_linear_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
-    """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve:
-    only shapes and M buckets the device's table lists (`norm_m_max` is 0 unless a file sets it)."""
-    t = tables or tuning.DEFAULT
-    return _table_config(t.add_rms_norm_linear, m, n, k, t.norm_m_max)
-
-
-def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
-    """The fused SwiGLU + down config for [m, 2 inter] x [n, inter]^T, or None where the unfused
-    pair (silu_and_mul, then `linear`) serves. A shape tuned for the fused kernel uses its entries;
-    otherwise the fused kernel runs at the down projection's own skinny config, up to
-    `tables.fused_m_max` rows."""
-    t = tables or tuning.DEFAULT
-    if (n, inter) in t.silu_mul_linear:
-        return _table_config(t.silu_mul_linear, m, n, inter, 0)
-    return skinny_config(m, n, inter, t) if m <= t.fused_m_max else None
-
-
-def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
+def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue."""
     m = x.shape[0]
     n, k = weight.shape
@@ -338,33 +299,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bo
 def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return _launch(x, weight, cfg)
+    return launch(x, weight, cfg)
 
 
-def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
-    """(silu(gate) * up) @ W^T with an explicit config; x: [M, 2I] = [gate | up] unit-stride rows,
-    W: [N, I] contiguous. The [M, I] activation is never written."""
-    assert x.shape[1] == 2 * weight.shape[1], (x.shape, weight.shape)
-    return _launch(x, weight, cfg, swiglu=True)
-
-
-def add_rms_norm_linear_with_config(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    cfg: SkinnyConfig,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual) * norm_weight @ W^T, x + residual) in one launch (+ the split-K
-    reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype."""
-    assert x.shape == residual.shape and x.shape[1] == weight.shape[1] == norm_weight.shape[0], (x.shape, weight.shape)
-    assert len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) == 1 and norm_weight.stride(0) == 1
-    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return _launch(x, weight, cfg, norm=(residual, norm_weight, summed, float(eps))), summed
-
-
-def _as_rows(x: torch.Tensor) -> torch.Tensor:
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, width] with unit-stride rows (a copy only where the view cannot give that)."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
@@ -373,65 +312,27 @@ def _plain(weight: torch.Tensor) -> bool:
     return weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]
 
 
+def dispatch_config(config_for, x: torch.Tensor, weight: torch.Tensor, row_width: int) -> SkinnyConfig | None:
+    """`config_for(m, n, k, tables)` for the m rows of `row_width` in x against the [n, k] weight, with
+    the tables of x's device; None where the kernel does not serve the call (no rows, a config
+    function that says so, or a weight that is not a contiguous [n, k] matrix)."""
+    n, k = weight.shape
+    m = x.numel() // row_width if row_width else 0
+    cfg = config_for(m, n, k, tuning.tables_for(x.device)) if m else None
+    return cfg if cfg is not None and _plain(weight) else None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere."""
-    n, k = weight.shape
-    m = x.numel() // k if k else 0
-    cfg = skinny_config(m, n, k, tuning.tables_for(x.device)) if m else None
-    if cfg is None or not _plain(weight):
+    cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
+    if cfg is None:
         return F.linear(x, weight)
-    return linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
+    return linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Batch-invariant Triton GEMM: fixed tiles and K order for every M, so row i is bit-identical
     whether the call has 1 or 64 rows."""
     n = weight.shape[0]
-    y = linear_with_config(_as_rows(x), weight.contiguous(), INVARIANT_CONFIG)
+    y = linear_with_config(as_rows(x), weight.contiguous(), INVARIANT_CONFIG)
     return y.view(*x.shape[:-1], n)
-
-
-def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Triton `silu_mul_linear_ref`: the fused kernel where silu_mul_linear_config has a config
-    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS)."""
-    n, inter = weight.shape
-    m = x.numel() // (2 * inter) if inter else 0
-    cfg = silu_mul_linear_config(m, n, inter, tuning.tables_for(x.device)) if m else None
-    if cfg is None or not _plain(weight) or x.shape[-1] != 2 * inter:
-        return linear(silu_and_mul(x), weight)
-    return silu_mul_linear_with_config(_as_rows(x), weight, cfg).view(*x.shape[:-1], n)
-
-
-def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Batch-invariant mode: silu_and_mul (per row) + the fixed-tile GEMM."""
-    return linear_batch_invariant(silu_and_mul(x), weight)
-
-
-def add_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `add_rms_norm_linear_ref`: the NORM-prologue kernel where add_rms_norm_linear_config
-    has a config, else add_rms_norm + `linear`."""
-    n, k = weight.shape
-    m = x.numel() // k if k else 0
-    cfg = add_rms_norm_linear_config(m, n, k, tuning.tables_for(x.device)) if m else None
-    if (
-        cfg is None
-        or not _plain(weight)
-        or x.shape != residual.shape
-        or x.shape[-1] != k
-        or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1
-        or norm_weight.stride(-1) != 1
-    ):
-        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
-        return linear(normed, weight), summed
-    y, summed = add_rms_norm_linear_with_config(_as_rows(x), _as_rows(residual), norm_weight, eps, weight, cfg)
-    return y.view(*x.shape[:-1], n), summed.view(x.shape)
-
-
-def add_rms_norm_linear_batch_invariant(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch-invariant mode: add_rms_norm (per row) + the fixed-tile GEMM."""
-    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
-    return linear_batch_invariant(normed, weight), summed

@@ -9,14 +9,13 @@ from engine.kernels import Ops
 from engine.kernels._triton import require_triton
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
-from engine.kernels.linear import (
+from engine.kernels.fused_linear import (
     add_rms_norm_linear,
     add_rms_norm_linear_batch_invariant,
-    linear,
-    linear_batch_invariant,
     silu_mul_linear,
     silu_mul_linear_batch_invariant,
 )
+from engine.kernels.linear import linear, linear_batch_invariant
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.rope import qk_norm_rope_store
 from engine.kernels.sampling import accept_prefix, argmax

@@ -1,0 +1,137 @@
+"""Fused projections: the MLP's SwiGLU + down (`silu_mul_linear`) and a residual add + RMSNorm folded
+into the projection that consumes it (`add_rms_norm_linear`).
+
+Both run linear.py's Triton GEMM with a prologue (`SWIGLU` / `NORM`), which forms each K tile of the
+activation in registers; the kernel and its prologue helpers live in linear.py (see there why)."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import tuning
+from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from engine.kernels.linear import (
+    as_rows,
+    dispatch_config,
+    launch,
+    linear,
+    linear_batch_invariant,
+    linear_batch_invariant_ref,
+    linear_ref,
+    skinny_config,
+    table_config,
+)
+from engine.kernels.norm import add_rms_norm, add_rms_norm_ref
+from engine.kernels.tuning import SkinnyConfig, TunedTables
+
+
+def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate) * up): x [.., 2I] = [gate | up], weight [N, I]."""
+    return linear_ref(silu_and_mul_ref(x), weight)
+
+
+def silu_mul_linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return linear_batch_invariant_ref(silu_and_mul_ref(x), weight)
+
+
+def add_rms_norm_linear_ref(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(linear(rms_norm(x + residual)), x + residual): a residual add + RMSNorm and the projection
+    that consumes the normalised rows."""
+    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
+    return linear_ref(normed, weight), summed
+
+
+def add_rms_norm_linear_batch_invariant_ref(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, summed = add_rms_norm_ref(x, residual, norm_weight, eps)
+    return linear_batch_invariant_ref(normed, weight), summed
+
+
+# --- Triton ---------------------------------------------------------------------------------
+
+
+def add_rms_norm_linear_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
+    """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve:
+    only shapes and M buckets the device's table lists (`norm_m_max` is 0 unless a file sets it)."""
+    t = tables or tuning.DEFAULT
+    return table_config(t.add_rms_norm_linear, m, n, k, t.norm_m_max)
+
+
+def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
+    """The fused SwiGLU + down config for [m, 2 inter] x [n, inter]^T, or None where the unfused
+    pair (silu_and_mul, then `linear`) serves. A shape tuned for the fused kernel uses its entries;
+    otherwise the fused kernel runs at the down projection's own skinny config, up to
+    `tables.fused_m_max` rows."""
+    t = tables or tuning.DEFAULT
+    if (n, inter) in t.silu_mul_linear:
+        return table_config(t.silu_mul_linear, m, n, inter, 0)
+    return skinny_config(m, n, inter, t) if m <= t.fused_m_max else None
+
+
+def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
+    """(silu(gate) * up) @ W^T with an explicit config; x: [M, 2I] = [gate | up] unit-stride rows,
+    W: [N, I] contiguous. The [M, I] activation is never written."""
+    assert x.shape[1] == 2 * weight.shape[1], (x.shape, weight.shape)
+    return launch(x, weight, cfg, swiglu=True)
+
+
+def add_rms_norm_linear_with_config(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    cfg: SkinnyConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * norm_weight @ W^T, x + residual) in one launch (+ the split-K
+    reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype."""
+    assert x.shape == residual.shape and x.shape[1] == weight.shape[1] == norm_weight.shape[0], (x.shape, weight.shape)
+    assert len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) == 1 and norm_weight.stride(0) == 1
+    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return launch(x, weight, cfg, norm=(residual, norm_weight, summed, float(eps))), summed
+
+
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Triton `silu_mul_linear_ref`: the fused kernel where silu_mul_linear_config has a config
+    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS)."""
+    n, inter = weight.shape
+    cfg = dispatch_config(silu_mul_linear_config, x, weight, 2 * inter)
+    if cfg is None or x.shape[-1] != 2 * inter:
+        return linear(silu_and_mul(x), weight)
+    return silu_mul_linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], n)
+
+
+def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Batch-invariant mode: silu_and_mul (per row) + the fixed-tile GEMM."""
+    return linear_batch_invariant(silu_and_mul(x), weight)
+
+
+def add_rms_norm_linear(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton `add_rms_norm_linear_ref`: the NORM-prologue kernel where add_rms_norm_linear_config
+    has a config, else add_rms_norm + `linear`."""
+    n, k = weight.shape
+    cfg = dispatch_config(add_rms_norm_linear_config, x, weight, k)
+    if (
+        cfg is None
+        or x.shape != residual.shape
+        or x.shape[-1] != k
+        or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1
+        or norm_weight.stride(-1) != 1
+    ):
+        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+        return linear(normed, weight), summed
+    y, summed = add_rms_norm_linear_with_config(as_rows(x), as_rows(residual), norm_weight, eps, weight, cfg)
+    return y.view(*x.shape[:-1], n), summed.view(x.shape)
+
+
+def add_rms_norm_linear_batch_invariant(
+    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch-invariant mode: add_rms_norm (per row) + the fixed-tile GEMM."""
+    normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+    return linear_batch_invariant(normed, weight), summed
