@@ -85,6 +85,8 @@ class ModelRunner:
                 dg.num_layers, num_blocks, block_size, dg.num_kv_heads, dg.head_dim, self.dtype, self.device
             )
             self.taps = drafter.cfg.target_layer_ids
+            # A verify commits at most drafts_per_round + 1 rows, all of which join the context.
+            self.ctx_rows = drafter.cfg.drafts_per_round + 1
         # One row per request slot, a null row (all block 0) for padded rows, then one per hedge chain.
         self.block_tables = torch.zeros(
             max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
@@ -216,36 +218,63 @@ class ModelRunner:
         return drafts, chains
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
-        feats, positions, slots = [], [], []
-        for r in reqs:
+        """Pending context rows ride in the draft step, packed to `ctx_rows` per request so the
+        step keeps a static shape (unused rows write zeros to the null block); a request with more
+        pending rows (its prompt, or several gated rounds) is stored eagerly first."""
+        n, width = len(reqs), self.ctx_rows
+        spill_feats, spill_pos, spill_slots = [], [], []
+        packed, dest = [], []
+        ctx_pos, ctx_slots = [0] * (n * width), [0] * (n * width)
+        for i, r in enumerate(reqs):
             pending = sum(t.shape[0] for t in r.ctx_pending)
             if r.draft_kv_len + pending != r.num_kv:
                 raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len}+{pending} rows != {r.num_kv} committed")
-            feats += r.ctx_pending
             span = range(r.draft_kv_len, r.num_kv)
-            positions += span
-            slots += self._slots(r, span)
-        if feats:
-            self.drafter.store_context(torch.cat(feats), self._tensor(positions), self._tensor(slots), self.draft_kv)
-        for r in reqs:
+            if pending <= width:
+                packed += r.ctx_pending
+                dest += range(i * width, i * width + pending)
+                ctx_pos[i * width : i * width + pending] = span
+                ctx_slots[i * width : i * width + pending] = self._slots(r, span)
+            else:
+                spill_feats += r.ctx_pending
+                spill_pos += span
+                spill_slots += self._slots(r, span)
             r.ctx_pending = []
             r.draft_kv_len = r.num_kv
+        if spill_feats:
+            self.drafter.store_context(
+                torch.cat(spill_feats), self._tensor(spill_pos), self._tensor(spill_slots), self.draft_kv
+            )
+        ctx = torch.zeros(n, width, self.drafter.cfg.feature_size, dtype=self.dtype, device=self.device)
+        if packed:
+            ctx.view(n * width, -1).index_copy_(0, self._tensor(dest), torch.cat(packed))
         values = {
             "anchors": self._tensor([r.current_token for r in reqs]),
             "rows": self._tensor([r.slot for r in reqs]),
             "num_kv": self._tensor([r.num_kv for r in reqs]),
+            "ctx": ctx,
+            "ctx_pos": self._tensor(ctx_pos).view(n, width),
+            "ctx_slots": self._tensor(ctx_slots).view(n, width),
         }
-        pads = {"anchors": 0, "rows": self.null_row, "num_kv": 0}
+        pads = {"anchors": 0, "rows": self.null_row, "num_kv": 0, "ctx": 0, "ctx_pos": 0, "ctx_slots": 0}
         fn = partial(self._block_forward, branch=branch)
-        out = self._run(("draft", branch), fn, len(reqs), values, pads)
-        return tuple(t[: len(reqs)] for t in out)
+        out = self._run(("draft", branch), fn, n, values, pads)
+        return tuple(t[:n] for t in out)
 
     def _block_forward(
-        self, anchors: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor, branch: tuple[int, ...] = ()
+        self,
+        anchors: torch.Tensor,
+        rows: torch.Tensor,
+        num_kv: torch.Tensor,
+        ctx: torch.Tensor,
+        ctx_pos: torch.Tensor,
+        ctx_slots: torch.Tensor,
+        branch: tuple[int, ...] = (),
     ) -> tuple:
-        """Drafts [N, D] (argmax per row, or the Markov walk), plus chains [N, P, D] with branch
-        positions. Static shapes and no host reads: captured whole."""
+        """Store the packed context rows, then drafts [N, D] (argmax per row, or the Markov walk),
+        plus chains [N, P, D] with branch positions. Static shapes and no host reads: captured whole."""
         cfg = self.drafter.cfg
+        self.drafter.store_context(ctx.flatten(0, 1), ctx_pos.reshape(-1), ctx_slots.reshape(-1), self.draft_kv)
         n, b = anchors.shape[0], cfg.block_size
         ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         ids[:, 0] = anchors
