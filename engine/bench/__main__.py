@@ -1,4 +1,4 @@
-"""python -m engine.bench {sweep,profile,decode} [options]; each subcommand's --help lists its options."""
+"""python -m engine.bench {sweep,profile,decode,steps} [options]; each subcommand's --help lists its options."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ COMMANDS = {
     "sweep": "engine.bench.sweep",
     "profile": "engine.bench.profile",
     "decode": "engine.bench.decode",
+    "steps": "engine.bench.steps",
 }
 
 
@@ -19,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
             f"usage: python -m engine.bench {{{names}}} [options]\n"
             "  sweep    lever arms interleaved under closed-loop load (paired ratios, noise floor)\n"
             "  profile  verify/draft forward cost vs rows (batch x span)\n"
-            "  decode   Qwen3-4B-geometry decode vs the HF peer and the measured roofline",
+            "  decode   Qwen3-4B-geometry decode vs the HF peer and the measured roofline\n"
+            "  steps    torch.profiler over engine steps: device-busy vs wall, top kernels and host ops",
             file=sys.stderr,
         )
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -79,6 +79,14 @@ def make_engine(
     return Engine(cfg)
 
 
+def drafter_block(drafter: str | Path) -> int:
+    """The drafter's block size: the KV headroom a speculative engine needs past each sequence."""
+    from engine.loader import open_checkpoint
+    from engine.models.config import DFlashConfig
+
+    return DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
+
+
 def load_prompts(path: Path, tokenizer_dir: Path | None, max_len: int | None = None) -> list[list[int]]:
     """Token ids of a JSONL prompt set: each line {"text": ...} (encoded with the target's tokenizer,
     no special tokens) or {"ids": [...]}; max_len keeps the first max_len tokens."""

@@ -16,7 +16,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.bench.arms import Arm, parse_arms, round_order
-from engine.bench.common import add_device_args, load_prompts, make_engine, resolve_device, setup_logging
+from engine.bench.common import (
+    add_device_args,
+    drafter_block,
+    load_prompts,
+    make_engine,
+    resolve_device,
+    setup_logging,
+)
 from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
@@ -144,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _weights(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
+def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
     if args.recipe:
         if args.target or args.drafter:
             raise SystemExit("give --recipe or --target/--drafter, not both")
@@ -171,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1 or args.waves < 1 or min(args.concurrency) < 1:
         raise SystemExit("--rounds, --waves and every --concurrency must be >= 1")
     device = resolve_device(args.device)
-    target, drafter, prompt_path = _weights(args, device)
+    target, drafter, prompt_path = weights_of(args, device)
     if drafter is None and any(not a.is_plain for a in arms):
         raise SystemExit("spec arms need --drafter (or --recipe)")
     prompts = load_prompts(prompt_path, target, args.max_prompt_len)
@@ -179,12 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     max_c = max(args.concurrency)
     engines = {"plain": make_engine(target, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)}
     if drafter is not None:
-        from engine.loader import open_checkpoint
-        from engine.models.config import DFlashConfig
-
-        block = DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
         engines["spec"] = make_engine(
-            target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=block
+            target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=drafter_block(drafter)
         )
     meta = run_meta("sweep", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
