@@ -901,17 +901,18 @@ def test_gpu_attention_graph_replay(spans, causal):
 def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     """engine.bench.kernels end to end on tiny shapes under the interpreter with a fake timer: the
     sweep, the fused sweep, the report and --write-tuned (merge over the existing file)."""
+    from engine.bench import kernel_cases as cases
     from engine.bench import kernels as bench
 
     qkv, down, head = (64, 32), (32, 96), (200, 32)
-    monkeypatch.setattr(bench, "SHAPES", [qkv, down, head])
-    monkeypatch.setattr(bench, "SHAPE_NAMES", {qkv: "qkv", down: "down", head: "lm_head"})
-    monkeypatch.setattr(bench, "EXTENDED_SHAPES", {down})
-    monkeypatch.setattr(bench, "DOWN_SHAPE", down)
-    monkeypatch.setattr(bench, "NORM_SHAPES", [qkv])
-    monkeypatch.setattr(bench, "DEVICE", DEV)
-    monkeypatch.setattr(bench, "DTYPE", torch.float32)
-    monkeypatch.setattr(bench, "ROTATE_BYTES", 1)
+    monkeypatch.setattr(cases, "SHAPES", [qkv, down, head])
+    monkeypatch.setattr(cases, "SHAPE_NAMES", {qkv: "qkv", down: "down", head: "lm_head"})
+    monkeypatch.setattr(cases, "EXTENDED_SHAPES", {down})
+    monkeypatch.setattr(cases, "DOWN_SHAPE", down)
+    monkeypatch.setattr(cases, "NORM_SHAPES", [qkv])
+    monkeypatch.setattr(cases, "DEVICE", DEV)
+    monkeypatch.setattr(cases, "DTYPE", torch.float32)
+    monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
     monkeypatch.setattr(bench, "copy_bandwidth", lambda: 4200.0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")

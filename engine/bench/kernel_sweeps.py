@@ -1,0 +1,334 @@
+"""The kernel micro-benchmark's sections, each `(args, timer, peak) -> (CSV rows, Markdown)`:
+skinny-M linear vs cuBLAS, fused SwiGLU + down, add + RMSNorm in the projection's prologue, the
+batch-invariant GEMM tilings and paged attention. The linear and fused sweeps leave what the
+tuned table needs in `args.state`."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from engine.bench import kernel_cases as cases
+from engine.bench.kernel_report import linear_report, md_table
+from engine.bench.kernel_timing import Result, Timer, rel_err, time_candidate, time_paths, unfused_vs_fused
+from engine.kernels import activation, attention, fused_linear, linear, norm, tuning
+from engine.kernels.tuning import SkinnyConfig
+
+
+def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    rows, best, ranked = [], {}, {}
+    deadline = args.t0 + 0.55 * args.budget_s  # extended candidates stop here; the base set always runs
+    skipped = 0
+    for n, k in sorted(cases.SHAPES, key=lambda s: s not in cases.EXTENDED_SHAPES):  # extended shapes first
+        wbytes, copies, ws = cases.rotated_weights(n, k)
+        for m in args.ms:
+            x = torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE)
+            est = wbytes / (peak * 1e3)
+            ref = F.linear(x, ws[0])
+            results = [("cublas", None, timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est))]
+            for cfg, extended in cases.skinny_candidates(m, args.quick, (n, k)):
+                if extended and time.time() > deadline:
+                    skipped += 1
+                    continue
+                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                us = time_candidate(timer, fn, ref, copies, est, f"N={n} K={k} M={m} {tuple(cfg)}")
+                if us is not None:
+                    results.append(("triton", cfg, us))
+            for impl, cfg, us in results:
+                gbps = wbytes / (us * 1e-6) / 1e9
+                rows.append(
+                    dict(
+                        N=n,
+                        K=k,
+                        M=m,
+                        impl=impl,
+                        config="" if cfg is None else str(tuple(cfg)),
+                        us=round(us, 2),
+                        GBps=round(gbps, 1),
+                        frac=round(gbps / peak, 3),
+                    )
+                )
+            tri = sorted((r for r in results if r[0] == "triton"), key=lambda r: r[2])
+            ranked[(n, k, m)] = [(cfg, us) for _, cfg, us in tri]
+            best[(n, k, m)] = (results[0][2], tri[0] if tri else None)
+            b = best[(n, k, m)][1]
+            print(
+                f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton {b[2]:.1f} us {tuple(b[1])}"
+                if b
+                else "  (no triton config ran)",
+                flush=True,
+            )
+        del ws
+    args.state.update(linear_best=best, linear_ranked=ranked)
+    md = linear_report(best, args.ms, peak, args.state)
+    if skipped:
+        md += f"\n\n{skipped} extended candidates skipped: past {0.55 * args.budget_s:.0f} s of --budget-s."
+    return rows, md
+
+
+def fused_rows(results: list[Result], wbytes: int, peak: float, **case) -> list[dict]:
+    """CSV rows of a fused sweep's timed paths: the case columns, then impl, config, us and the
+    fraction of the copy bandwidth on the weight bytes."""
+    return [
+        dict(
+            **case,
+            impl=impl,
+            config="" if cfg is None else str(tuple(cfg)),
+            us=round(us, 2),
+            frac=round(wbytes / (us * 1e-6) / 1e9 / peak, 3),
+        )
+        for impl, cfg, us in results
+    ]
+
+
+def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    """silu_mul_linear on the down shape: the fused kernel vs silu_and_mul + the best of cuBLAS and
+    the skinny kernel (the unfused pair the engine would otherwise run)."""
+    n, inter = cases.DOWN_SHAPE
+    ranked = args.state.get("linear_ranked", {})
+    wbytes, copies, ws = cases.rotated_weights(n, inter)
+    current = tuning.tables_for(ws[0].device)  # the table the engine runs with now
+    rows, table, best = [], [], {}
+    for m in cases.fused_ms(args.ms):
+        x = torch.randn(m, 2 * inter, device=cases.DEVICE).mul_(2.0).to(cases.DTYPE)
+        ref = F.linear(activation.silu_and_mul_ref(x).float(), ws[0].float())
+        est = wbytes / (peak * 1e3)
+        top = [cfg for cfg, _ in ranked.get((n, inter, m), [])][: 2 if args.quick else 4]
+        down_cfg = top[0] if top else linear.skinny_config(m, n, inter, current)
+        unfused = [("silu_and_mul+cublas", None, lambda i, x=x, ws=ws: F.linear(activation.silu_and_mul(x), ws[i]))]
+        if down_cfg is not None:
+            fn = lambda i, x=x, ws=ws, cfg=down_cfg: linear.linear_with_config(activation.silu_and_mul(x), ws[i], cfg)
+            unfused.append(("silu_and_mul+triton", down_cfg, fn))
+        current_cfg = fused_linear.silu_mul_linear_config(m, n, inter, current)
+        cands = list(dict.fromkeys(top + cases.wide_fused_tiles(m, args.quick) + [current_cfg]))
+        paths = [(name, cfg, fn, f"{name} M={m}") for name, cfg, fn in unfused]
+        paths += [
+            (
+                "fused",
+                cfg,
+                lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg),
+                f"fused N={n} I={inter} M={m} {tuple(cfg)}",
+            )
+            for cfg in cands
+            if cfg is not None
+        ]
+        results = time_paths(timer, paths, ref, copies, est)
+        rows += fused_rows(results, wbytes, peak, N=n, I=inter, M=m)
+        base, fused = unfused_vs_fused(results)
+        best[m] = (base, fused)
+        if base and fused:
+            print(
+                f"  fused M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}",
+                flush=True,
+            )
+            frac = wbytes / (fused[2] * 1e-6) / 1e9 / peak
+            table.append(
+                [
+                    m,
+                    f"{base[2]:.1f}",
+                    base[0],
+                    f"{fused[2]:.1f}",
+                    f"{frac:.2f}",
+                    str(tuple(fused[1])),
+                    f"{base[2] / fused[2]:.2f}x",
+                    f"{cases.LAYERS_4B * (base[2] - fused[2]):+.0f}",
+                ]
+            )
+    del ws
+    configs = {m: f[1] for m, (b, f) in best.items() if b and f and f[2] < b[2]}
+    args.state.update(fused_configs=configs, fused_ms=cases.fused_ms(args.ms))
+    return rows, (
+        f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
+        f"({cases.DTYPE})\n\n"
+        + md_table(
+            ["M", "unfused us", "unfused path", "fused us", "frac", "fused config", "speedup", "36 layers: us saved"],
+            table,
+        )
+    )
+
+
+def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    """add_rms_norm_linear on the projections that follow a residual add + RMSNorm (q|k|v, gate|up):
+    the NORM-prologue kernel at the shape's best linear configs vs add_rms_norm + the best of cuBLAS
+    and the skinny kernel."""
+    rows, table = [], []
+    ranked = args.state.get("linear_ranked", {})
+    configs: dict[tuple[int, int], dict[int, SkinnyConfig]] = {}
+    for n, k in cases.NORM_SHAPES:
+        wbytes, copies, ws = cases.rotated_weights(n, k)
+        nw = torch.randn(k, device=cases.DEVICE).mul_(0.1).add_(1.0).to(cases.DTYPE)
+        current = tuning.tables_for(ws[0].device)
+        est = wbytes / (peak * 1e3)
+        for m in cases.fused_ms(args.ms):
+            x, r = (torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE) for _ in range(2))
+            normed, _ = norm.add_rms_norm_ref(x, r, nw, 1e-6)
+            ref = F.linear(normed.float(), ws[0].float())
+            top = [cfg for cfg, _ in ranked.get((n, k, m), [])][: 2 if args.quick else 3]
+            lin_cfg = top[0] if top else linear.skinny_config(m, n, k, current)
+            unfused = [
+                (
+                    "add_rms_norm+cublas",
+                    None,
+                    lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i]),
+                )
+            ]
+            if lin_cfg is not None:
+                unfused.append(
+                    (
+                        "add_rms_norm+triton",
+                        lin_cfg,
+                        lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg: linear.linear_with_config(
+                            norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg
+                        ),
+                    )
+                )
+            cands = list(dict.fromkeys(top + [fused_linear.add_rms_norm_linear_config(m, n, k, current)]))
+            paths = [(name, cfg, fn, f"{name} N={n} K={k} M={m}") for name, cfg, fn in unfused]
+            paths += [
+                (
+                    "fused",
+                    cfg,
+                    lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(
+                        x, r, nw, 1e-6, ws[i], cfg
+                    )[0],
+                    f"norm-fused N={n} K={k} M={m} {tuple(cfg)}",
+                )
+                for cfg in cands
+                if cfg is not None
+            ]
+            results = time_paths(timer, paths, ref, copies, est)
+            rows += fused_rows(results, wbytes, peak, N=n, K=k, M=m)
+            base, fused = unfused_vs_fused(results)
+            if base and fused:
+                if fused[2] < base[2]:
+                    configs.setdefault((n, k), {})[m] = fused[1]
+                print(
+                    f"  norm-fused N={n} K={k} M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us "
+                    f"{tuple(fused[1])}",
+                    flush=True,
+                )
+                table.append(
+                    [
+                        f"{cases.SHAPE_NAMES.get((n, k), '')} {n}x{k}",
+                        m,
+                        f"{base[2]:.1f}",
+                        base[0],
+                        f"{fused[2]:.1f}",
+                        str(tuple(fused[1])),
+                        f"{base[2] / fused[2]:.2f}x",
+                        f"{cases.LAYERS_4B * (base[2] - fused[2]):+.0f}",
+                    ]
+                )
+        del ws
+    args.state.update(norm_configs=configs, norm_ms=cases.fused_ms(args.ms))
+    return rows, (
+        f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
+        f"the best unfused projection ({cases.DTYPE})\n\n"
+        + md_table(
+            ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup", "36 layers: us saved"],
+            table,
+        )
+    )
+
+
+def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    rows, table = [], []
+    tilings = [
+        SkinnyConfig(16, 64, 64, 1, 4, 4),
+        linear.INVARIANT_CONFIG,
+        SkinnyConfig(64, 64, 64, 1, 4, 4),
+        SkinnyConfig(64, 128, 64, 1, 4, 3),
+    ]
+    for n, k in cases.SHAPES:
+        wbytes, copies, ws = cases.rotated_weights(n, k)
+        for m in (1, 8, 64):
+            x = torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE)
+            est = wbytes / (peak * 1e3)
+            cub = timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est)
+            line = [f"{cases.SHAPE_NAMES[(n, k)]}", m, f"{cub:.1f}"]
+            for cfg in tilings:
+                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                us = timer(fn, copies, est)
+                rows.append(dict(N=n, K=k, M=m, config=str(tuple(cfg)), us=round(us, 2), cublas_us=round(cub, 2)))
+                line.append(f"{us:.1f}")
+            table.append(line)
+        del ws
+    header = ["shape", "M", "cuBLAS us"] + [f"{c.block_m}x{c.block_n}x{c.block_k} us" for c in tilings]
+    return (
+        rows,
+        f"### Batch-invariant GEMM tilings ({cases.DTYPE}, us; current: INVARIANT_CONFIG = "
+        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + md_table(header, table),
+    )
+
+
+def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
+    rows, table = [], []
+    for batch, ctx, span in cases.ATTN_CASES:
+        q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, span, **cases.ATTN_GEOMETRY)
+        kv_bytes = 2 * batch * (ctx + span) * kc.shape[2] * kc.shape[3] * kc.element_size()
+        copies = max(1, min(512, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
+        caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
+        scale = kc.shape[-1] ** -0.5
+        ref = attention.paged_attention_ref(q, kc, vc, bt, seq_lens, qsl, span, scale)
+        variants = [("auto", {})]
+        if span == 1:
+            variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
+            variants.append(("decode_block_n=64", {"decode_block_n": 64}))
+        variants.append(("batch_invariant", {"batch_invariant": True}))
+        auto_cfg = attention.attention_config(
+            batch, kc.shape[2], q.shape[1] // kc.shape[2], span, bt.shape[1] * kc.shape[1], q.device, False
+        )
+        line = [batch, ctx, span, str(auto_cfg)]
+        for name, kw in variants:
+
+            def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
+                kw = dict(kw)
+                block_n = kw.pop("decode_block_n", attention.DECODE_BLOCK_N)
+                saved, attention.DECODE_BLOCK_N = attention.DECODE_BLOCK_N, block_n  # config read at call time
+                try:
+                    return attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, span, scale, True, **kw)
+                finally:
+                    attention.DECODE_BLOCK_N = saved
+
+            err = rel_err(fn(0), ref)
+            us = timer(fn, copies, kv_bytes / (peak * 1e3))
+            gbps = kv_bytes / (us * 1e-6) / 1e9
+            rows.append(
+                dict(
+                    batch=batch,
+                    ctx=ctx,
+                    span=span,
+                    variant=name,
+                    us=round(us, 2),
+                    kv_GBps=round(gbps, 1),
+                    frac=round(gbps / peak, 3),
+                    rel_err=f"{err:.1e}",
+                )
+            )
+            line.append(f"{us:.1f} ({gbps / peak:.2f})")
+        if span != 1:
+            line[5:5] = ["-"] * 5
+        table.append(line)
+        print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
+        del caches
+    header = [
+        "batch",
+        "ctx",
+        "span",
+        "auto (BQ,BM,BN,splits)",
+        "auto us (frac)",
+        "splits=1",
+        "splits=4",
+        "splits=16",
+        "splits=32",
+        "decode BLOCK_N=64",
+        "batch_invariant",
+    ]
+    return (
+        rows,
+        f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)\n\n"
+        + md_table(header, table),
+    )
