@@ -1,0 +1,113 @@
+"""Shared setup of the kernel tests (tests/test_kernels_*.py): Triton kernels against their torch
+references.
+
+On CPU the kernels run under the Triton interpreter (fp32/fp16, small shapes); on a CUDA host the
+same tests run compiled, plus the GPU-only checks (bf16, Qwen3-4B shapes, batch-invariance
+bit-exactness, CUDA-graph replay). Every output and cache is poisoned (NaN / sentinel) before a
+run, so an element a kernel fails to write cannot match its reference by accident: each test module
+imports the autouse `poison_empty` fixture from here.
+
+Tolerance policy: relative error = ||out - ref|| / ||ref|| (fp32 math on both sides), bounded per
+dtype by TOL; kernels that only select or compare (argmax, accept_prefix, cache copies of v, the
+residual sum) must match exactly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # must precede the first kernel launch (kernels bind triton lazily, see _triton.py)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton", reason="triton is not installed: the triton backend cannot be tested")
+
+import numpy as np  # noqa: E402
+
+from engine.kernels import activation, linear, norm, tuning  # noqa: E402
+from engine.kernels.tuning import TunedTables  # noqa: E402
+
+DEV = "cuda" if CUDA else "cpu"
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if CUDA else [])
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Attention rounds the probabilities to the KV dtype before the PV product.
+ATTN_TOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (bf16, 4B shapes, graphs)")
+POISON_INT = -7777
+QWEN3_4B = dict(hidden=2560, hq=32, hkv=8, d=128, inter=9728, vocab=151936)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert torch.isfinite(out).all(), "kernel output has NaN/inf (an unwritten or misread element)"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture(autouse=True)
+def poison_empty(monkeypatch):
+    """torch.empty / empty_like return NaN (float) or POISON_INT (int) filled tensors."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def fill(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool and t.numel():
+            t.fill_(POISON_INT)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: fill(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: fill(real_empty_like(*a, **k)))
+
+
+@pytest.fixture
+def row_invariant_dot(monkeypatch):
+    """The interpreter's tl.dot is numpy matmul, whose OpenBLAS kernels round a row differently
+    depending on its position in the tile. Tensor cores do not, so for the batch-invariance tests
+    the interpreter gets a row-independent dot (same products, fixed per-row summation)."""
+    if not INTERPRET:
+        return
+    from triton.runtime import interpreter
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        out = np.einsum("mk,kn->mn", a.data.astype(np.float32), b.data.astype(np.float32))
+        return interpreter.TensorHandle(out.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+
+
+def randn(*shape, dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+def use_tables(monkeypatch, tables: TunedTables) -> None:
+    """Make `tables` what the kernels find for the test device (as if loaded from its JSON file)."""
+    device = torch.empty(0, device=DEV).device
+    monkeypatch.setattr(tuning, "_by_device", {(device.type, device.index): tables})
+
+
+def fused_ref(x, w):
+    """The reference's rounding of the activation (in the input dtype), then an fp32 product."""
+    return linear.linear_ref(activation.silu_and_mul_ref(x).float(), w.float())
+
+
+def norm_linear_ref(x, r, nw, eps, w):
+    normed, summed = norm.add_rms_norm_ref(x, r, nw, eps)
+    return linear.linear_ref(normed.float(), w.float()), summed
+
+
+def capture_graph(run):
+    """`run()` once on a side stream (compiles, loads the tuned tables outside the capture), then
+    captured in a CUDA graph: (graph, what the captured call returned)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
