@@ -8,6 +8,7 @@ scratch KV, and only the winner's feature rows join the drafter context.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -138,7 +139,7 @@ class Speculator:
         runner, n = self.runner, len(reqs)
         k = round_drafts(self.per_round, levers.max_drafts, gated)
         span = 1 + k
-        limits = [draft_limit(k, r.remaining) for r in reqs]
+        limits = [draft_limit(k, r.remaining) for r in reqs] if k else [0] * n
         current = runner._tensor([r.current_token for r in reqs]).view(n, 1)
         plan = self._plan(reqs, limits, k) if k and self.hedging else []
         if k:
@@ -174,17 +175,18 @@ class Speculator:
         keep: list[int] = []
         grown: list[tuple[Request, int]] = []
         winners: list[tuple[int, Request, int, int]] = []
-        committed = 0
+        outcomes: list[RoundOutcome] = []
+        wins = 0
         for i, r in enumerate(reqs):
-            mine = chains_of.get(i, [])
+            mine = chains_of.get(i, ())
             best = i
             for g in mine:  # strictly more: ties keep the main chain
                 if host[g][0] > host[best][0]:
                     best = g
             row, before = host[best], r.num_kv
             outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
-            committed += outcome.committed
-            self._count(outcome, gated, len(mine), best != i)
+            outcomes.append(outcome)
+            wins += best != i
             if levers.trace:
                 log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
                 if mine:
@@ -195,6 +197,7 @@ class Speculator:
                     winners.append((best - n, r, before, outcome.accepted_draft + 1))
                 keep += range(best * span, best * span + outcome.accepted_draft + 1)
                 grown.append((r, outcome.accepted_draft + 1))
+        self._count(outcomes, gated, sum(len(v) for v in chains_of.values()), len(chains_of), wins)
         if winners:
             self.scratch.commit(winners)
         self._append_context(res.features, keep, grown)
@@ -202,6 +205,7 @@ class Speculator:
             if gated:
                 self.hedging.auto.break_window()  # a gated round is no hedging sample
             else:
+                committed = sum(o.committed for o in outcomes)
                 self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
 
     def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
@@ -210,25 +214,29 @@ class Speculator:
         if not keep:
             return
         rows = features.index_select(0, self.runner._tensor(keep))
-        offset = 0
-        for r, count in grown:
-            r.ctx_pending.append(rows[offset : offset + count])
-            offset += count
+        for (r, _), mine in zip(grown, rows.split([count for _, count in grown]), strict=True):
+            r.ctx_pending.append(mine)
 
-    def _count(self, outcome: RoundOutcome, gated: bool, chains: int, won: bool) -> None:
+    def _count(self, outcomes: list[RoundOutcome], gated: bool, chains: int, hedged: int, wins: int) -> None:
+        """Book one round's request-rounds (chains verified, requests hedged, chain wins) in bulk."""
         s = self.stats
-        s.rounds += 1
-        s.gated_rounds += gated
-        s.committed_tokens += outcome.committed
-        s.hedged_rounds += chains > 0
+        n = len(outcomes)
+        s.rounds += n
+        s.gated_rounds += n if gated else 0
+        s.committed_tokens += sum(o.committed for o in outcomes)
+        s.hedged_rounds += hedged
         s.hedge_chains += chains
-        s.hedge_wins += won
+        s.hedge_wins += wins
         if gated:
             return
-        s.drafts += 1
-        s.draft_tokens_verified += outcome.verified_draft
-        s.draft_tokens_accepted += outcome.accepted_draft
-        if len(s.accepted_by_position) < self.per_round:
-            s.accepted_by_position += [0] * (self.per_round - len(s.accepted_by_position))
-        for pos in range(outcome.accepted_draft):
-            s.accepted_by_position[pos] += 1
+        s.drafts += n
+        s.draft_tokens_verified += sum(o.verified_draft for o in outcomes)
+        accepted = Counter(o.accepted_draft for o in outcomes)
+        s.draft_tokens_accepted += sum(a * c for a, c in accepted.items())
+        by_pos = s.accepted_by_position
+        if len(by_pos) < self.per_round:
+            by_pos += [0] * (self.per_round - len(by_pos))
+        more = 0  # request-rounds that accepted more than pos drafts
+        for pos in range(max(accepted, default=0) - 1, -1, -1):
+            more += accepted.get(pos + 1, 0)
+            by_pos[pos] += more

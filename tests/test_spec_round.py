@@ -67,8 +67,12 @@ def test_acceptance_is_exactly_the_matching_prefix(tiny_target, tiny_drafter, pl
         assert row.accepted_draft == expected, label
         assert row.committed_tokens == row.accepted_draft + 1
         assert row.verified_draft <= k
-    assert engine.stats.draft_tokens_accepted == sum(r.accepted_draft for r in rows)
-    assert engine.stats.committed_tokens == sum(BUDGETS) - len(PROMPTS)  # the prefill sampled one each
+    s = engine.stats
+    assert s.draft_tokens_accepted == sum(r.accepted_draft for r in rows)
+    assert s.committed_tokens == sum(BUDGETS) - len(PROMPTS)  # the prefill sampled one each
+    assert (s.rounds, s.drafts, s.gated_rounds) == (len(rows), len(rows), 0)
+    assert s.draft_tokens_verified == sum(r.verified_draft for r in rows)
+    assert s.accepted_by_position == [sum(r.accepted_draft > p for r in rows) for p in range(k)]
 
 
 def test_span_is_cut_by_the_budget(tiny_target, tiny_drafter, plain, capsys):

@@ -97,9 +97,9 @@ def _accept_prefix_kernel(d_ptr, t_ptr, lim_ptr, out_ptr, stride_d, stride_t, k,
 def accept_prefix(drafts: torch.Tensor, targets: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
     """Triton `accept_prefix_ref`: one program per row."""
     n_rows, k = drafts.shape
+    if n_rows == 0 or k == 0:  # a gated round: nothing to accept, no Triton launch on the host
+        return torch.zeros(n_rows, dtype=torch.int64, device=drafts.device)
     out = torch.empty(n_rows, dtype=torch.int64, device=drafts.device)
-    if n_rows == 0:
-        return out
     _accept_prefix_kernel[(n_rows,)](
         drafts,
         targets,
