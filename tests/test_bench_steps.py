@@ -1,4 +1,4 @@
-"""The step profiler end to end on CPU with a tiny random pair: both arms, host ops listed, files."""
+"""The step profiler end to end on CPU with a tiny random pair: every arm, host ops listed, files."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def profiled(tiny_target, tiny_drafter, tmp_path_factory):
     out = tmp / "out"
     argv = ["--target", str(tiny_target), "--drafter", str(tiny_drafter), "--prompts", str(prompts)]
     argv += ["--out", str(out), "--concurrency", "2", "--new-tokens", str(NEW), "--device", "cpu", "--top", "5"]
+    argv += ["--arms", "plain", "spec", "spec+gate=1"]
     assert steps.main(argv) == 0
     return out, json.loads((out / "steps.json").read_text())
 
 
-def test_both_arms_profiled(profiled):
+def test_every_arm_profiled(profiled):
     out, data = profiled
     results = data["results"]
-    assert set(results) == {"plain", "spec"}
+    assert list(results) == ["plain", "spec", "spec+gate=1"]
     for r in results.values():
         assert r["steps"] >= 2
         assert r["tokens_per_step"] * r["steps"] == pytest.approx(2 * NEW)  # both requests, EOS ignored
@@ -40,7 +41,7 @@ def test_both_arms_profiled(profiled):
         assert 0 < len(r["host"]) <= 5
         assert all(op["calls_per_step"] > 0 for op in r["host"])
     rows = read_csv(out / "steps.csv")
-    assert {r["arm"] for r in rows} == {"plain", "spec"} and {r["kind"] for r in rows} == {"host"}
+    assert {r["arm"] for r in rows} == set(results) and {r["kind"] for r in rows} == {"host"}
     md = (out / "steps.md").read_text()
     assert (
         "wall ms/step" in md

@@ -1,6 +1,7 @@
-"""Where a step's time goes: torch.profiler over closed-loop engine steps, per arm (plain, spec).
+"""Where a step's time goes: torch.profiler over closed-loop engine steps, per lever arm.
 
-    python -m engine.bench steps --recipe small --out DIR --concurrency 1 --new-tokens 64
+    python -m engine.bench steps --recipe small --out DIR --concurrency 1 --new-tokens 64 \
+        --arms plain spec spec+gate=1
 
 Per arm: wall ms per step, device-busy ms per step (summed kernel time; the gap is the GPU waiting on
 the host), and the top kernels and host ops by time. One warm-up pass (graphs captured, kernels
@@ -17,6 +18,7 @@ from pathlib import Path
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from engine.bench.arms import parse_arms
 from engine.bench.common import (
     add_device_args,
     drafter_block,
@@ -28,7 +30,7 @@ from engine.bench.common import (
 from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.bench.sweep import weights_of
+from engine.bench.sweep import engine_for, weights_of
 from engine.engine import Engine
 
 
@@ -94,12 +96,13 @@ def steps_markdown(results: dict[str, dict]) -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench steps", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", type=Path)
-    p.add_argument("--drafter", type=Path, help="adds the spec arm")
+    p.add_argument("--drafter", type=Path, help="needed by the spec arms")
     p.add_argument("--recipe", help="fixture recipe built/cached on the device (instead of --target/--drafter)")
     p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--arms", nargs="+", default=["plain", "spec"], help="lever arms, as in the sweep")
     p.add_argument("--top", type=int, default=15, help="ops listed per arm")
     add_device_args(p)
     return p
@@ -114,15 +117,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     target, drafter, prompt_path = weights_of(args, device)
     prompts = load_prompts(prompt_path, target)
     seq_tokens = max(len(p) for p in prompts) + args.new_tokens
-    arms = {"plain": None} | ({"spec": drafter} if drafter is not None else {})
-    results = {}
-    for arm, draft in arms.items():
-        headroom = 0 if draft is None else drafter_block(draft)
-        engine = make_engine(
-            target, draft, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens, headroom=headroom
+    try:
+        arms = parse_arms(args.arms)
+    except ValueError as err:
+        raise SystemExit(f"--arms: {err}") from None
+    if drafter is None and any(not a.is_plain for a in arms):
+        raise SystemExit("spec arms need --drafter (or --recipe)")
+    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)}
+    if drafter is not None:
+        engines["spec"] = make_engine(
+            target,
+            drafter,
+            args,
+            device,
+            max_num_seqs=args.concurrency,
+            seq_tokens=seq_tokens,
+            headroom=drafter_block(drafter),
         )
-        results[arm] = profile_arm(engine, prompts, args.concurrency, args.new_tokens, args.top)
-        del engine
+    results = {
+        arm.label: profile_arm(engine_for(arm, engines), prompts, args.concurrency, args.new_tokens, args.top)
+        for arm in arms
+    }
     meta = run_meta("steps", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), concurrency=args.concurrency, new_tokens=args.new_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
