@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shlex
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from engine.provenance import git_commit
 from gates.devices import device_name, device_slug
 from gates.levers import ALL_CASES, gate_line
 from trace_tools import RecordHeader, RecordRow, render_record
@@ -41,20 +41,8 @@ def read_row_property(value: str) -> tuple[str, str, RecordRow]:
 
 
 def head_commit(repo: Path = REPO_ROOT) -> str:
-    """`git rev-parse --short HEAD`, with `-dirty` when tracked files differ from it; PEGASPEC_COMMIT
-    where the tree has no .git (a copy shipped to a device)."""
-    try:
-
-        def git(*args: str) -> str:
-            return subprocess.run(
-                ["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True
-            ).stdout.strip()
-
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("PEGASPEC_COMMIT") or "unknown (no git)"
-    return f"{head}-dirty" if dirty else head
+    """The short commit of the tree (PEGASPEC_COMMIT on a device copy), or a placeholder saying why not."""
+    return git_commit(short=True, repo=repo) or "unknown (no git)"
 
 
 def record_path(option: str | None, device: str, repo: Path = REPO_ROOT) -> Path:

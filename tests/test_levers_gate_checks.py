@@ -407,6 +407,13 @@ def test_head_commit_marks_a_dirty_tree_and_tolerates_no_git(tmp_path):
     assert head_commit(tmp_path) == f"{clean}-dirty"
 
 
+def test_head_commit_prefers_the_commit_named_for_a_device_copy(tmp_path, monkeypatch):
+    """A device copy may carry a stale .git: PEGASPEC_COMMIT (what the caller shipped) wins."""
+    monkeypatch.setenv("PEGASPEC_COMMIT", "abc1234")
+    assert head_commit(tmp_path) == "abc1234"
+    assert head_commit() == "abc1234"
+
+
 class _Terminal:
     def __init__(self) -> None:
         self.lines: list[str] = []

@@ -6,33 +6,11 @@ import datetime
 import os
 import platform
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def git_commit() -> str | None:
-    """HEAD (with "-dirty" when the tree has changes); PEGASPEC_COMMIT when there is no git (the device
-    machine gets a copy of the working tree without .git)."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("PEGASPEC_COMMIT") or None
+from engine.provenance import git_commit
 
 
 def _version(module: str) -> str | None:
