@@ -232,8 +232,10 @@ class Engine:
             elif plan is Plan.DECODE:
                 self._decode(reqs)
                 self.speculator.pause()
+            elif plan is Plan.GATED:
+                self.speculator.gated_round(reqs, self.levers)
             else:
-                self.speculator.round(reqs, gated=plan is Plan.GATED, levers=self.levers)
+                self.speculator.round(reqs, self.levers)
             if self.timer:
                 self.timer.finish(plan.value, len(reqs))
             touched += reqs

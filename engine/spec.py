@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from engine.request import Request
 
 
-def round_drafts(drafts_per_round: int, max_drafts: int, gated: bool) -> int:
-    """k: drafts entering the verify this round, uniform across the batch (span = 1 + k).
-    max_drafts 0 = no trim; a gated round verifies the current token alone."""
-    if gated:
-        return 0
+def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
+    """k: drafts entering a speculative round's verify, uniform across the batch (span = 1 + k);
+    max_drafts 0 = no trim. (A gated round verifies the current token alone: no drafts.)"""
     return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
 
 

@@ -134,24 +134,46 @@ class Speculator:
         cands = [Candidate(r.params.greedy, lim) for r, lim in zip(reqs, limits, strict=True)]
         return plan_chains(cands, positions, 1 + k, h.cap, h.knee, self.scratch.chains)
 
-    def round(self, reqs: list[Request], gated: bool, levers: Levers) -> None:
-        """One verify round for the batch; gated: k = 0, no drafter forward, capture kept."""
+    def gated_round(self, reqs: list[Request], levers: Levers) -> None:
+        """A gated round (SPEC 2.4): the current token alone through the verify path, no drafter
+        forward, booked like a plain decode step; the capture is kept, so each surviving request's
+        feature row joins its drafter context for when speculation resumes."""
         runner, n = self.runner, len(reqs)
-        k = round_drafts(self.per_round, levers.max_drafts, gated)
+        res = runner.extend(reqs, runner._tensor([r.current_token for r in reqs]).view(n, 1))
+        self.mark("target")
+        tokens = self.sample(res.logits, res.greedy, [(r, 1) for r in reqs]).tolist()
+        rows = res.features.clone().split(1)  # out of the graph-owned buffer in one copy
+        committed = 0
+        for r, token, row in zip(reqs, tokens, rows, strict=True):
+            done = r.commit([token])
+            committed += done
+            if levers.trace:
+                log_round(r.id, True, 0, 0, done)
+            if not r.finished:
+                r.num_kv += 1
+                r.ctx_pending.append(row)
+        s = self.stats
+        s.rounds += n
+        s.gated_rounds += n
+        s.committed_tokens += committed
+        if self.hedging and self.hedging.auto:
+            self.hedging.auto.break_window()  # a gated round is no hedging sample
+
+    def round(self, reqs: list[Request], levers: Levers) -> None:
+        """One speculative round for the batch: draft, verify, accept, commit, context."""
+        runner, n = self.runner, len(reqs)
+        k = round_drafts(self.per_round, levers.max_drafts)
         span = 1 + k
-        limits = [draft_limit(k, r.remaining) for r in reqs] if k else [0] * n
+        limits = [draft_limit(k, r.remaining) for r in reqs]
         current = runner._tensor([r.current_token for r in reqs]).view(n, 1)
-        plan = self._plan(reqs, limits, k) if k and self.hedging else []
-        if k:
-            if plan:
-                full, chains = runner.draft_chains(reqs, self.hedging.positions)
-            else:
-                full, chains = runner.draft(reqs), None
-            drafts = full[:, :k]
-            self.stats.draft_forwards += 1
-            self.mark("draft")
+        plan = self._plan(reqs, limits, k) if self.hedging else []
+        if plan:
+            full, chains = runner.draft_chains(reqs, self.hedging.positions)
         else:
-            drafts = current[:, :0]
+            full, chains = runner.draft(reqs), None
+        drafts = full[:, :k]
+        self.stats.draft_forwards += 1
+        self.mark("draft")
         ids = torch.cat([current, drafts], dim=1)
         rows, num_kv = [r.slot for r in reqs], [r.num_kv for r in reqs]
         owners = [reqs[i] for i, _ in plan]
@@ -188,7 +210,7 @@ class Speculator:
             outcomes.append(outcome)
             wins += best != i
             if levers.trace:
-                log_round(r.id, gated, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
+                log_round(r.id, False, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
                 if mine:
                     winner = 0 if best == i else mine.index(best) + 1
                     log_hedge(r.id, len(mine), winner, host[i][0], host[best][0])
@@ -197,16 +219,13 @@ class Speculator:
                     winners.append((best - n, r, before, outcome.accepted_draft + 1))
                 keep += range(best * span, best * span + outcome.accepted_draft + 1)
                 grown.append((r, outcome.accepted_draft + 1))
-        self._count(outcomes, gated, sum(len(v) for v in chains_of.values()), len(chains_of), wins)
+        self._count(outcomes, sum(len(v) for v in chains_of.values()), len(chains_of), wins)
         if winners:
             self.scratch.commit(winners)
         self._append_context(res.features, keep, grown)
         if self.hedging and self.hedging.auto:
-            if gated:
-                self.hedging.auto.break_window()  # a gated round is no hedging sample
-            else:
-                committed = sum(o.committed for o in outcomes)
-                self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
+            committed = sum(o.committed for o in outcomes)
+            self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
 
     def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
         """Feature rows of each surviving request's [current, d1..dn] (of its winning chain) join its
@@ -217,18 +236,15 @@ class Speculator:
         for (r, _), mine in zip(grown, rows.split([count for _, count in grown]), strict=True):
             r.ctx_pending.append(mine)
 
-    def _count(self, outcomes: list[RoundOutcome], gated: bool, chains: int, hedged: int, wins: int) -> None:
+    def _count(self, outcomes: list[RoundOutcome], chains: int, hedged: int, wins: int) -> None:
         """Book one round's request-rounds (chains verified, requests hedged, chain wins) in bulk."""
         s = self.stats
         n = len(outcomes)
         s.rounds += n
-        s.gated_rounds += n if gated else 0
         s.committed_tokens += sum(o.committed for o in outcomes)
         s.hedged_rounds += hedged
         s.hedge_chains += chains
         s.hedge_wins += wins
-        if gated:
-            return
         s.drafts += n
         s.draft_tokens_verified += sum(o.verified_draft for o in outcomes)
         accepted = Counter(o.accepted_draft for o in outcomes)

@@ -151,11 +151,11 @@ def test_not_ready_request_drops_the_batch_to_plain_decode(tiny_target, tiny_dra
 
 
 @pytest.mark.parametrize(
-    ("per_round", "max_drafts", "gated", "k"),
-    [(7, 0, False, 7), (7, 4, False, 4), (7, 9, False, 7), (7, 4, True, 0), (16, 0, True, 0)],
+    ("per_round", "max_drafts", "k"),
+    [(7, 0, 7), (7, 4, 4), (7, 9, 7), (16, 1, 1), (16, 0, 16)],
 )
-def test_round_drafts(per_round, max_drafts, gated, k):
-    assert round_drafts(per_round, max_drafts, gated) == k
+def test_round_drafts(per_round, max_drafts, k):
+    assert round_drafts(per_round, max_drafts) == k
 
 
 @pytest.mark.parametrize(("k", "remaining", "limit"), [(7, 20, 7), (7, 5, 4), (7, 1, 0), (0, 9, 0)])
