@@ -12,7 +12,7 @@ import torch
 from engine.bench import sweep
 from engine.bench.arms import parse_arms, round_order
 from engine.bench.common import make_engine
-from engine.bench.load import acceptance_histogram, closed_loop
+from engine.bench.load import LoadResult, acceptance_histogram, closed_loop
 from engine.bench.report import read_csv
 from engine.engine import SpecStats
 
@@ -178,3 +178,38 @@ def test_acceptance_histogram_from_by_position_counts():
     stats = SpecStats(drafts=10, accepted_by_position=[6, 3, 1])
     assert acceptance_histogram(stats) == [4, 3, 2, 1]
     assert acceptance_histogram(SpecStats(accepted_by_position=[0, 0])) == [0, 0, 0]
+
+
+def test_rounds_take_successive_prompt_windows_shared_by_their_arms(monkeypatch):
+    calls = []
+
+    def fake_loop(engine, prompts, c, n, new_tokens, first=0):
+        calls.append((c, first))
+        return LoadResult(wall_s=1.0, requests=n, output_tokens=n * new_tokens, max_in_flight=c)
+
+    class Levers:
+        def set_levers(self, **_):
+            pass
+
+    monkeypatch.setattr(sweep, "closed_loop", fake_loop)
+    arms = parse_arms(["plain", "spec"], noise_arm=True)
+    sweep.run_sweep({"plain": Levers(), "spec": Levers()}, arms, [[1]], [1, 3], rounds=2, new_tokens=4, progress=False)
+    firsts = [f for _, f in calls]
+    assert (
+        firsts == [0] * 3 + [2] * 3 + [4] * 3 + [0] * 3 + [6] * 3 + [12] * 3
+    )  # (warm-up + 2 rounds) x 3 arms, c=1 then c=3
+
+
+def test_closed_loop_starts_at_the_given_prompt(tiny_target):
+    args = argparse.Namespace(dtype="auto", backend="auto", no_cuda_graphs=True)
+    engine = make_engine(tiny_target, None, args, torch.device("cpu"), max_num_seqs=2, seq_tokens=8)
+    seen, real = [], engine.add_request
+
+    def add_request(ids, params):
+        seen.append(ids)
+        return real(ids, params)
+
+    engine.add_request = add_request
+    prompts = [[1, 2], [3, 4], [5, 6]]
+    closed_loop(engine, prompts, concurrency=2, num_requests=4, max_tokens=2, first=2)
+    assert seen == [[5, 6], [1, 2], [3, 4], [5, 6]]

@@ -30,10 +30,16 @@ class LoadResult:
 
 
 def closed_loop(
-    engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int, num_requests: int, max_tokens: int
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int,
+    first: int = 0,
 ) -> LoadResult:
     """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
-    prompts[i % len(prompts)]. Prefill steps are part of the wall time (output tok/s is end to end)."""
+    prompts[(first + i) % len(prompts)]. Prefill steps are part of the wall time (output tok/s is end
+    to end)."""
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(
             f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
@@ -54,7 +60,7 @@ def closed_loop(
 
     def submit() -> None:
         nonlocal submitted, in_flight, max_in_flight
-        engine.add_request(list(prompts[submitted % len(prompts)]), params)
+        engine.add_request(list(prompts[(first + submitted) % len(prompts)]), params)
         submitted += 1
         in_flight += 1
         max_in_flight = max(max_in_flight, in_flight)

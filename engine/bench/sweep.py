@@ -90,7 +90,8 @@ def run_sweep(
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
     Per concurrency: one warm-up round (every arm once: graph captures, compiles; discarded), then
-    `rounds` rounds, round r starting at arm r mod n. The budget is shared evenly by the concurrencies
+    `rounds` rounds, round r starting at arm r mod n and on prompts from r * waves * c on (so c=1 does
+    not measure the same two prompts every round). The budget is shared evenly by the concurrencies
     not yet run; a round is skipped when the slowest measured round would overrun its share (at least
     one measured round always runs)."""
     rows: list[dict] = []
@@ -112,7 +113,8 @@ def run_sweep(
             bar.set_postfix_str(f"c={c} round={'warm-up' if r == 0 else r}")
             t0 = time.perf_counter()
             for slot, arm in enumerate(round_order(arms, r)):
-                res = closed_loop(engine_for(arm, engines), prompts, c, waves * c, new_tokens)
+                # Each round takes the next window of prompts; every arm of a round gets the same one.
+                res = closed_loop(engine_for(arm, engines), prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
                 if r:
                     rows.append(round_row(c, r, slot, seq, arm, res))
