@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import textwrap
 import time
@@ -26,20 +24,8 @@ from gates.levers import (
     gate_line,
     run_child,
 )
-from gates.run_record import (
-    RECORD_ENV,
-    RunRecorder,
-    head_commit,
-    read_row_property,
-    record_path,
-    row_property,
-    write_run_record,
-)
-from trace_tools import RecordHeader, RecordRow, levers_trace_rows, render_record, unresumed_requests
+from trace_tools import RecordRow, levers_trace_rows, unresumed_requests
 
-pytest_plugins = ["pytester"]
-
-ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "trace"
 CASE = {c.id: c for c in CASES}
 LOSSLESS = "[lossless] test={} requests=4 compared_tokens=176 excused_divergences={}"
@@ -359,167 +345,3 @@ def test_device_slug():
     assert device_slug("NVIDIA H200") == "nvidia-h200"
     assert device_slug("NVIDIA GeForce RTX 4090 (24GB)") == "nvidia-geforce-rtx-4090-24gb"
     assert device_slug("cpu (x86_64)") == "cpu"
-
-
-# ---- run record ----
-
-HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/")
-ROWS = [
-    RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True),
-    RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 1, False),
-]
-
-
-def test_row_property_round_trips_through_json():
-    name, value = row_property("concurrent-MAX_BATCH=3", ROWS[1], "fixture:tiny")
-    assert json.loads(value)["case"] == "concurrent-MAX_BATCH=3"
-    assert read_row_property(value) == ("concurrent-MAX_BATCH=3", "fixture:tiny", ROWS[1])
-
-
-def test_write_run_record_replaces_the_file(tmp_path):
-    path = tmp_path / "records" / "levers-gate-cpu.md"
-    write_run_record(path, HEADER, ROWS[:1])
-    write_run_record(path, HEADER, ROWS)
-    assert path.read_text() == render_record(HEADER, ROWS)
-    assert sorted(p.name for p in path.parent.iterdir()) == ["levers-gate-cpu.md"]
-
-
-def test_record_path_precedence(tmp_path, monkeypatch):
-    monkeypatch.delenv(RECORD_ENV, raising=False)
-    assert record_path(None, "NVIDIA H200", tmp_path) == tmp_path / "docs/benchmarks/records/levers-gate-nvidia-h200.md"
-    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "env.md"))
-    assert record_path(None, "cpu (x86_64)", tmp_path) == tmp_path / "env.md"
-    assert record_path(str(tmp_path / "opt.md"), "cpu", tmp_path) == tmp_path / "opt.md"
-
-
-def test_head_commit_marks_a_dirty_tree_and_tolerates_no_git(tmp_path):
-    assert head_commit(tmp_path) == "unknown (no git)"
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
-    (tmp_path / "f").write_text("a")
-    subprocess.run([*git, "-C", str(tmp_path), "add", "f"], check=True)
-    subprocess.run([*git, "-C", str(tmp_path), "commit", "-qm", "c"], check=True)
-    clean = head_commit(tmp_path)
-    assert len(clean) >= 7 and not clean.endswith("-dirty")
-    (tmp_path / "untracked").write_text("u")
-    assert head_commit(tmp_path) == clean
-    (tmp_path / "f").write_text("b")
-    assert head_commit(tmp_path) == f"{clean}-dirty"
-
-
-def test_head_commit_prefers_the_commit_named_for_a_device_copy(tmp_path, monkeypatch):
-    """A device copy may carry a stale .git: PEGASPEC_COMMIT (what the caller shipped) wins."""
-    monkeypatch.setenv("PEGASPEC_COMMIT", "abc1234")
-    assert head_commit(tmp_path) == "abc1234"
-    assert head_commit() == "abc1234"
-
-
-class _Terminal:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def section(self, title: str) -> None:
-        self.lines.append(f"== {title}")
-
-    def write_line(self, line: str) -> None:
-        self.lines.append(line)
-
-
-def _report(when: str, *props: tuple[str, str]) -> SimpleNamespace:
-    return SimpleNamespace(when=when, user_properties=list(props))
-
-
-def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
-    config = SimpleNamespace(
-        getoption=lambda name: str(tmp_path / "rec.md"), invocation_params=SimpleNamespace(args=("gates/", "-n", "6"))
-    )
-    recorder = RunRecorder(config)
-    recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w")))
-    recorder.pytest_runtest_logreport(_report("setup", row_property("greedy-MAX_DRAFTS=4", ROWS[1], "w")))
-    recorder.pytest_runtest_logreport(_report("call", ("other", "x"), row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
-    term = _Terminal()
-    recorder.pytest_terminal_summary(term)
-    assert term.lines == [
-        "== spec lever gate",
-        gate_line(ROWS[0]),
-        gate_line(ROWS[1]),
-        f"run record written to {tmp_path / 'rec.md'}",
-    ]
-    text = (tmp_path / "rec.md").read_text()
-    assert text.endswith(render_record(HEADER, ROWS).split("\n\n", 1)[1])
-    assert "- command: `pytest gates/ -n 6`" in text and "- weights: w" in text
-
-
-def test_recorder_without_rows_writes_nothing(tmp_path):
-    config = SimpleNamespace(getoption=lambda name: str(tmp_path / "rec.md"))
-    term = _Terminal()
-    RunRecorder(config).pytest_terminal_summary(term)
-    assert term.lines == [] and not (tmp_path / "rec.md").exists()
-
-
-# ---- the conftest hooks, in real pytest sessions ----
-
-
-@pytest.fixture
-def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.delenv("PEGAINFER_REQUIRE_SPEC_GATE", raising=False)
-    monkeypatch.delenv(RECORD_ENV, raising=False)
-    pytester.makeconftest(
-        "from gates.conftest import *  # noqa: F403\n"
-        "from gates.conftest import pytest_runtest_makereport  # noqa: F401\n"
-    )
-    return pytester
-
-
-def test_require_spec_gate_turns_skips_into_failures(inner, monkeypatch):
-    monkeypatch.setenv("PEGAINFER_TEST_MODEL_PATH", "/nonexistent")  # a half-set pair: gate_weights skips
-    monkeypatch.delenv("PEGAINFER_DFLASH_TEST_MODEL_PATH", raising=False)
-    inner.makepyfile("""
-        import pytest
-
-        def test_skipped():
-            pytest.skip("no weights here")
-
-        def test_weights(gate_weights):
-            pass
-
-        @pytest.mark.xfail(reason="known")
-        def test_xfail():
-            assert False
-    """)
-    inner.runpytest_subprocess().assert_outcomes(skipped=2, xfailed=1)
-    monkeypatch.setenv("PEGAINFER_REQUIRE_SPEC_GATE", "1")
-    result = inner.runpytest_subprocess()
-    result.assert_outcomes(failed=1, errors=1, xfailed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*ERROR at setup of test_weights*",
-            "*_SPEC_GATE=1 turns this skip into a failure*DFLASH_TEST_MODEL_PATH*unset*",
-            "*_SPEC_GATE=1 turns this skip into a failure*no weights here*",
-        ]
-    )
-
-
-def test_rows_from_xdist_workers_reach_the_controller(inner, tmp_path):
-    inner.makepyfile("""
-        import os
-        import pytest
-        from gates.levers import CASES
-        from gates.run_record import row_property
-        from trace_tools import RecordRow
-
-        @pytest.mark.parametrize("case", CASES[::-1], ids=[c.id for c in CASES[::-1]])
-        def test_case(case, request):
-            row = RecordRow(case.child, case.env_label, 1, 2, None, 0, True)
-            request.node.user_properties.append(row_property(case.id, row, os.environ["PYTEST_XDIST_WORKER"]))
-    """)
-    record = tmp_path / "rec.md"
-    result = inner.runpytest_subprocess("-n", "2", "--run-record", str(record))
-    result.assert_outcomes(passed=6)
-    result.stdout.fnmatch_lines(
-        [f"spec lever gate: child={c.child} env={c.env_label} *" for c in CASES] + [f"run record written to {record}"]
-    )
-    table = [ln for ln in record.read_text().splitlines() if ln.startswith("| test_")]
-    assert [ln.split(" | ")[1] for ln in table] == [c.env_label for c in CASES]
-    assert "gw0" in record.read_text() and "gw1" in record.read_text()  # both workers' rows arrived
