@@ -10,8 +10,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tests.checkpoints import make_drafter, make_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny-model steps on a small shared CPU: one intra-op thread avoids OpenMP oversubscription
+    (seconds instead of a minute); restored after the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -25,14 +25,7 @@ PARAMS = EMBED + 36 * LAYER + 2560
 KV_TOKEN = 36 * 2 * 8 * 128 * 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny-model steps on a small shared CPU: one intra-op thread avoids OpenMP oversubscription
-    (seconds instead of a minute); restored after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_4b_weight_and_kv_bytes_by_hand():

@@ -5,20 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from engine.bench import profile
 from engine.bench.report import read_csv
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny-model steps on a small shared CPU: one intra-op thread avoids OpenMP oversubscription
-    (seconds instead of a minute); restored after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_profile_tiny_geometry_produces_its_rows(tmp_path, capsys):

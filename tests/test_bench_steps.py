@@ -12,6 +12,8 @@ from engine.bench.report import read_csv
 
 NEW = 5
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def profiled(tiny_target, tiny_drafter, tmp_path_factory):

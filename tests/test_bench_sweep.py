@@ -20,14 +20,7 @@ ARMS = ["plain", "spec", "spec+trim=2", "spec+gate=1"]
 NEW = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny-model steps on a small shared CPU: one intra-op thread avoids OpenMP oversubscription
-    (seconds instead of a minute); restored after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

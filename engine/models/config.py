@@ -215,7 +215,6 @@ class DFlashConfig:
         }
 
     def to_zlab_dict(self) -> dict:
-        g = self.geometry
         nested = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)}
         if self.markov_rank:
             nested["markov_rank"] = self.markov_rank
@@ -225,16 +224,7 @@ class DFlashConfig:
             "block_size": self.block_size,
             "dflash_config": nested,
             "num_target_layers": self.num_target_layers,
-            "num_hidden_layers": g.num_layers,
-            "hidden_size": g.hidden_size,
-            "intermediate_size": g.intermediate_size,
-            "num_attention_heads": g.num_heads,
-            "num_key_value_heads": g.num_kv_heads,
-            "head_dim": g.head_dim,
-            "rope_theta": g.rope_theta,
-            "max_position_embeddings": g.max_position_embeddings,
-            "rms_norm_eps": g.rms_norm_eps,
-            "vocab_size": g.vocab_size,
+            **self._geometry_dict(),
             "tie_word_embeddings": True,
-            "layer_types": ["full_attention"] * g.num_layers,
+            "layer_types": ["full_attention"] * self.geometry.num_layers,
         }
