@@ -50,3 +50,20 @@ def test_every_arm_profiled(profiled):
         and "spec: top host ops" in md
         and data["command"].startswith("python -m engine.bench.steps")
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--arms", "plain", "spec+gate=x"], "--arms: arm 'spec\\+gate=x': bad lever"),
+        (["--concurrency", "0"], "--concurrency and --new-tokens must be >= 1"),
+        (["--new-tokens", "0"], "--concurrency and --new-tokens must be >= 1"),
+        (["--arms", "plain", "spec"], "spec arms need --drafter"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(tiny_target, tmp_path, extra, message):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"ids": [1, 2, 3]}) + "\n")
+    argv = ["--target", str(tiny_target), "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--device", "cpu"]
+    with pytest.raises(SystemExit, match=message):
+        steps.main(argv + extra)
