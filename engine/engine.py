@@ -287,18 +287,16 @@ class Engine:
         logits, greedy, features = self.runner.prefill(reqs)
         self._mark("target")
         tokens = self._sample(logits, greedy, [(r, 1) for r in reqs]).tolist()
-        offset = 0
         for r, token in zip(reqs, tokens, strict=True):
             n = len(r.prompt_ids)
             r.num_kv = n
-            if features is not None and r.params.speculate:
-                r.ctx_pending, r.draft_kv_len, r.draft_ready = [features[offset : offset + n]], 0, True
-            offset += n
+            if features is not None and r.params.speculate:  # the prefill stored the prompt's context
+                r.ctx_pending, r.draft_kv_len, r.draft_ready = [], n, True
             r.commit([token])
 
     def _decode(self, reqs: list[Request]) -> None:
-        ids = self.runner._tensor([r.current_token for r in reqs]).view(-1, 1)
-        res = self.runner.extend(reqs, ids)
+        self.runner.stage(reqs)
+        res = self.runner.decode(reqs)
         self._mark("target")
         tokens = self._sample(res.logits, res.greedy, [(r, 1) for r in reqs]).tolist()
         for r, token in zip(reqs, tokens, strict=True):

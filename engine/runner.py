@@ -6,6 +6,13 @@ shape runs eagerly; a graph is never replayed for a shape it was not captured at
 extra row groups of the same span with block-table rows of their own (after the null row), so a
 hedged verify is one more span step of the same shape family; the draft graph is keyed on the
 branch positions it walks.
+
+A decode, gated or speculative step reads its per-request inputs (current token, table row,
+committed rows, draft limit) from one staged buffer, copied host -> device once per step; the
+verify graph takes the draft graph's output buffer as is and accepts on the device, so a round
+costs one copy in, two graph launches and one copy out. Every target forward that captures
+features also stores them as drafter context K/V at the same slots: rows a round rejects sit past
+the committed length, where the drafter never looks and later rows overwrite them.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.request import Request
 
 log = logging.getLogger(__name__)
+
+STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
 
 
 def batch_buckets(max_num_seqs: int) -> list[int]:
@@ -52,7 +61,9 @@ class _Graph:
 
     def replay(self, **values: torch.Tensor) -> tuple:
         for name, value in values.items():
-            self.inputs[name].copy_(value, non_blocking=True)
+            static = self.inputs[name]
+            if value.data_ptr() != static.data_ptr():  # a buffer captured as is needs no copy
+                static.copy_(value, non_blocking=True)
         self.graph.replay()
         return self.outputs
 
@@ -85,8 +96,6 @@ class ModelRunner:
                 dg.num_layers, num_blocks, block_size, dg.num_kv_heads, dg.head_dim, self.dtype, self.device
             )
             self.taps = drafter.cfg.target_layer_ids
-            # A verify commits at most drafts_per_round + 1 rows, all of which join the context.
-            self.ctx_rows = drafter.cfg.drafts_per_round + 1
         # One row per request slot, a null row (all block 0) for padded rows, then one per hedge chain.
         self.block_tables = torch.zeros(
             max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
@@ -97,12 +106,46 @@ class ModelRunner:
         self.use_graphs = use_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        # The staged step inputs, one field per row: current token, table row, committed rows, limit.
+        width = max(self.buckets)
+        pinned = self.device.type == "cuda"
+        self.staged = torch.zeros(len(STAGED), width, dtype=torch.int64, device=self.device)
+        self._staged_host = torch.zeros(len(STAGED), width, dtype=torch.int64, pin_memory=pinned)
+        self._staged_copied = torch.cuda.Event() if pinned else None
+        self._staged_for: list[Request] | None = None
+        self._last_drafts: torch.Tensor | None = None
 
     # -- host -> device -----------------------------------------------------------------------------
     def _tensor(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         if self.device.type == "cuda":
             return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
         return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def stage(self, reqs: list[Request], limits: Sequence[int] | None = None) -> None:
+        """Copy the step's per-request inputs to the device in one transfer, padded to the graph
+        bucket with null-block rows; `decode`, `draft` and `verify` of these requests read them."""
+        n = len(reqs)
+        pad = self._rows(n) - n
+        fields = [
+            [r.current_token for r in reqs] + [0] * pad,
+            [r.slot for r in reqs] + [self.null_row] * pad,
+            [r.num_kv for r in reqs] + [0] * pad,
+            (list(limits) if limits is not None else [0] * n) + [0] * pad,
+        ]
+        if self._staged_copied is not None:
+            self._staged_copied.synchronize()  # the pinned buffer's previous copy has left
+        self._staged_host[:, : n + pad] = torch.tensor(fields, dtype=torch.int64)
+        self.staged.copy_(self._staged_host, non_blocking=True)
+        if self._staged_copied is not None:
+            self._staged_copied.record()
+        self._staged_for = reqs
+
+    def _check_staged(self, reqs: list[Request]) -> None:
+        if self._staged_for is not reqs and self._staged_for != reqs:
+            raise RuntimeError("stage(reqs) must run before a decode, draft or verify of the same requests")
+
+    def field(self, name: str, m: int) -> torch.Tensor:
+        return self.staged[STAGED.index(name), :m]
 
     def assign_blocks(self, req: Request) -> None:
         row = torch.zeros(self.block_tables.shape[1], dtype=torch.int32)
@@ -124,32 +167,49 @@ class ModelRunner:
         meta = AttnMeta(slots, tables, (num_kv + span).to(torch.int32), qsl, span, causal)
         return positions.reshape(-1), meta
 
+    def _rows(self, n: int) -> int:
+        """Rows a step of n requests runs at: its graph bucket, or n when eager."""
+        return self._bucket(n) or n
+
     def _bucket(self, n: int) -> int | None:
         if not self.use_graphs:
             return None
         return next((b for b in self.buckets if b >= n), None)
 
-    def _run(self, key: tuple, fn: Callable[..., tuple], n: int, values: dict[str, torch.Tensor], pads: dict) -> tuple:
-        """Eager, or the graph captured for exactly this (kind, bucket, shape)."""
+    def _run(
+        self,
+        key: tuple,
+        fn: Callable[..., tuple],
+        n: int,
+        values: dict[str, torch.Tensor],
+        pads: dict,
+        shared: frozenset[str] = frozenset(),
+    ) -> tuple:
+        """Eager, or the graph captured for exactly this (kind, bucket, shape). `shared` inputs
+        arrive as persistent bucket-sized buffers: captured as they are, never padded or copied."""
         bucket = self._bucket(n)
         if bucket is None:
             return fn(**values)
-        if bucket > n:
-            values = {
-                k: torch.cat([v, torch.full((bucket - n, *v.shape[1:]), pads[k], dtype=v.dtype, device=v.device)])
-                for k, v in values.items()
-            }
+        values = {
+            k: v
+            if k in shared or v.shape[0] == bucket
+            else torch.cat(
+                [v, torch.full((bucket - v.shape[0], *v.shape[1:]), pads[k], dtype=v.dtype, device=v.device)]
+            )
+            for k, v in values.items()
+        }
         key = (*key, bucket)
         graph = self.graphs.get(key)
         if graph is None:
             log.debug("capturing CUDA graph %s", key)
-            graph = self.graphs[key] = _Graph(fn, {k: v.clone() for k, v in values.items()}, self._pool)
+            inputs = {k: v if k in shared else v.clone() for k, v in values.items()}
+            graph = self.graphs[key] = _Graph(fn, inputs, self._pool)
         return graph.replay(**values)
 
     # -- target ------------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Whole prompts, eagerly. Returns logits and argmax at each prompt's last row, and feature
-        rows for every prompt row when a drafter is loaded."""
+        rows for every prompt row when a drafter is loaded (also stored as its context)."""
         ids, positions, slots, starts = [], [], [], [0]
         for r in reqs:
             n = len(r.prompt_ids)
@@ -158,8 +218,9 @@ class ModelRunner:
             slots += self._slots(r, range(n))
             starts.append(starts[-1] + n)
         rows = self._tensor([r.slot for r in reqs])
+        slot_mapping, position_ids = self._tensor(slots), self._tensor(positions)
         meta = AttnMeta(
-            self._tensor(slots),
+            slot_mapping,
             self.block_tables.index_select(0, rows),
             self._tensor([len(r.prompt_ids) for r in reqs], torch.int32),
             self._tensor(starts, torch.int32),
@@ -167,7 +228,9 @@ class ModelRunner:
             causal=True,
         )
         features = self._features(len(ids))
-        hidden = self.target.forward(self._tensor(ids), self._tensor(positions), meta, self.kv, self.taps, features)
+        hidden = self.target.forward(self._tensor(ids), position_ids, meta, self.kv, self.taps, features)
+        if features is not None:
+            self.drafter.store_context(features, position_ids, slot_mapping, self.draft_kv)
         last = hidden.index_select(0, self._tensor(starts[1:]) - 1)
         logits = self.target.logits(last)
         return logits, self.ops.argmax(logits), features
@@ -182,6 +245,8 @@ class ModelRunner:
         positions, meta = self._span_meta(rows, num_kv, span, causal=True)
         features = self._features(ids.numel())
         hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
+        if features is not None:
+            self.drafter.store_context(features, positions, meta.slot_mapping, self.draft_kv)
         logits = self.target.logits(hidden)
         return logits, self.ops.argmax(logits), features
 
@@ -200,13 +265,44 @@ class ModelRunner:
         }
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
         logits, greedy, features = self._run(("span", span), self._span_forward, n, values, pads)
-        rows = n * span
-        return SpanResult(logits[:rows], greedy[:rows], None if features is None else features[:rows])
+        return _trim(SpanResult(logits, greedy, features), n * span)
+
+    def decode(self, reqs: list[Request]) -> SpanResult:
+        """Each staged request's current token at position num_kv (a plain or gated step)."""
+        self._check_staged(reqs)
+        n = len(reqs)
+        logits, greedy, features = self._run(("decode",), partial(self._staged_decode, self._rows(n)), n, {}, {})
+        return _trim(SpanResult(logits, greedy, features), n)
+
+    def _staged_decode(self, m: int) -> tuple:
+        ids = self.field("token", m)[:, None]
+        return self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
+
+    def verify(self, reqs: list[Request], drafts: torch.Tensor, k: int) -> tuple[SpanResult, torch.Tensor]:
+        """The staged requests' spans [current, d1..dk] in one target forward, accepted on the device
+        against the greedy targets under the staged limits. Returns the span result and, per request,
+        [accepted n, d1..dk, target after each span row] (int64 [N, 1 + 2k])."""
+        self._check_staged(reqs)
+        n = len(reqs)
+        # The draft graph's own output buffer is taken as is (no pad, no copy); other drafts are copied in.
+        shared = self._last_drafts is not None and drafts.data_ptr() == self._last_drafts.data_ptr()
+        values = {"drafts": (self._last_drafts if shared else drafts)[:, :k]}
+        fn = partial(self._staged_verify, m=self._rows(n), k=k)
+        out = self._run(("verify", k), fn, n, values, {"drafts": 0}, frozenset({"drafts"} if shared else ()))
+        logits, greedy, features, rounds = out
+        return _trim(SpanResult(logits, greedy, features), n * (1 + k)), rounds[:n]
+
+    def _staged_verify(self, drafts: torch.Tensor, m: int, k: int) -> tuple:
+        ids = torch.cat([self.field("token", m)[:, None], drafts], dim=1)
+        logits, greedy, features = self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
+        targets = greedy.view(m, k + 1)
+        accepted = self.ops.accept_prefix(drafts, targets, self.field("limit", m))
+        return logits, greedy, features, torch.cat([accepted[:, None], drafts, targets], dim=1)
 
     # -- drafter -----------------------------------------------------------------------------------
     def draft(self, reqs: list[Request]) -> torch.Tensor:
-        """One batched drafter forward: store every request's pending context rows, then run all
-        blocks [current, mask x (B-1)] non-causally. Returns drafts [N, drafts_per_round] (device)."""
+        """One batched drafter forward over the staged requests: blocks [current, mask x (B-1)] run
+        non-causally over each drafter context. Returns drafts [N, drafts_per_round] (device)."""
         return self._draft(reqs, ())[0]
 
     def draft_chains(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,73 +314,47 @@ class ModelRunner:
         return drafts, chains
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
-        """Pending context rows ride in the draft step, packed to `ctx_rows` per request so the
-        step keeps a static shape (unused rows write zeros to the null block); a request with more
-        pending rows (its prompt, or several gated rounds) is stored eagerly first."""
-        n, width = len(reqs), self.ctx_rows
-        spill_feats, spill_pos, spill_slots = [], [], []
-        packed, dest = [], []
-        ctx_pos, ctx_slots = [0] * (n * width), [0] * (n * width)
-        for i, r in enumerate(reqs):
+        """Context rows still pending (a hedge chain's winning rows) are stored first, eagerly."""
+        self._check_staged(reqs)
+        feats, pos, slots = [], [], []
+        for r in reqs:
             pending = sum(t.shape[0] for t in r.ctx_pending)
             if r.draft_kv_len + pending != r.num_kv:
                 raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len}+{pending} rows != {r.num_kv} committed")
-            span = range(r.draft_kv_len, r.num_kv)
-            if pending <= width:
-                packed += r.ctx_pending
-                dest += range(i * width, i * width + pending)
-                ctx_pos[i * width : i * width + pending] = span
-                ctx_slots[i * width : i * width + pending] = self._slots(r, span)
-            else:
-                spill_feats += r.ctx_pending
-                spill_pos += span
-                spill_slots += self._slots(r, span)
-            r.ctx_pending = []
-            r.draft_kv_len = r.num_kv
-        if spill_feats:
-            self.drafter.store_context(
-                torch.cat(spill_feats), self._tensor(spill_pos), self._tensor(spill_slots), self.draft_kv
-            )
-        ctx = torch.zeros(n, width, self.drafter.cfg.feature_size, dtype=self.dtype, device=self.device)
-        if packed:
-            ctx.view(n * width, -1).index_copy_(0, self._tensor(dest), torch.cat(packed))
-        values = {
-            "anchors": self._tensor([r.current_token for r in reqs]),
-            "rows": self._tensor([r.slot for r in reqs]),
-            "num_kv": self._tensor([r.num_kv for r in reqs]),
-            "ctx": ctx,
-            "ctx_pos": self._tensor(ctx_pos).view(n, width),
-            "ctx_slots": self._tensor(ctx_slots).view(n, width),
-        }
-        pads = {"anchors": 0, "rows": self.null_row, "num_kv": 0, "ctx": 0, "ctx_pos": 0, "ctx_slots": 0}
-        fn = partial(self._block_forward, branch=branch)
-        out = self._run(("draft", branch), fn, n, values, pads)
+            if pending:
+                span = range(r.draft_kv_len, r.num_kv)
+                feats += r.ctx_pending
+                pos += span
+                slots += self._slots(r, span)
+                r.ctx_pending = []
+                r.draft_kv_len = r.num_kv
+        if feats:
+            self.drafter.store_context(torch.cat(feats), self._tensor(pos), self._tensor(slots), self.draft_kv)
+        n = len(reqs)
+        out = self._run(("draft", branch), partial(self._block_forward, self._rows(n), branch), n, {}, {})
+        self._last_drafts = out[0]
         return tuple(t[:n] for t in out)
 
-    def _block_forward(
-        self,
-        anchors: torch.Tensor,
-        rows: torch.Tensor,
-        num_kv: torch.Tensor,
-        ctx: torch.Tensor,
-        ctx_pos: torch.Tensor,
-        ctx_slots: torch.Tensor,
-        branch: tuple[int, ...] = (),
-    ) -> tuple:
-        """Store the packed context rows, then drafts [N, D] (argmax per row, or the Markov walk),
-        plus chains [N, P, D] with branch positions. Static shapes and no host reads: captured whole."""
+    def _block_forward(self, m: int, branch: tuple[int, ...] = ()) -> tuple:
+        """Drafts [m, D] (argmax per row, or the Markov walk), plus chains [m, P, D] with branch
+        positions. Static shapes and no host reads: captured whole."""
         cfg = self.drafter.cfg
-        self.drafter.store_context(ctx.flatten(0, 1), ctx_pos.reshape(-1), ctx_slots.reshape(-1), self.draft_kv)
-        n, b = anchors.shape[0], cfg.block_size
-        ids = torch.full((n, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
+        b = cfg.block_size
+        anchors = self.field("token", m)
+        ids = torch.full((m, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         ids[:, 0] = anchors
-        positions, meta = self._span_meta(rows, num_kv, b, causal=False)
+        positions, meta = self._span_meta(self.field("row", m), self.field("num_kv", m), b, causal=False)
         hidden = self.drafter.forward_block(ids.reshape(-1), positions, meta, self.draft_kv)
         first = 0 if cfg.anchor_first else 1
         d = b - first
-        logits = self.target.logits(hidden.view(n, b, -1)[:, first:].reshape(n * d, -1))
+        logits = self.target.logits(hidden.view(m, b, -1)[:, first:].reshape(m * d, -1))
         if self.drafter.markov is None:
-            return (self.ops.argmax(logits).view(n, d),)
+            return (self.ops.argmax(logits).view(m, d),)
         w1, w2 = self.drafter.markov
-        drafts, chains = markov_walk(logits.view(n, d, -1), anchors, w1, w2, branch, self.ops.linear, self.ops.argmax)
+        drafts, chains = markov_walk(logits.view(m, d, -1), anchors, w1, w2, branch, self.ops.linear, self.ops.argmax)
         return (drafts,) if chains is None else (drafts, chains)
+
+
+def _trim(res: SpanResult, rows: int) -> SpanResult:
+    """The real rows of a (possibly bucket-padded) span result."""
+    return SpanResult(res.logits[:rows], res.greedy[:rows], None if res.features is None else res.features[:rows])

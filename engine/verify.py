@@ -17,7 +17,7 @@ import torch
 from engine.hedge import AutoHedge, Candidate, effective_positions, plan_chains
 from engine.levers import Levers
 from engine.request import Request
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, SpanResult
 from engine.scratch import ScratchKV
 from engine.spec import RoundOutcome, draft_limit, round_drafts, settle
 from engine.trace import log_hedge, log_round
@@ -136,22 +136,22 @@ class Speculator:
 
     def gated_round(self, reqs: list[Request], levers: Levers) -> None:
         """A gated round (SPEC 2.4): the current token alone through the verify path, no drafter
-        forward, booked like a plain decode step; the capture is kept, so each surviving request's
-        feature row joins its drafter context for when speculation resumes."""
+        forward, booked like a plain decode step; the capture is kept (the forward stores each
+        row's features as drafter context), so speculation can resume."""
         runner, n = self.runner, len(reqs)
-        res = runner.extend(reqs, runner._tensor([r.current_token for r in reqs]).view(n, 1))
+        runner.stage(reqs)
+        res = runner.decode(reqs)
         self.mark("target")
         tokens = self.sample(res.logits, res.greedy, [(r, 1) for r in reqs]).tolist()
-        rows = res.features.clone().split(1)  # out of the graph-owned buffer in one copy
         committed = 0
-        for r, token, row in zip(reqs, tokens, rows, strict=True):
+        for r, token in zip(reqs, tokens, strict=True):
             done = r.commit([token])
             committed += done
             if levers.trace:
                 log_round(r.id, True, 0, 0, done)
             if not r.finished:
                 r.num_kv += 1
-                r.ctx_pending.append(row)
+                r.draft_kv_len = r.num_kv
         s = self.stats
         s.rounds += n
         s.gated_rounds += n
@@ -165,32 +165,25 @@ class Speculator:
         k = round_drafts(self.per_round, levers.max_drafts)
         span = 1 + k
         limits = [draft_limit(k, r.remaining) for r in reqs]
-        current = runner._tensor([r.current_token for r in reqs]).view(n, 1)
+        runner.stage(reqs, limits)
         plan = self._plan(reqs, limits, k) if self.hedging else []
         if plan:
             full, chains = runner.draft_chains(reqs, self.hedging.positions)
         else:
             full, chains = runner.draft(reqs), None
-        drafts = full[:, :k]
         self.stats.draft_forwards += 1
         self.mark("draft")
-        ids = torch.cat([current, drafts], dim=1)
-        rows, num_kv = [r.slot for r in reqs], [r.num_kv for r in reqs]
         owners = [reqs[i] for i, _ in plan]
         if plan:
-            who = runner._tensor([i for i, _ in plan])
-            chain_drafts = chains[:, :, :k][who, runner._tensor([j for _, j in plan])]
-            ids = torch.cat([ids, torch.cat([current[who], chain_drafts], dim=1)])
-            drafts = torch.cat([drafts, chain_drafts])
-            rows += self.scratch.prepare(owners, span)
-            num_kv += [r.num_kv for r in owners]
-        res = runner.extend_rows(ids, rows, num_kv)
-        self.mark("target")
-        groups = [(r, span) for r in [*reqs, *owners]]
-        targets = self.sample(res.logits, res.greedy, groups).view(len(groups), span)
-        all_limits = limits + [limits[i] for i, _ in plan]
-        accepted = self.ops.accept_prefix(drafts, targets, runner._tensor(all_limits))
-        host = torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
+            res, drafts = self._hedged_verify(reqs, full[:, :k], chains[:, :, :k], plan, span)
+            host = self._accept(res, drafts, [*reqs, *owners], limits + [limits[i] for i, _ in plan])
+        else:
+            res, rounds = runner.verify(reqs, full, k)
+            self.mark("target")
+            if all(r.params.greedy for r in reqs):
+                host = rounds.tolist()  # accepted on the device against the greedy targets
+            else:
+                host = self._accept(res, full[:, :k], reqs, limits)
         chains_of: dict[int, list[int]] = {}
         for m, (i, _) in enumerate(plan):
             chains_of.setdefault(i, []).append(n + m)
@@ -214,24 +207,57 @@ class Speculator:
                 if mine:
                     winner = 0 if best == i else mine.index(best) + 1
                     log_hedge(r.id, len(mine), winner, host[i][0], host[best][0])
-            if not r.finished:
-                if best != i:
-                    winners.append((best - n, r, before, outcome.accepted_draft + 1))
+            if r.finished:
+                continue
+            if best == i:  # the verify stored the main span's rows as drafter context
+                r.draft_kv_len = r.num_kv
+            else:  # a chain's rows join the context at the next draft, over the main span's
+                winners.append((best - n, r, before, outcome.accepted_draft + 1))
                 keep += range(best * span, best * span + outcome.accepted_draft + 1)
                 grown.append((r, outcome.accepted_draft + 1))
         self._count(outcomes, sum(len(v) for v in chains_of.values()), len(chains_of), wins)
         if winners:
             self.scratch.commit(winners)
-        self._append_context(res.features, keep, grown)
+            self._append_context(res.features, keep, grown)
         if self.hedging and self.hedging.auto:
             committed = sum(o.committed for o in outcomes)
             self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
 
+    def _hedged_verify(
+        self,
+        reqs: list[Request],
+        drafts: torch.Tensor,
+        chains: torch.Tensor,
+        plan: list[tuple[int, int]],
+        span: int,
+    ) -> tuple[SpanResult, torch.Tensor]:
+        """Main spans plus each planned chain (request i, branch j) as extra row groups of one
+        target forward; chain rows verify into scratch KV. Returns the result and every group's drafts."""
+        runner, n = self.runner, len(reqs)
+        current = runner.field("token", n)[:, None]
+        owners = [reqs[i] for i, _ in plan]
+        who = runner._tensor([i for i, _ in plan])
+        chain_drafts = chains[who, runner._tensor([j for _, j in plan])]
+        ids = torch.cat([torch.cat([current, drafts], dim=1), torch.cat([current[who], chain_drafts], dim=1)])
+        rows = [r.slot for r in reqs] + self.scratch.prepare(owners, span)
+        num_kv = [r.num_kv for r in reqs] + [r.num_kv for r in owners]
+        res = runner.extend_rows(ids, rows, num_kv)
+        self.mark("target")
+        return res, torch.cat([drafts, chain_drafts])
+
+    def _accept(
+        self, res: SpanResult, drafts: torch.Tensor, groups: list[Request], limits: list[int]
+    ) -> list[list[int]]:
+        """Targets sampled per span row (greedy or seeded), then the accepted prefix of each group:
+        rows [accepted n, d1..dk, targets] on the host."""
+        k = drafts.shape[1]
+        targets = self.sample(res.logits, res.greedy, [(r, 1 + k) for r in groups]).view(len(groups), 1 + k)
+        accepted = self.ops.accept_prefix(drafts, targets, self.runner._tensor(limits))
+        return torch.cat([accepted[:, None], drafts, targets], dim=1).tolist()
+
     def _append_context(self, features: torch.Tensor, keep: list[int], grown: list[tuple[Request, int]]) -> None:
-        """Feature rows of each surviving request's [current, d1..dn] (of its winning chain) join its
-        drafter context; copied out of the (graph-owned) output buffer in one gather."""
-        if not keep:
-            return
+        """Feature rows of each winning chain's [current, d1..dn] join its request's pending drafter
+        context; copied out of the (graph-owned) output buffer in one gather."""
         rows = features.index_select(0, self.runner._tensor(keep))
         for (r, _), mine in zip(grown, rows.split([count for _, count in grown]), strict=True):
             r.ctx_pending.append(mine)

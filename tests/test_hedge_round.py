@@ -4,8 +4,9 @@ An oracle replaces the drafter's proposals with the plain-greedy continuation: t
 corrupted at a chosen draft position c, and the hedge chain branching at c carries the right token
 (the others are wrong at their branch), so that chain must win every round where it is verified.
 The real drafter still runs (its state must stay consistent); only the tokens are replaced. After
-every step each running request's KV rows and, before every draft, the feature rows that join its
-drafter context are compared with an HF forward over its committed tokens.
+every step each running request's KV rows and drafter context K/V, and before every draft the
+winning chains' feature rows that join the context, are compared with an HF forward over its
+committed tokens.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fixture.features import tap
 from tests.checkpoints import VOCAB, make_dspark_drafter
+from tests.kv_checks import check_draft_kv, check_kv, hf_state
 from trace_tools import hedge_trace_rows, levers_trace_rows, summarize_hedge
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
@@ -97,44 +98,22 @@ def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list
     return engine
 
 
-def hf_state(hf, tokens: list[int], layer_ids):
-    out = hf(input_ids=torch.tensor([tokens]), use_cache=True, output_hidden_states=True)
-    kv = [(layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1)) for layer in out.past_key_values.layers]
-    return kv, (tap(out.hidden_states, layer_ids)[0] if layer_ids else None)
-
-
-def check_kv(engine: Engine, hf) -> int:
-    """Every running request's committed KV rows equal an HF forward over its committed tokens."""
-    checked = 0
-    bs = engine.runner.block_size
-    for r in engine.scheduler.running:
-        if not r.output_ids or r.finished:
-            continue
-        tokens = (r.prompt_ids + r.output_ids)[: r.num_kv]
-        want, _ = hf_state(hf, tokens, ())
-        slots = torch.tensor([r.blocks[p // bs] * bs + p % bs for p in range(r.num_kv)])
-        for (k_cache, v_cache), (k, v) in zip(engine.runner.kv, want, strict=True):
-            torch.testing.assert_close(k_cache.flatten(0, 1)[slots], k, atol=2e-4, rtol=1e-4)
-            torch.testing.assert_close(v_cache.flatten(0, 1)[slots], v, atol=2e-4, rtol=1e-4)
-        checked += 1
-    return checked
-
-
 def run_checked(engine: Engine, hf, capsys, contexts: list):
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
     ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params, strict=True)]
-    done, kv_checks = {}, 0
+    done, kv_checks, draft_checks = {}, 0, 0
     while engine.has_unfinished():
         for out in engine.step():
             if out.finished:
                 done[out.request_id] = out
         kv_checks += check_kv(engine, hf)
+        draft_checks += check_draft_kv(engine, hf)
     taps = engine.draft_cfg.target_layer_ids
     for r, start, rows in contexts:  # what joined each drafter context = the committed tokens' features
         _, feats = hf_state(hf, (r.prompt_ids + r.output_ids)[: start + rows.shape[0]], taps)
         torch.testing.assert_close(rows, feats[start:], atol=2e-4, rtol=1e-4)
     lines = capsys.readouterr().err.splitlines()
-    assert kv_checks > 10 and len(contexts) > 10
+    assert kv_checks > 10 and draft_checks > 10
     return [done[i] for i in ids], levers_trace_rows(lines), hedge_trace_rows(lines)
 
 
@@ -147,6 +126,7 @@ def test_winning_chain_becomes_canonical(tiny_target, dspark, plain, hf_target, 
         assert out.token_ids == plain[tuple(prompt)][:budget]
     wins = [h for h in hedges if h.winner]
     assert wins and engine.stats.hedge_wins == len(wins)
+    assert contexts  # winning rows joined a context at the next draft (and matched HF above)
     for h in hedges:
         assert h.main_accepted <= c
         if h.chains > c and h.main_accepted == c:  # the chain at position c was verified

@@ -1,5 +1,5 @@
-"""The cost profile: one target verify forward (runner.extend, a CUDA-graph replay on the GPU) as a
-function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
+"""The cost profile: one target verify forward (runner.verify, a CUDA-graph replay on the GPU, inputs
+staged) as a function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
 point where verify rows stop being nearly free is measured, not guessed.
 
     python -m engine.bench profile --geometry 4b --out DIR
@@ -65,13 +65,15 @@ def profile_costs(
             break
         sub = reqs[:b]
         if kind == "verify":
-            ids = torch.randint(0, vocab, (b, span), generator=gen).to(device)
+            drafts = torch.randint(0, vocab, (b, span - 1), generator=gen).to(device)
 
-            def fn(sub=sub, ids=ids):
-                return runner.extend(sub, ids)
+            def fn(sub=sub, drafts=drafts, k=span - 1):
+                runner.stage(sub, [k] * len(sub))
+                return runner.verify(sub, drafts, k)
         else:
 
             def fn(sub=sub):
+                runner.stage(sub)
                 return runner.draft(sub)
 
         samples = time_ms(fn, device, repeats, iters, warmup=2)  # the first call captures the graph
