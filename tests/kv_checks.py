@@ -47,10 +47,11 @@ def check_draft_kv(engine: Engine, hf, atol: float = 2e-4) -> int:
         rows = r.draft_kv_len
         _, feats = hf_state(hf, (r.prompt_ids + r.output_ids)[:rows], drafter.cfg.target_layer_ids)
         g, bs = drafter.g, runner.block_size
-        fresh = allocate_kv_cache(g.num_layers, -(-rows // bs), bs, g.num_kv_heads, g.head_dim, runner.dtype, "cpu")
-        here = torch.arange(rows)
-        drafter.store_context(feats.to(runner.dtype), here, here, fresh)
-        slots = _slots(engine, r, rows)
+        dev = runner.device
+        fresh = allocate_kv_cache(g.num_layers, -(-rows // bs), bs, g.num_kv_heads, g.head_dim, runner.dtype, dev)
+        here = torch.arange(rows, device=dev)
+        drafter.store_context(feats.to(dev, runner.dtype), here, here, fresh)
+        slots = _slots(engine, r, rows).to(dev)
         for (k_cache, v_cache), (k, v) in zip(runner.draft_kv, fresh, strict=True):
             torch.testing.assert_close(k_cache.flatten(0, 1)[slots], k.flatten(0, 1)[:rows], atol=atol, rtol=1e-4)
             torch.testing.assert_close(v_cache.flatten(0, 1)[slots], v.flatten(0, 1)[:rows], atol=atol, rtol=1e-4)
