@@ -5,7 +5,7 @@
 source "$(dirname "$0")/h200_common.sh"
 
 pair=/tmp/small
-stage small 330 python3 -m engine.fixture build --recipe small --device cuda --out $pair &
+stage small 360 python3 -m engine.fixture build --recipe small --device cuda --out $pair &
 stage gpu-tests 150 python3 -m pytest tests/test_engine_gpu.py tests/test_hedge_gpu.py tests/test_draft_context.py \
   tests/test_kernels_ops.py -q -rs -n 2 -p no:cacheprovider
 stage gates 150 python3 -m pytest gates -n 3 -q -p no:cacheprovider --run-record="$LOG/levers-gate-h200.md"
