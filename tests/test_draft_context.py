@@ -17,8 +17,7 @@ from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.paths import shipped_pair, shipped_prompts
-from engine.fixture.reference import reference_generate
-from engine.models.dflash import DFlashDraftModel
+from tests.drafts import engine_drafts, reference_drafts
 from tests.kv_checks import check_draft_kv
 
 BUDGETS = [48, 20, 36]
@@ -38,36 +37,11 @@ def prompt_ids(pair):
 
 def test_engine_drafts_like_the_reference_loop(pair, prompt_ids):
     target_dir, drafter_dir = pair
-    engine = Engine(EngineConfig(model=str(target_dir), draft_model=str(drafter_dir), device="cpu"))
-    seen: dict[str, list[list[int]]] = {}
-    real = engine.runner.draft
-
-    def record(reqs):
-        out = real(reqs)
-        for r, row in zip(reqs, out.tolist(), strict=True):
-            seen.setdefault(r.id, []).append(row)
-        return out
-
-    engine.runner.draft = record
-    hf = HFQwen3.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(drafter_dir).eval()
-    rounds = 0
-    for ids, budget in zip(prompt_ids, BUDGETS, strict=True):
-        out = engine.generate([ids], SamplingParams(max_tokens=budget, ignore_eos=True))[0]
-        ref_drafts: list[list[int]] = []
-        propose = drafter.propose
-
-        def ref_record(logits, anchor, ref_drafts=ref_drafts, propose=propose):
-            ref_drafts.append(propose(logits, anchor))
-            return ref_drafts[-1]
-
-        drafter.propose = ref_record
-        ref = reference_generate(hf, drafter, ids, budget)
-        del drafter.propose
-        assert out.token_ids == ref.tokens
-        assert seen[out.request_id] == ref_drafts
-        rounds += len(ref_drafts)
-    assert rounds > 10 and engine.stats.draft_tokens_accepted > 0
+    engine, outs, drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS)
+    ref_tokens, ref_drafts = reference_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS)
+    assert [o.token_ids for o in outs] == ref_tokens
+    assert drafts == ref_drafts
+    assert sum(map(len, drafts)) > 10 and engine.stats.draft_tokens_accepted > 0
 
 
 @pytest.mark.parametrize("max_batch", [0, 3], ids=["speculating", "gated-then-speculating"])

@@ -8,16 +8,14 @@ import json
 
 import pytest
 import torch
-from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.paths import shipped_pair
-from engine.fixture.reference import plain_generate, reference_generate
 from engine.loader import CheckpointError
 from engine.models.config import DEEPSPEC, ZLAB, DFlashConfig
-from engine.models.dflash import DFlashDraftModel
 from engine.models.markov import MarkovHead, markov_chain_ref, markov_walk, markov_walk_ref
 from tests.checkpoints import make_dspark_drafter
+from tests.drafts import engine_drafts, reference_drafts
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
 DSPARK = shipped_pair("tiny")[1].parent / "drafter-dspark"
@@ -81,50 +79,11 @@ def test_markov_config_and_tensor_errors(tmp_path, tiny_target, deepspec_drafter
         Engine(EngineConfig(model=str(tiny_target), draft_model=str(bad), device="cpu"))
 
 
-def _engine_drafts(target, drafter, prompts, budget, **cfg):
-    """Engine outputs plus every full block of drafts it proposed, per request, in round order."""
-    engine = Engine(EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", **cfg))
-    seen: dict[str, list[list[int]]] = {}
-    real = engine.runner.draft
-
-    def record(reqs):
-        out = real(reqs)
-        for r, row in zip(reqs, out.tolist(), strict=True):
-            seen.setdefault(r.id, []).append(row)
-        return out
-
-    engine.runner.draft = record
-    outs = [engine.generate([p], SamplingParams(max_tokens=budget, ignore_eos=True))[0] for p in prompts]
-    return engine, outs, [seen.get(o.request_id, []) for o in outs]
-
-
-def _reference_drafts(target_dir, drafter_dir, prompts, budget):
-    target = HFQwen3.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    drafter = DFlashDraftModel.from_pretrained(drafter_dir).eval()
-    assert drafter.markov_head is not None
-    tokens, drafts = [], []
-    for p in prompts:
-        seen: list[list[int]] = []
-        propose = drafter.propose
-
-        def record(logits, anchor, seen=seen, propose=propose):
-            seen.append(propose(logits, anchor))
-            return seen[-1]
-
-        drafter.propose = record
-        res = reference_generate(target, drafter, p, budget)
-        del drafter.propose
-        tokens.append(res.tokens)
-        drafts.append(seen)
-        assert res.tokens == plain_generate(target, p, budget)
-    return tokens, drafts
-
-
 @pytest.mark.parametrize("layout", ["deepspec", "zlab"])
 def test_engine_drafts_the_markov_walk_like_the_reference(tiny_target, deepspec_drafter, zlab_markov_drafter, layout):
     drafter = deepspec_drafter if layout == "deepspec" else zlab_markov_drafter
-    engine, outs, drafts = _engine_drafts(tiny_target, drafter, PROMPTS, 24)
-    ref_tokens, ref_drafts = _reference_drafts(tiny_target, drafter, PROMPTS, 24)
+    engine, outs, drafts = engine_drafts(tiny_target, drafter, PROMPTS, [24] * len(PROMPTS))
+    ref_tokens, ref_drafts = reference_drafts(tiny_target, drafter, PROMPTS, [24] * len(PROMPTS))
     assert [o.token_ids for o in outs] == ref_tokens
     assert drafts == ref_drafts
     assert engine.drafts_per_round == 5  # block 5 anchor-first, block 6 anchor-drop
@@ -148,7 +107,7 @@ def test_fixture_dspark_drafter_drafts_like_the_reference():
     assert cfg.layout == ZLAB and not cfg.anchor_first and cfg.markov_rank > 0
     engine = Engine(EngineConfig(model=str(target), device="cpu"))
     prompts = [engine.tokenizer.encode(t, add_special_tokens=False) for t in ("def main():\n    ", "import os\n")]
-    _, outs, drafts = _engine_drafts(target, DSPARK, prompts, 32)
-    ref_tokens, ref_drafts = _reference_drafts(target, DSPARK, prompts, 32)
+    _, outs, drafts = engine_drafts(target, DSPARK, prompts, [32] * len(prompts))
+    ref_tokens, ref_drafts = reference_drafts(target, DSPARK, prompts, [32] * len(prompts))
     assert [o.token_ids for o in outs] == ref_tokens
     assert drafts == ref_drafts
