@@ -281,7 +281,7 @@ class ModelRunner:
     def verify(self, reqs: list[Request], drafts: torch.Tensor, k: int) -> tuple[SpanResult, torch.Tensor]:
         """The staged requests' spans [current, d1..dk] in one target forward, accepted on the device
         against the greedy targets under the staged limits. Returns the span result and, per request,
-        [accepted n, d1..dk, target after each span row] (int64 [N, 1 + 2k])."""
+        [accepted n, d1..dk, target after each of the k + 1 span rows] (int64 [N, 2k + 2])."""
         self._check_staged(reqs)
         n = len(reqs)
         # The draft graph's own output buffer is taken as is (no pad, no copy); other drafts are copied in.

@@ -161,3 +161,28 @@ def test_round_drafts(per_round, max_drafts, k):
 @pytest.mark.parametrize(("k", "remaining", "limit"), [(7, 20, 7), (7, 5, 4), (7, 1, 0), (0, 9, 0)])
 def test_draft_limit(k, remaining, limit):
     assert draft_limit(k, remaining) == limit
+
+
+def test_steps_read_only_inputs_staged_for_their_requests(tiny_target, tiny_drafter):
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    for prompt in PROMPTS[:3]:
+        engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    engine.step()  # the prefill
+    reqs, runner = list(engine.scheduler.running), engine.runner
+    runner.stage(reqs[:2], [1, 2])
+    with pytest.raises(RuntimeError, match="stage"):
+        runner.draft(reqs)
+    with pytest.raises(RuntimeError, match="stage"):
+        runner.decode(reqs)
+    runner.stage(reqs, [3, 0, 5])
+    staged = {name: runner.field(name, len(reqs)).tolist() for name in ("token", "row", "num_kv", "limit")}
+    assert staged == {
+        "token": [r.current_token for r in reqs],
+        "row": [r.slot for r in reqs],
+        "num_kv": [r.num_kv for r in reqs],
+        "limit": [3, 0, 5],
+    }
+    drafts = runner.draft(reqs)
+    _, rounds = runner.verify(reqs, drafts, 4)
+    assert rounds.shape == (3, 2 * 4 + 2) and rounds[1, 0] == 0  # limit 0: nothing accepted
+    assert rounds[:, 1:5].tolist() == drafts[:, :4].tolist()
