@@ -284,13 +284,13 @@ class Engine:
     def _prefill(self, reqs: list[Request]) -> None:
         for r in reqs:
             self.runner.assign_blocks(r)
-        logits, greedy, features = self.runner.prefill(reqs)
+        logits, greedy, _ = self.runner.prefill(reqs)
         self._mark("target")
         tokens = self._sample(logits, greedy, [(r, 1) for r in reqs]).tolist()
         for r, token in zip(reqs, tokens, strict=True):
             n = len(r.prompt_ids)
             r.num_kv = n
-            if features is not None and r.params.speculate:  # the prefill stored the prompt's context
+            if self.drafter is not None and r.params.speculate:  # the prefill stored the prompt's context
                 r.ctx_pending, r.draft_kv_len, r.draft_ready = [], n, True
             r.commit([token])
 

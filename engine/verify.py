@@ -135,7 +135,7 @@ class Speculator:
         return plan_chains(cands, positions, 1 + k, h.cap, h.knee, self.scratch.chains)
 
     def gated_round(self, reqs: list[Request], levers: Levers) -> None:
-        """A gated round (SPEC 2.4): the current token alone through the verify path, no drafter
+        """A gated round (SPEC 2.4): the current token alone through the decode path, no drafter
         forward, booked like a plain decode step; the capture is kept (the forward stores each
         row's features as drafter context), so speculation can resume."""
         runner, n = self.runner, len(reqs)
@@ -173,9 +173,9 @@ class Speculator:
             full, chains = runner.draft(reqs), None
         self.stats.draft_forwards += 1
         self.mark("draft")
-        owners = [reqs[i] for i, _ in plan]
         if plan:
-            res, drafts = self._hedged_verify(reqs, full[:, :k], chains[:, :, :k], plan, span)
+            owners = [reqs[i] for i, _ in plan]
+            res, drafts = self._hedged_verify(reqs, owners, full[:, :k], chains[:, :, :k], plan, span)
             host = self._accept(res, drafts, [*reqs, *owners], limits + [limits[i] for i, _ in plan])
         else:
             res, rounds = runner.verify(reqs, full, k)
@@ -226,16 +226,16 @@ class Speculator:
     def _hedged_verify(
         self,
         reqs: list[Request],
+        owners: list[Request],
         drafts: torch.Tensor,
         chains: torch.Tensor,
         plan: list[tuple[int, int]],
         span: int,
     ) -> tuple[SpanResult, torch.Tensor]:
-        """Main spans plus each planned chain (request i, branch j) as extra row groups of one
+        """Main spans plus each planned chain (request i, branch j; owners[m] = reqs[i]) as extra row groups of one
         target forward; chain rows verify into scratch KV. Returns the result and every group's drafts."""
         runner, n = self.runner, len(reqs)
         current = runner.field("token", n)[:, None]
-        owners = [reqs[i] for i, _ in plan]
         who = runner._tensor([i for i, _ in plan])
         chain_drafts = chains[who, runner._tensor([j for _, j in plan])]
         ids = torch.cat([torch.cat([current, drafts], dim=1), torch.cat([current[who], chain_drafts], dim=1)])
