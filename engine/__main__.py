@@ -8,7 +8,7 @@ import sys
 import time
 
 from engine.config import EngineConfig, SamplingParams
-from engine.fixture.paths import shipped_pair
+from engine.shipped import shipped_pair
 
 
 def _parser() -> argparse.ArgumentParser:

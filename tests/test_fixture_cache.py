@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from engine.fixture.cache import ensure_built
+from engine.fixture.cache import ensure_built, ensure_pair
 from engine.fixture.corpus import Corpus, SourceFile
-from engine.fixture.recipes import MICRO, Recipe, ensure_pair, get_recipe
+from engine.fixture.recipes import MICRO, Recipe, get_recipe
 
 CORPUS = Corpus(train=[SourceFile("stdlib", "a.py", "x = 1\n")], heldout=[SourceFile("stdlib", "b.py", "y = 2\n")])
 

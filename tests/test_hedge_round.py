@@ -266,7 +266,7 @@ def test_scratch_is_reserved_from_the_kv_budget(tiny_target, dspark):
 
 
 def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
-    from engine.fixture.paths import shipped_dspark, shipped_pair, shipped_prompts
+    from engine.shipped import shipped_dspark, shipped_pair, shipped_prompts
 
     dspark = shipped_dspark("tiny")
     if not (dspark / "config.json").is_file():
