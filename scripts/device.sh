@@ -43,13 +43,15 @@ stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"
 run_profile() { python3 -m engine.bench profile --geometry 4b --out "$LOG/profile" --time-budget-s 75; }
-stage steps 60 "where a step's time goes on \$PAIR, c=1 and c=64 (plain, spec, gate)"
+stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
 run_steps() {
-  needs_pair || return
-  local pair=(--target "$PAIR/target" --drafter "$PAIR/drafter")
-  python3 -m engine.bench steps "${pair[@]}" --out "$LOG/steps-c1" --concurrency 1 --new-tokens 128 --arms plain spec &&
-    python3 -m engine.bench steps "${pair[@]}" --out "$LOG/steps-c64" --concurrency 64 --new-tokens 64 \
-      --arms plain spec spec+gate=16
+  needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --out "$LOG/steps-c1" --concurrency 1 --new-tokens 128 --arms plain spec
+}
+stage steps-c64 60 "the same at c=64: plain, spec and the gate"
+run_steps_c64() {
+  needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --out "$LOG/steps-c64" --concurrency 64 --new-tokens 64 --arms plain spec spec+gate=16
 }
 stage sweep-small 110 "lever sweep on \$PAIR at c=1 and c=8: plain vs spec, paired noise floor"
 run_sweep_small() {
@@ -90,7 +92,7 @@ run_stage() {  # NAME[:SECONDS]: capped, logged, recorded; never aborts the call
     echo "$name bad cap '$secs' (whole seconds)" | tee -a "$LOG/stages.txt"
     return 2
   fi
-  timeout "$secs" bash -c "$(declare -f needs_pair sets "run_${name//-/_}"); run_${name//-/_}" >"$LOG/$name.log" 2>&1
+  timeout "$secs" bash -c "$(declare -f); run_${name//-/_}" >"$LOG/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s (cap ${secs}s)" | tee -a "$LOG/stages.txt"
   return $rc
