@@ -8,9 +8,9 @@ import sys
 import time
 
 from engine.config import EngineConfig, SamplingParams
-from engine.fixture.paths import shipped_pair
 from engine.knobs import parse_lever
 from engine.levers import env_name, lever_doc, lever_names
+from engine.shipped import shipped_pair
 
 
 def _parser() -> argparse.ArgumentParser:

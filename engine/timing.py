@@ -1,11 +1,45 @@
-"""Per-step phase times for benchmarks: device-side (CUDA events) on GPU, host clock on CPU."""
+"""Timing on the device or the host (CUDA events on the GPU, the host clock on CPU): how long a callable
+takes (`time_ms`: the benches, the fixture's build projection) and per-step phase times
+(`PhaseTimer`: the engine's steps under a bench)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_ms(
+    fn: Callable[[], object], device: torch.device, repeats: int, iters: int = 1, warmup: int = 1
+) -> list[float]:
+    """Milliseconds per call of fn, one sample per repeat (each the mean over `iters` back-to-back
+    calls): CUDA events on the GPU, the host clock after a synchronize on CPU."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / iters)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples.append((time.perf_counter() - t0) * 1e3 / iters)
+    return samples
 
 
 @dataclass

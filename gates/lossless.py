@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fixture.paths import shipped_prompts
 from engine.knobs import parse_flag
+from engine.shipped import shipped_prompts
 
 MARGIN = 0.20  # logits; bf16 verify vs decode kernels can flip ties this close
 TOKENS = 64

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.fixture.paths import shipped_dspark, shipped_pair
+from engine.shipped import shipped_dspark, shipped_pair
 
 TARGET_ENV = "PEGAINFER_TEST_MODEL_PATH"
 DRAFTER_ENV = "PEGAINFER_DFLASH_TEST_MODEL_PATH"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
+from engine.fixture.dflash_model import DFlashDraftModel
 from engine.models.config import DFlashConfig
-from engine.models.dflash import DFlashDraftModel
 
 VOCAB = 300
 EOS = 299

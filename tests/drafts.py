@@ -9,8 +9,8 @@ import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.fixture.dflash_model import DFlashDraftModel
 from engine.fixture.reference import plain_generate, reference_generate
-from engine.models.dflash import DFlashDraftModel
 
 
 def engine_drafts(target, drafter, prompts: Sequence, budgets: Sequence[int], **cfg):

@@ -77,7 +77,7 @@ def test_random_geometries_match_the_real_module_layouts():
     from transformers import Qwen3Config as HFConfig
     from transformers import Qwen3ForCausalLM
 
-    from engine.models.dflash import DFlashDraftModel
+    from engine.fixture.dflash_model import DFlashDraftModel
 
     cfg = target_config("tiny")
     hf = Qwen3ForCausalLM(HFConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}))

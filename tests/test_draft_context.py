@@ -16,7 +16,7 @@ import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fixture.paths import shipped_pair, shipped_prompts
+from engine.shipped import shipped_pair, shipped_prompts
 from tests.drafts import engine_drafts, reference_drafts
 from tests.kv_checks import check_draft_kv
 

@@ -11,10 +11,10 @@ from transformers import Qwen3ForCausalLM
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.__main__ import main
-from engine.fixture.markov import backbone_blocks, backbone_logits, block_acceptance
-from engine.fixture.paths import DATA_DIR, shipped_pair
+from engine.fixture.dflash_model import DFlashDraftModel
+from engine.fixture.train_markov import backbone_blocks, backbone_logits, block_acceptance
 from engine.models.config import DFlashConfig
-from engine.models.dflash import DFlashDraftModel
+from engine.shipped import DATA_DIR, shipped_pair
 
 TOY = [
     "files=3",

@@ -154,7 +154,7 @@ def test_hedge_drafter_resolution(tmp_path: Path, clean_weights_env):
 
 
 def test_fixture_default_is_the_shipped_dspark_drafter(clean_weights_env):
-    from engine.fixture.paths import shipped_dspark
+    from engine.shipped import shipped_dspark
 
     chosen, reason = hedge_drafter(GateWeights("t", "d", "fixture:tiny"))
     if (shipped_dspark("tiny") / "config.json").is_file():

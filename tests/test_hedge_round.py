@@ -220,7 +220,7 @@ def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
 
 
 def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
-    from engine.fixture.paths import shipped_dspark, shipped_pair, shipped_prompts
+    from engine.shipped import shipped_dspark, shipped_pair, shipped_prompts
 
     dspark = shipped_dspark("tiny")
     if not (dspark / "config.json").is_file():

@@ -183,7 +183,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(cases, "DEVICE", DEV)
     monkeypatch.setattr(cases, "DTYPE", torch.float32)
     monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda: 4200.0)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes: 4.2e12)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")
     monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path / "pkg")

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fixture.paths import shipped_pair
+from engine.fixture.dflash_model import MarkovHead
 from engine.loader import CheckpointError
 from engine.models.config import DEEPSPEC, ZLAB, DFlashConfig
-from engine.models.markov import MarkovHead, markov_chain_ref, markov_walk, markov_walk_ref
+from engine.models.markov import markov_chain_ref, markov_walk, markov_walk_ref
+from engine.shipped import shipped_pair
 from tests.checkpoints import make_dspark_drafter
 from tests.drafts import engine_drafts, reference_drafts
 

@@ -1,44 +1,14 @@
-"""The two measured ceilings (METHOD.md: measure them on the card, don't quote the datasheet) and a
-device timer. On CPU the same code runs with host clocks, so the benches' logic is testable there."""
+"""The two measured ceilings (METHOD.md: measure them on the card, don't quote the datasheet) and the
+peak-memory probe. They time with engine/timing.py's `time_ms`: on CPU the same code runs with host
+clocks, so the benches' logic is testable there."""
 
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(
-    fn: Callable[[], object], device: torch.device, repeats: int, iters: int = 1, warmup: int = 1
-) -> list[float]:
-    """Milliseconds per call of fn, one sample per repeat (each the mean over `iters` back-to-back
-    calls): CUDA events on the GPU, the host clock after a synchronize on CPU."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter() - t0) * 1e3 / iters)
-    return samples
+from engine.timing import time_ms
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, repeats: int = 10) -> float:

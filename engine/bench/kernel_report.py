@@ -1,34 +1,18 @@
-"""What the kernel micro-benchmark writes: the CSVs and Markdown tables, the skinny-linear summary
+"""What the kernel micro-benchmark writes beyond the CSVs (report.py): the skinny-linear summary
 (crossover M, decode-step projection time), and the tuned table built from the sweeps' results
 (DIR/tuned/<device>.json, and with --write-tuned engine/kernels/tuned/<device>.json)."""
 
 from __future__ import annotations
 
-import csv
 import json
 import time
-from pathlib import Path
 
 import torch
 
 from engine.bench import kernel_cases as cases
+from engine.bench.report import markdown_table
 from engine.kernels import tuning
 from engine.kernels.tuning import TunedTables
-
-
-def md_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    if not rows:
-        return
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = None) -> str:
@@ -61,7 +45,7 @@ def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = N
                 crossover[(n, k)] = m
     out.append(f"### Skinny-M linear vs cuBLAS ({cases.DTYPE}; GB/s = weight bytes / time)\n")
     out.append(
-        md_table(
+        markdown_table(
             [
                 "shape",
                 "M",

@@ -1,20 +1,20 @@
-"""The kernel micro-benchmark's sections, each `(args, timer, peak) -> (CSV rows, Markdown)`:
-skinny-M linear vs cuBLAS, fused SwiGLU + down, add + RMSNorm in the projection's prologue, the
-batch-invariant GEMM tilings and paged attention. The linear and fused sweeps leave what the
-tuned table needs in `args.state`."""
+"""The kernel micro-benchmark's sections that feed the tuned table, each `(args, timer, peak) ->
+(CSV rows, Markdown)`: skinny-M linear vs cuBLAS, fused SwiGLU + down, add + RMSNorm in the
+projection's prologue. They leave what the tuned table needs in `args.state`; the sections that
+only time (batch-invariant tilings, paged attention) are in kernel_sweeps_untuned.py."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
 import torch.nn.functional as F
 
 from engine.bench import kernel_cases as cases
-from engine.bench.kernel_report import linear_report, md_table
-from engine.bench.kernel_timing import Result, Timer, rel_err, time_candidate, time_paths, unfused_vs_fused
-from engine.kernels import activation, attention, fused_linear, linear, norm, tuning
+from engine.bench.kernel_report import linear_report
+from engine.bench.kernel_timing import Result, Timer, time_candidate, time_paths, unfused_vs_fused
+from engine.bench.report import markdown_table
+from engine.kernels import activation, fused_linear, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 
 
@@ -143,7 +143,7 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     return rows, (
         f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
         f"({cases.DTYPE})\n\n"
-        + md_table(
+        + markdown_table(
             ["M", "unfused us", "unfused path", "fused us", "frac", "fused config", "speedup", "36 layers: us saved"],
             table,
         )
@@ -227,108 +227,8 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     return rows, (
         f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
         f"the best unfused projection ({cases.DTYPE})\n\n"
-        + md_table(
+        + markdown_table(
             ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup", "36 layers: us saved"],
             table,
         )
-    )
-
-
-def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
-    rows, table = [], []
-    tilings = [
-        SkinnyConfig(16, 64, 64, 1, 4, 4),
-        linear.INVARIANT_CONFIG,
-        SkinnyConfig(64, 64, 64, 1, 4, 4),
-        SkinnyConfig(64, 128, 64, 1, 4, 3),
-    ]
-    for n, k in cases.SHAPES:
-        wbytes, copies, ws = cases.rotated_weights(n, k)
-        for m in (1, 8, 64):
-            x = torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE)
-            est = wbytes / (peak * 1e3)
-            cub = timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est)
-            line = [f"{cases.SHAPE_NAMES[(n, k)]}", m, f"{cub:.1f}"]
-            for cfg in tilings:
-                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
-                us = timer(fn, copies, est)
-                rows.append(dict(N=n, K=k, M=m, config=str(tuple(cfg)), us=round(us, 2), cublas_us=round(cub, 2)))
-                line.append(f"{us:.1f}")
-            table.append(line)
-        del ws
-    header = ["shape", "M", "cuBLAS us"] + [f"{c.block_m}x{c.block_n}x{c.block_k} us" for c in tilings]
-    return (
-        rows,
-        f"### Batch-invariant GEMM tilings ({cases.DTYPE}, us; current: INVARIANT_CONFIG = "
-        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + md_table(header, table),
-    )
-
-
-def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
-    rows, table = [], []
-    for batch, ctx, span in cases.ATTN_CASES:
-        q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, span, **cases.ATTN_GEOMETRY)
-        kv_bytes = 2 * batch * (ctx + span) * kc.shape[2] * kc.shape[3] * kc.element_size()
-        copies = max(1, min(512, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
-        caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
-        scale = kc.shape[-1] ** -0.5
-        ref = attention.paged_attention_ref(q, kc, vc, bt, seq_lens, qsl, span, scale)
-        variants = [("auto", {})]
-        if span == 1:
-            variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
-            variants.append(("decode_block_n=64", {"decode_block_n": 64}))
-        variants.append(("batch_invariant", {"batch_invariant": True}))
-        auto_cfg = attention.attention_config(
-            batch, kc.shape[2], q.shape[1] // kc.shape[2], span, bt.shape[1] * kc.shape[1], q.device, False
-        )
-        line = [batch, ctx, span, str(auto_cfg)]
-        for name, kw in variants:
-
-            def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
-                kw = dict(kw)
-                block_n = kw.pop("decode_block_n", attention.DECODE_BLOCK_N)
-                saved, attention.DECODE_BLOCK_N = attention.DECODE_BLOCK_N, block_n  # config read at call time
-                try:
-                    return attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, span, scale, True, **kw)
-                finally:
-                    attention.DECODE_BLOCK_N = saved
-
-            err = rel_err(fn(0), ref)
-            us = timer(fn, copies, kv_bytes / (peak * 1e3))
-            gbps = kv_bytes / (us * 1e-6) / 1e9
-            rows.append(
-                dict(
-                    batch=batch,
-                    ctx=ctx,
-                    span=span,
-                    variant=name,
-                    us=round(us, 2),
-                    kv_GBps=round(gbps, 1),
-                    frac=round(gbps / peak, 3),
-                    rel_err=f"{err:.1e}",
-                )
-            )
-            line.append(f"{us:.1f} ({gbps / peak:.2f})")
-        if span != 1:
-            line[5:5] = ["-"] * 5
-        table.append(line)
-        print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
-        del caches
-    header = [
-        "batch",
-        "ctx",
-        "span",
-        "auto (BQ,BM,BN,splits)",
-        "auto us (frac)",
-        "splits=1",
-        "splits=4",
-        "splits=16",
-        "splits=32",
-        "decode BLOCK_N=64",
-        "batch_invariant",
-    ]
-    return (
-        rows,
-        f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)\n\n"
-        + md_table(header, table),
     )

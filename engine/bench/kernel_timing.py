@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-from engine.bench import kernel_cases as cases
 from engine.kernels.tuning import SkinnyConfig
 
 # (impl, config or None, microseconds per call): one timed path of a sweep.
@@ -61,22 +60,6 @@ class Timer:
             times.append(1e3 * start.elapsed_time(end) / calls)
         del graph
         return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy GB/s (read + write bytes) of a 1 GiB buffer."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=cases.DEVICE)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 2 * src.numel() * 10 / (start.elapsed_time(end) * 1e-3) / 1e9
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

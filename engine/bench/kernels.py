@@ -26,7 +26,8 @@ removed (cuBLAS / unfused serves it). The table is written after section 3, befo
 Timing (CUDA-graph replay over rotated weight / KV copies, or `--timer do_bench`): kernel_timing.py.
 
 Modules: kernel_cases.py (shapes, candidates), kernel_timing.py (timer, correctness gate),
-kernel_sweeps.py (the sections), kernel_report.py (CSV / Markdown, the tuned table); this one is the CLI.
+kernel_sweeps.py and kernel_sweeps_untuned.py (the sections), kernel_report.py (the tuned table);
+report.py writes the CSVs and tables; this one is the CLI.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ from pathlib import Path
 
 import torch
 
+from engine.bench import kernel_cases as cases
+from engine.bench.hw import copy_bandwidth
 from engine.bench.kernel_cases import MS
-from engine.bench.kernel_report import write_csv, write_tuned
-from engine.bench.kernel_sweeps import bench_attention, bench_fused, bench_linear, bench_linear_invariant, bench_norm
-from engine.bench.kernel_timing import Timer, copy_bandwidth
+from engine.bench.kernel_report import write_tuned
+from engine.bench.kernel_sweeps import bench_fused, bench_linear, bench_norm
+from engine.bench.kernel_sweeps_untuned import bench_attention, bench_linear_invariant
+from engine.bench.kernel_timing import Timer
+from engine.bench.report import write_csv
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     timer, t0 = Timer(args.timer), time.time()
     args.t0, args.state = t0, {}
     skip = set(args.skip.split(","))
-    copy = copy_bandwidth()
+    copy = copy_bandwidth(cases.DEVICE, 1 << 30) / 1e9
     report = [
         f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, timer={args.timer}\n",
         f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
@@ -98,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(name)
             report.append(f"### {name}: FAILED (see stderr)\n")
             continue
-        write_csv(args.out / csv_name, rows)
+        if rows:
+            write_csv(args.out / csv_name, rows)
         report.append(md + "\n")
         if name == "norm":  # before the sections that do not feed it
             write_tuned(args, report, args.write_tuned)

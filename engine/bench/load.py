@@ -8,10 +8,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.bench.hw import peak_memory_gib, reset_peak_memory, sync
+from engine.bench.hw import peak_memory_gib, reset_peak_memory
 from engine.config import SamplingParams
 from engine.engine import Engine, SpecStats
-from engine.timing import PhaseTimer, StepTiming
+from engine.timing import PhaseTimer, StepTiming, sync
 
 
 @dataclass

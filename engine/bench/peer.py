@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from engine.bench.hw import sync
 from engine.loader import Checkpoint
+from engine.timing import sync
 
 _NOT_HF_KWARGS = ("architectures", "model_type")
 

@@ -18,12 +18,12 @@ import torch
 
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.geometry import GEOMETRIES, random_pair
-from engine.bench.hw import time_ms
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.config import SamplingParams
 from engine.engine import Engine
+from engine.timing import time_ms
 
 log = logging.getLogger(__name__)
 

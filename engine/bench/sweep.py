@@ -157,7 +157,7 @@ def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Pat
     if args.recipe:
         if args.target or args.drafter:
             raise SystemExit("give --recipe or --target/--drafter, not both")
-        from engine.fixture.recipes import ensure_pair
+        from engine.fixture.cache import ensure_pair
 
         target, drafter = ensure_pair(args.recipe, device.type)
     elif args.target:

@@ -17,20 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-
-class MarkovHead(nn.Module):
-    """Parameter names equal the DeepSpec checkpoint's (markov_head.markov_w1/markov_w2)."""
-
-    def __init__(self, vocab_size: int, rank: int):
-        super().__init__()
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
-
-    def forward(self, prev: torch.Tensor) -> torch.Tensor:
-        """Previous tokens [...] -> bias [..., V]."""
-        return self.markov_w2(self.markov_w1(prev))
+Bias = Callable[[torch.Tensor], torch.Tensor]  # previous tokens [...] -> bias [..., V]
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -39,6 +27,11 @@ def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
+
+
+def markov_bias(prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, linear: Callable = _linear) -> torch.Tensor:
+    """Previous tokens [...] -> the head's bias W2 W1[prev] [..., V]."""
+    return linear(F.embedding(prev, w1), w2)
 
 
 def markov_walk(
@@ -69,7 +62,7 @@ def markov_walk(
     out = []
     for k in range(d):
         base = logits[:, k].index_select(0, src) if p else logits[:, k]
-        scores = base.float() + linear(F.embedding(prev, w1), w2).float()
+        scores = base.float() + markov_bias(prev, w1, w2, linear).float()
         top = argmax(scores.view(rows, -1))
         if p:
             main = top[:n]
@@ -86,8 +79,8 @@ def markov_walk(
 
 
 @torch.no_grad()
-def markov_walk_ref(logits: torch.Tensor, anchor: int, head: MarkovHead) -> list[int]:
-    """One request: logits [D, V] -> the D greedy draft tokens."""
+def markov_walk_ref(logits: torch.Tensor, anchor: int, head: Bias) -> list[int]:
+    """One request: logits [D, V] -> the D greedy draft tokens; head(prev) is the bias (a MarkovHead)."""
     prev, tokens = anchor, []
     for k in range(logits.shape[0]):
         scores = logits[k].float() + head(torch.tensor(prev, device=logits.device)).float()
@@ -97,7 +90,7 @@ def markov_walk_ref(logits: torch.Tensor, anchor: int, head: MarkovHead) -> list
 
 
 @torch.no_grad()
-def markov_chain_ref(logits: torch.Tensor, anchor: int, head: MarkovHead, position: int) -> list[int]:
+def markov_chain_ref(logits: torch.Tensor, anchor: int, head: Bias, position: int) -> list[int]:
     """One request's hedge chain branching at `position` (0-based draft index)."""
     main = markov_walk_ref(logits, anchor, head)
     prev = anchor if position == 0 else main[position - 1]

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Device runs by named stage: `bash scripts/device.sh STAGE[:SECONDS][+STAGE...] ...`.
+# Stages run in the order given; `a+b` runs a and b side by side (e.g. a build beside the GPU tests).
+# Each stage is capped (its default below, or :SECONDS), logs to $OUT/logs/STAGE.log, and its exit code
+# and seconds go to $OUT/logs/stages.txt; a failed stage never stops the next. `list` prints the stages.
+# Nothing here writes into the tree: pairs are built under $PAIRS (default /tmp), results under $OUT.
+#   bash scripts/device.sh gpu-tests+small-build sweep-small steps
+#   PAIR=engine/fixture/data/tiny bash scripts/device.sh steps
+# Adding a stage: one `stage NAME SECONDS "what it does"` line and a `run_NAME` function (- as _).
+set -uo pipefail
+export OUT=${OUT:-out} PAIRS=${PAIRS:-/tmp} PYTHONUNBUFFERED=1
+export LOG=$OUT/logs PAIR=${PAIR:-${PAIRS:-/tmp}/small}
+
+declare -A CAP HELP
+ORDER=()
+stage() { CAP[$1]=$2; HELP[$1]=$3; ORDER+=("$1"); }
+
+# The small pair every later bench stage reads ($PAIR): BUILD_SET="k=v ..." overrides recipe fields.
+needs_pair() { [ -f "$PAIR/manifest.json" ] || { echo "no pair at $PAIR: run small-build first (or set PAIR)"; return 3; }; }
+sets() { for kv in ${BUILD_SET:-}; do printf -- '--set %s ' "$kv"; done; }
+
+stage gpu-tests 150 "GPU tests: kernels, engine, hedging, drafter context (skips on CPU say why)"
+run_gpu_tests() {
+  python3 -m pytest tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
+    tests/test_draft_context.py -q -rs -n 3 -p no:cacheprovider
+}
+stage gates 150 "the levers gate on the shipped pair, its run record in logs/levers-gate-h200.md"
+run_gates() { python3 -m pytest gates -n 4 -q -p no:cacheprovider --run-record="$LOG/levers-gate-h200.md"; }
+stage tiny-build 270 "the tiny recipe into \$PAIRS/tiny, packed as \$OUT/tiny.tar (install it by hand)"
+run_tiny_build() {
+  python3 -m engine.fixture build --recipe tiny --device cuda --out "$PAIRS/tiny" --tar "$OUT/tiny.tar" $(sets)
+}
+stage small-build 400 "the small recipe into \$PAIR; its manifest to logs/small-manifest.json"
+run_small_build() {
+  python3 -m engine.fixture build --recipe small --device cuda --out "$PAIR" $(sets) &&
+    cp "$PAIR/manifest.json" "$LOG/small-manifest.json"
+}
+stage eval64 40 "τ of \$PAIR at 64 new tokens (the reference loop)"
+run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max-new-tokens 64 --device cuda; }
+stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
+run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
+stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
+run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2; }
+stage profile 90 "verify/drafter cost grid at the 4B geometry"
+run_profile() { python3 -m engine.bench profile --geometry 4b --out "$LOG/profile" --time-budget-s 75; }
+stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
+run_steps() {
+  needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --out "$LOG/steps-c1" --concurrency 1 --new-tokens 128 --arms plain spec
+}
+stage steps-c64 60 "the same at c=64: plain, spec and the gate"
+run_steps_c64() {
+  needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --out "$LOG/steps-c64" --concurrency 64 --new-tokens 64 --arms plain spec spec+gate=16
+}
+stage sweep-small 110 "lever sweep on \$PAIR at c=1 and c=8: plain vs spec, paired noise floor"
+run_sweep_small() {
+  needs_pair && python3 -m engine.bench sweep --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --prompts "$PAIR/prompts.jsonl" --out "$LOG/sweep-small" --concurrency 1 8 --arms plain spec --noise-arm \
+    --rounds 8 --new-tokens 128 --time-budget-s 100 --no-progress
+}
+stage sweep 290 "the full lever sweep on \$PAIR: c=1..64, trims and the gate"
+run_sweep() {
+  needs_pair && python3 -m engine.bench sweep --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --prompts "$PAIR/prompts.jsonl" --out "$LOG/sweep" --concurrency 1 4 8 16 32 64 \
+    --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
+    --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
+}
+stage ablate 560 "drafter ablation: one target and pool, then VARIANTS (\"name:k=v,k=v ...\") side by side"
+run_ablate() {
+  local d=$PAIRS/ablate t0=$SECONDS
+  python3 -m engine.fixture ablate prepare --dir "$d" $(sets) || return
+  for v in ${VARIANTS:-ctrl:}; do
+    local name=${v%%:*} kv=${v#*:} args=()
+    for s in ${kv//,/ }; do args+=(--set "$s"); done
+    python3 -m engine.fixture ablate variant --dir "$d" --name "$name" --out "$LOG/ablate" $(sets) "${args[@]}" \
+      >"$LOG/ablate-$name.log" 2>&1 &
+  done
+  wait
+  grep -h "\[ablation\]" "$LOG"/ablate-*.log
+  echo "ablate: $((SECONDS - t0))s"
+}
+
+run_stage() {  # NAME[:SECONDS]: capped, logged, recorded; never aborts the caller
+  local name=${1%%:*} secs=${1#*:} t0=$SECONDS rc
+  [ "$secs" = "$1" ] && secs=${CAP[$name]:-}
+  if [ -z "${HELP[$name]:-}" ]; then
+    echo "$name unknown stage (bash scripts/device.sh list)" | tee -a "$LOG/stages.txt"
+    return 2
+  fi
+  if ! [[ $secs =~ ^[1-9][0-9]*$ ]]; then
+    echo "$name bad cap '$secs' (whole seconds)" | tee -a "$LOG/stages.txt"
+    return 2
+  fi
+  timeout "$secs" bash -c "$(declare -f); run_${name//-/_}" >"$LOG/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s (cap ${secs}s)" | tee -a "$LOG/stages.txt"
+  return $rc
+}
+
+if [ $# -eq 0 ] || [ "$1" = list ]; then
+  for name in "${ORDER[@]}"; do printf '%-12s %4ss  %s\n' "$name" "${CAP[$name]}" "${HELP[$name]}"; done
+  exit 0
+fi
+mkdir -p "$LOG"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u; echo "commit ${PEGASPEC_COMMIT:-?}"; } \
+  >>"$LOG/env.txt" 2>&1
+for group in "$@"; do
+  for part in ${group//+/ }; do run_stage "$part" & done
+  wait
+done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs
+cat "$LOG/stages.txt"
+for group in "$@"; do
+  for part in ${group//+/ }; do echo "== ${part%%:*}"; tail -n 4 "$LOG/${part%%:*}.log" 2>/dev/null; done
+done
