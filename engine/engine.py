@@ -321,6 +321,10 @@ class Engine:
         bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
         if bad:
             return f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})"
+        try:
+            req.params.validate_for(vocab)
+        except ValueError as err:
+            return str(err)
         limit = self.max_model_len - self.headroom
         why = f"the context limit {limit}" + (
             f" (max_model_len {self.max_model_len} minus the drafter's block headroom {self.headroom})"
