@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from engine.loader import CheckpointError
 
+FULL, SLIDING = "full_attention", "sliding_attention"
+
 
 def _rope_theta(d: dict, where: str) -> float:
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
@@ -15,13 +17,64 @@ def _rope_theta(d: dict, where: str) -> float:
     theta = d.get("rope_theta", params.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{where}: config has neither rope_theta nor rope_parameters.rope_theta")
-    return float(theta)
+    return _positive(d, "rope_theta", where, theta)
 
 
 def _need(d: dict, key: str, where: str):
     if key not in d:
         raise CheckpointError(f"{where}: config.json lacks {key!r}")
     return d[key]
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(d: dict, key: str, where: str, default: int | None = None, low: int = 1) -> int:
+    """An integer config entry (JSON 64, not 64.5, "64" or true), at least `low`."""
+    value = _need(d, key, where) if default is None else (d.get(key) or default)
+    if not _is_int(value) or value < low:
+        raise CheckpointError(f"{where}: config {key}={value!r}; expected an int >= {low}")
+    return value
+
+
+def _positive(d: dict, key: str, where: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise CheckpointError(f"{where}: config {key}={value!r}; expected a finite number > 0")
+    return float(value)
+
+
+def _check_supported(d: dict, where: str, num_layers: int, max_positions: int) -> None:
+    """Refuse what the engine would silently run differently: it has full causal attention only, no
+    q/k/v/o biases, SwiGLU only and unquantized weights (HF honours all of these)."""
+    quant = d.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise CheckpointError(f"{where}: quantized checkpoint ({method}); the engine loads unquantized weights only")
+    if d.get("attention_bias"):
+        raise CheckpointError(f"{where}: attention_bias=true is not supported (no q/k/v/o biases in the engine)")
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{where}: hidden_act={act!r} is not supported (SwiGLU with silu only)")
+    # HF: the window is sliding_window when use_sliding_window, on the layers typed sliding_attention
+    # (explicit layer_types, else those from max_window_layers on).
+    window = d.get("sliding_window") if d.get("use_sliding_window") else None
+    types = d.get("layer_types")
+    if types is None:
+        first = d.get("max_window_layers", 28)
+        types = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise CheckpointError(f"{where}: layer_types={types!r}; expected one entry per layer ({num_layers})")
+    other = sorted({t for t in types if t not in (FULL, SLIDING)}, key=str)
+    if other:
+        raise CheckpointError(f"{where}: layer_types {other} are not supported (full attention only)")
+    sliding = [i for i, t in enumerate(types) if t == SLIDING]
+    if sliding and not (isinstance(window, int) and window >= max_positions):
+        raise CheckpointError(
+            f"{where}: sliding-window attention (sliding_window={window!r} on layers {sliding}, "
+            f"use_sliding_window={d.get('use_sliding_window')!r}) is not supported: the engine runs full "
+            "attention on every layer"
+        )
 
 
 @dataclass(frozen=True)
@@ -41,22 +94,23 @@ class Geometry:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> Geometry:
-        hidden = int(_need(d, "hidden_size", where))
-        heads = int(_need(d, "num_attention_heads", where))
+        hidden = _int(d, "hidden_size", where)
+        heads = _int(d, "num_attention_heads", where)
         g = cls(
-            vocab_size=int(_need(d, "vocab_size", where)),
+            vocab_size=_int(d, "vocab_size", where),
             hidden_size=hidden,
-            intermediate_size=int(_need(d, "intermediate_size", where)),
-            num_layers=int(_need(d, "num_hidden_layers", where)),
+            intermediate_size=_int(d, "intermediate_size", where),
+            num_layers=_int(d, "num_hidden_layers", where),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            num_kv_heads=_int(d, "num_key_value_heads", where, heads),
+            head_dim=_int(d, "head_dim", where, hidden // heads),
+            rms_norm_eps=_positive(d, "rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
             rope_theta=_rope_theta(d, where),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            max_position_embeddings=_int(d, "max_position_embeddings", where, 32768, low=2),
         )
         if g.num_heads % g.num_kv_heads:
             raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of {g.num_kv_heads}")
+        _check_supported(d, where, g.num_layers, g.max_position_embeddings)
         return g
 
     @property
@@ -82,8 +136,13 @@ class Qwen3Config:
                 f"{where}: not a Qwen3 dense checkpoint (model_type={d.get('model_type')!r}, architectures={archs})"
             )
         eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(Geometry.from_dict(d, where), bool(d.get("tie_word_embeddings", False)), eos_ids)
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        if not all(_is_int(i) and i >= 0 for i in eos_ids):
+            raise CheckpointError(f"{where}: config eos_token_id={eos!r}; expected a token id or a list of them")
+        tied = d.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise CheckpointError(f"{where}: config tie_word_embeddings={tied!r}; expected true or false")
+        return cls(Geometry.from_dict(d, where), tied, eos_ids)
 
 
 ZLAB = "zlab"
@@ -134,8 +193,13 @@ class DFlashConfig:
         for key, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", layers)):
             if value is None:
                 raise CheckpointError(f"{where}: drafter config lacks {key}")
-        if int(block) < 2:
-            raise CheckpointError(f"{where}: block_size must be >= 2, got {block}")
+        block = _int({"block_size": block}, "block_size", where, low=2)
+        mask = _int({"mask_token_id": mask}, "mask_token_id", where, low=0)
+        if not isinstance(layers, (list, tuple)) or not all(_is_int(i) for i in layers):
+            raise CheckpointError(f"{where}: config target_layer_ids={layers!r}; expected a list of layer indices")
+        num_target = d.get("num_target_layers")
+        if num_target is not None:
+            num_target = _int(d, "num_target_layers", where)
         if isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (rank or 0) < 0:
             raise CheckpointError(f"{where}: markov_rank must be an int >= 0, got {rank!r}")
         head_type = (nested if isinstance(nested, dict) else d).get("markov_head_type", d.get("markov_head_type"))
@@ -143,12 +207,12 @@ class DFlashConfig:
             raise CheckpointError(f"{where}: markov_head_type {head_type!r} is not supported (only 'vanilla')")
         return cls(
             geometry=Geometry.from_dict(d, where),
-            block_size=int(block),
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in layers),
+            block_size=block,
+            mask_token_id=mask,
+            target_layer_ids=tuple(layers),
             layout=layout,
             markov_rank=int(rank or 0),
-            num_target_layers=d.get("num_target_layers"),
+            num_target_layers=num_target,
         )
 
     def check_fits(self, target: Qwen3Config) -> None:
@@ -163,7 +227,7 @@ class DFlashConfig:
             ("rope_theta", g.rope_theta, t.rope_theta),
         ]
         if self.num_target_layers is not None:
-            pairs.append(("num_target_layers", int(self.num_target_layers), t.num_layers))
+            pairs.append(("num_target_layers", self.num_target_layers, t.num_layers))
         for name, mine, theirs in pairs:
             if mine != theirs:
                 raise CheckpointError(f"drafter {name}={mine} does not match the target's {name}={theirs}")

@@ -35,11 +35,11 @@ class Qwen3ForCausalLM:
         tensors = dict(tensors)
 
         def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where).to(device=device, dtype=dtype).contiguous()
+            return take(tensors, name, shape, where, device, dtype)
 
         self.embed = load("model.embed_tokens.weight", (g.vocab_size, g.hidden_size))
         self.layers = [
-            LayerWeights.take(tensors, f"model.layers.{i}.", g, where).to(device, dtype) for i in range(g.num_layers)
+            LayerWeights.take(tensors, f"model.layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)
         ]
         self.norm = load("model.norm.weight", (g.hidden_size,))
         if cfg.tie_word_embeddings:
