@@ -45,7 +45,7 @@ FULL = "full_attention"
     "config",
     [
         dict(use_sliding_window=True, sliding_window=8, layer_types=[SLIDING] * 3),
-        dict(use_sliding_window=True, sliding_window=8, layer_types=None, max_window_layers=1),
+        dict(use_sliding_window=True, sliding_window=8, layer_types=None, max_window_layers=0),
         dict(layer_types=[FULL, SLIDING, FULL]),  # no window at all: transformers cannot run it either
         dict(use_sliding_window=True, sliding_window=511, layer_types=[FULL, FULL, SLIDING]),
     ],

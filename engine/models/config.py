@@ -5,76 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.loader import CheckpointError
-
-FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-def _rope_theta(d: dict, where: str) -> float:
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise CheckpointError(f"{where}: rope type {rope_type!r} is not supported (only default RoPE)")
-    theta = d.get("rope_theta", params.get("rope_theta"))
-    if theta is None:
-        raise CheckpointError(f"{where}: config has neither rope_theta nor rope_parameters.rope_theta")
-    return _positive(d, "rope_theta", where, theta)
-
-
-def _need(d: dict, key: str, where: str):
-    if key not in d:
-        raise CheckpointError(f"{where}: config.json lacks {key!r}")
-    return d[key]
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(d: dict, key: str, where: str, default: int | None = None, low: int = 1) -> int:
-    """An integer config entry (JSON 64, not 64.5, "64" or true), at least `low`."""
-    value = _need(d, key, where) if default is None else (d.get(key) or default)
-    if not _is_int(value) or value < low:
-        raise CheckpointError(f"{where}: config {key}={value!r}; expected an int >= {low}")
-    return value
-
-
-def _positive(d: dict, key: str, where: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise CheckpointError(f"{where}: config {key}={value!r}; expected a finite number > 0")
-    return float(value)
-
-
-def _check_supported(d: dict, where: str, num_layers: int, max_positions: int) -> None:
-    """Refuse what the engine would silently run differently: it has full causal attention only, no
-    q/k/v/o biases, SwiGLU only and unquantized weights (HF honours all of these)."""
-    quant = d.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-        raise CheckpointError(f"{where}: quantized checkpoint ({method}); the engine loads unquantized weights only")
-    if d.get("attention_bias"):
-        raise CheckpointError(f"{where}: attention_bias=true is not supported (no q/k/v/o biases in the engine)")
-    act = d.get("hidden_act", "silu")
-    if act != "silu":
-        raise CheckpointError(f"{where}: hidden_act={act!r} is not supported (SwiGLU with silu only)")
-    # HF: the window is sliding_window when use_sliding_window, on the layers typed sliding_attention
-    # (explicit layer_types, else those from max_window_layers on).
-    window = d.get("sliding_window") if d.get("use_sliding_window") else None
-    types = d.get("layer_types")
-    if types is None:
-        first = d.get("max_window_layers", 28)
-        types = [SLIDING if window is not None and i >= first else FULL for i in range(num_layers)]
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise CheckpointError(f"{where}: layer_types={types!r}; expected one entry per layer ({num_layers})")
-    other = sorted({t for t in types if t not in (FULL, SLIDING)}, key=str)
-    if other:
-        raise CheckpointError(f"{where}: layer_types {other} are not supported (full attention only)")
-    sliding = [i for i, t in enumerate(types) if t == SLIDING]
-    if sliding and not (isinstance(window, int) and window >= max_positions):
-        raise CheckpointError(
-            f"{where}: sliding-window attention (sliding_window={window!r} on layers {sliding}, "
-            f"use_sliding_window={d.get('use_sliding_window')!r}) is not supported: the engine runs full "
-            "attention on every layer"
-        )
+from engine.models.checks import check_supported, is_int, read_int, read_positive, rope_theta
 
 
 @dataclass(frozen=True)
@@ -94,23 +25,23 @@ class Geometry:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> Geometry:
-        hidden = _int(d, "hidden_size", where)
-        heads = _int(d, "num_attention_heads", where)
+        hidden = read_int(d, "hidden_size", where)
+        heads = read_int(d, "num_attention_heads", where)
         g = cls(
-            vocab_size=_int(d, "vocab_size", where),
+            vocab_size=read_int(d, "vocab_size", where),
             hidden_size=hidden,
-            intermediate_size=_int(d, "intermediate_size", where),
-            num_layers=_int(d, "num_hidden_layers", where),
+            intermediate_size=read_int(d, "intermediate_size", where),
+            num_layers=read_int(d, "num_hidden_layers", where),
             num_heads=heads,
-            num_kv_heads=_int(d, "num_key_value_heads", where, heads),
-            head_dim=_int(d, "head_dim", where, hidden // heads),
-            rms_norm_eps=_positive(d, "rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(d, where),
-            max_position_embeddings=_int(d, "max_position_embeddings", where, 32768, low=2),
+            num_kv_heads=read_int(d, "num_key_value_heads", where, heads),
+            head_dim=read_int(d, "head_dim", where, hidden // heads),
+            rms_norm_eps=read_positive(d, "rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta(d, where),
+            max_position_embeddings=read_int(d, "max_position_embeddings", where, 32768, low=2),
         )
         if g.num_heads % g.num_kv_heads:
             raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of {g.num_kv_heads}")
-        _check_supported(d, where, g.num_layers, g.max_position_embeddings)
+        check_supported(d, where, g.num_layers, g.max_position_embeddings)
         return g
 
     @property
@@ -137,7 +68,7 @@ class Qwen3Config:
             )
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        if not all(_is_int(i) and i >= 0 for i in eos_ids):
+        if not all(is_int(i) and i >= 0 for i in eos_ids):
             raise CheckpointError(f"{where}: config eos_token_id={eos!r}; expected a token id or a list of them")
         tied = d.get("tie_word_embeddings", False)
         if not isinstance(tied, bool):
@@ -193,13 +124,13 @@ class DFlashConfig:
         for key, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", layers)):
             if value is None:
                 raise CheckpointError(f"{where}: drafter config lacks {key}")
-        block = _int({"block_size": block}, "block_size", where, low=2)
-        mask = _int({"mask_token_id": mask}, "mask_token_id", where, low=0)
-        if not isinstance(layers, (list, tuple)) or not all(_is_int(i) for i in layers):
+        block = read_int({"block_size": block}, "block_size", where, low=2)
+        mask = read_int({"mask_token_id": mask}, "mask_token_id", where, low=0)
+        if not isinstance(layers, (list, tuple)) or not all(is_int(i) for i in layers):
             raise CheckpointError(f"{where}: config target_layer_ids={layers!r}; expected a list of layer indices")
         num_target = d.get("num_target_layers")
         if num_target is not None:
-            num_target = _int(d, "num_target_layers", where)
+            num_target = read_int(d, "num_target_layers", where)
         if isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (rank or 0) < 0:
             raise CheckpointError(f"{where}: markov_rank must be an int >= 0, got {rank!r}")
         head_type = (nested if isinstance(nested, dict) else d).get("markov_head_type", d.get("markov_head_type"))
