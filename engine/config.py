@@ -14,7 +14,9 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "torch", "triton")
 SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0..2**64-1
-MIN_TEMPERATURE = 1e-5  # below it logits / temperature overflows fp32 (softmax turns to NaN)
+# Below it sampling is greedy in all but name (vLLM's sampling epsilon), and far below it
+# logits / temperature overflows fp32 and the softmax turns to NaN inside a step.
+MIN_TEMPERATURE = 1e-5
 
 
 def _is_int(value: object) -> bool:
@@ -132,8 +134,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if 0 < temperature < MIN_TEMPERATURE:
             raise ValueError(
-                f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE}, too small to sample "
-                "from in fp32; use 0 for greedy"
+                f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE} (greedy in all but "
+                "name, and too small to sample from in fp32); use 0 for greedy"
             )
         if not _is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
