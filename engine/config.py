@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine.levers import Levers
@@ -12,6 +15,34 @@ from engine.loader import Checkpoint
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "torch", "triton")
+SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0..2**64-1
+# Below it sampling is greedy in all but name (vLLM's sampling epsilon), and far below it
+# logits / temperature overflows fp32 and the softmax turns to NaN inside a step.
+MIN_TEMPERATURE = 1e-5
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None) -> int:
+    """An int (not a bool, not a float, not a string) in [low, high); returns it as a Python int."""
+    if not _is_int(value) or value < low or (high is not None and value >= high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{owner}.{name}={value!r}; expected an int {bound}")
+    return int(value)
+
+
+def _check_bool(owner: str, name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}.{name}={value!r}; expected a bool")
+
+
+def _check_real(owner: str, name: str, value: object) -> float:
+    """A finite real number (an int is fine, a bool or a string is not); returns it as a float."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{owner}.{name}={value!r}; expected a finite number")
+    return float(value)
 
 
 @dataclass
@@ -20,8 +51,8 @@ class EngineConfig:
     {"max_drafts": 4}; a lever not named there is taken from the environment (PEGAINFER_SPEC_*), and an
     explicit value, 0 included, wins over the environment."""
 
-    model: str | Checkpoint  # a checkpoint directory, a hub repo id, or an in-memory Checkpoint
-    draft_model: str | Checkpoint | None = None
+    model: str | os.PathLike | Checkpoint  # a checkpoint directory, a hub repo id, or an in-memory Checkpoint
+    draft_model: str | os.PathLike | Checkpoint | None = None
     device: str = "auto"  # auto: cuda when available
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     backend: str = "auto"  # auto: triton on cuda, torch on cpu
@@ -40,6 +71,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if not self.model:
             raise ValueError("EngineConfig.model is required (a checkpoint directory or hub repo id)")
+        for name in ("model", "draft_model"):
+            value = getattr(self, name)
+            if not (value is None and name == "draft_model" or isinstance(value, (str, os.PathLike, Checkpoint))):
+                raise ValueError(f"EngineConfig.{name}={value!r}; expected a path, a hub repo id or a Checkpoint")
         for name, value, allowed in (
             ("device", self.device, DEVICES),
             ("dtype", self.dtype, DTYPES),
@@ -47,13 +82,18 @@ class EngineConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"EngineConfig.{name}={value!r}; expected one of {allowed}")
+        for name in ("cuda_graphs", "batch_invariant"):
+            _check_bool("EngineConfig", name, getattr(self, name))
+        if self.trace is not None:
+            _check_bool("EngineConfig", "trace", self.trace)
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"EngineConfig.max_model_len must be >= 2, got {self.max_model_len}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
-            raise ValueError(f"EngineConfig.num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+            setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 1))
+        for name in ("max_model_len", "num_kv_blocks"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 2))
+        # Request streams are seeded with seed * 1_000_003 + request index, which must stay below 2**64.
+        self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32)
+        self.gpu_memory_utilization = _check_real("EngineConfig", "gpu_memory_utilization", self.gpu_memory_utilization)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
                 f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -79,15 +119,43 @@ class SamplingParams:
     speculate: bool = True  # False: this request never drafts (its batch falls back to plain decode)
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.temperature < 0:
+        temperature = _check_real("SamplingParams", "temperature", self.temperature)
+        if temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE} (greedy in all but "
+                "name, and too small to sample from in fp32); use 0 for greedy"
+            )
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        top_p = _check_real("SamplingParams", "top_p", self.top_p)
+        if not 0.0 < top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.seed is not None:
+            _check_int("SamplingParams", "seed", self.seed, 0, SEED_RANGE)
+        for name in ("ignore_eos", "speculate"):
+            _check_bool("SamplingParams", name, getattr(self, name))
+        stop = self.stop_token_ids
+        if isinstance(stop, (str, bytes)) or not isinstance(stop, Iterable):
+            raise ValueError(f"SamplingParams.stop_token_ids={stop!r}; expected a sequence of token ids")
+        stop = tuple(stop)
+        bad = [t for t in stop if not _is_int(t) or t < 0]
+        if bad:
+            raise ValueError(f"SamplingParams.stop_token_ids={list(stop)!r}: {bad[0]!r} is not an int >= 0")
+        for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", int(self.top_k))):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "max_tokens", int(self.max_tokens))
+        object.__setattr__(self, "seed", None if self.seed is None else int(self.seed))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+
+    def validate_for(self, vocab_size: int) -> None:
+        """What depends on the model: every stop token id inside its vocabulary [0, vocab_size)."""
+        outside = [t for t in self.stop_token_ids if t >= vocab_size]
+        if outside:
+            raise ValueError(f"SamplingParams.stop_token_ids: {outside[0]} is outside the vocabulary [0, {vocab_size})")
 
     @property
     def greedy(self) -> bool:

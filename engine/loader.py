@@ -90,13 +90,40 @@ def load_tensors(directory: Path, device: torch.device | str = "cpu") -> dict[st
     return tensors
 
 
-def take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...], where: Path | str) -> torch.Tensor:
-    """Pop one named tensor and check its shape, with an error that names the checkpoint."""
+# Weights the engine casts to its compute dtype; anything else (int8, fp8, bool) is stored quantized
+# or is not a weight, and a plain cast would serve garbage.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def take(
+    tensors: dict[str, torch.Tensor],
+    name: str,
+    shape: tuple[int, ...],
+    where: Path | str,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Pop one named weight, check its shape and dtype, move it (contiguous) to device/dtype when given,
+    and check it is finite there (a cast to float16 can overflow); errors name the checkpoint and tensor."""
     if name not in tensors:
         raise CheckpointError(f"{where}: missing tensor {name!r}")
     t = tensors.pop(name)
     if tuple(t.shape) != tuple(shape):
         raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise CheckpointError(
+            f"{where}: tensor {name!r} has dtype {str(t.dtype).removeprefix('torch.')}; the engine loads "
+            "unquantized floating-point weights (float16, bfloat16, float32)"
+        )
+    if device is not None or dtype is not None:
+        t = t.to(device=device, dtype=dtype).contiguous()
+    # One reduction per tensor, on the device: a NaN or an Inf makes the fp32 sum non-finite, so a
+    # finite sum proves every element finite; only a non-finite sum pays the exact count.
+    if not torch.isfinite(t.sum(dtype=torch.float32)):
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            dtype_name = str(t.dtype).removeprefix("torch.")
+            raise CheckpointError(f"{where}: tensor {name!r} has {bad} non-finite values (NaN or Inf) in {dtype_name}")
     return t
 
 

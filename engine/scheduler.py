@@ -66,6 +66,10 @@ class Scheduler:
         bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
         if bad:
             return f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})"
+        try:
+            req.params.validate_for(vocab)
+        except ValueError as err:
+            return str(err)
         limit = self.max_model_len - self.headroom
         why = f"the context limit {limit}"
         if self.headroom:

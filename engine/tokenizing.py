@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from engine.models.config import Qwen3Config
@@ -38,12 +39,18 @@ def eos_ids(cfg: Qwen3Config, directory: Path | None, tokenizer) -> tuple[int, .
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> tuple[list[int], str | None]:
-    """Token ids of a prompt, or ([], why) when it cannot be encoded."""
+    """Token ids of a prompt, or ([], why) when it cannot be encoded. Token ids must be ints (a float,
+    a bool or a string among them is refused, never rounded or parsed)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             return [], "text prompt but the model has no tokenizer; pass token ids"
         return list(tokenizer.encode(prompt, add_special_tokens=False)), None
-    try:
-        return [int(t) for t in prompt], None
-    except (TypeError, ValueError):
+    # A tensor or array becomes Python scalars (a 0-d one a bare scalar, refused below).
+    ids = prompt.tolist() if hasattr(prompt, "tolist") else prompt
+    if isinstance(ids, (bytes, bytearray, dict)) or not isinstance(ids, Iterable):
         return [], f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"
+    ids = list(ids)
+    for i, t in enumerate(ids):
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+            return [], f"prompt token ids must be ints; item {i} is {t!r} ({type(t).__name__})"
+    return [int(t) for t in ids], None

@@ -6,14 +6,16 @@ from __future__ import annotations
 import torch
 
 from engine import Engine
-from engine.fixture.features import tap
 from engine.kv_cache import allocate_kv_cache
 
 
 def hf_state(hf, tokens: list[int], layer_ids) -> tuple[list, torch.Tensor | None]:
     out = hf(input_ids=torch.tensor([tokens]), use_cache=True, output_hidden_states=True)
     kv = [(layer.keys[0].transpose(0, 1), layer.values[0].transpose(0, 1)) for layer in out.past_key_values.layers]
-    return kv, (tap(out.hidden_states, layer_ids)[0] if layer_ids else None)
+    # HF hidden_states[i + 1] for each tapped layer i (the final-normed state for the last layer), as
+    # the DFlash reference feeds its drafter.
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)[0] if layer_ids else None
+    return kv, feats
 
 
 def _slots(engine: Engine, r, rows: int) -> torch.Tensor:

@@ -33,6 +33,8 @@ def _alone(engine, prompts, params):
         ([1] * 40, r"prompt \(40 tokens\) \+ max_tokens \(30\) = 70 exceeds the context limit 64"),
         ([1, 2, 999], "outside the vocabulary"),
         ("text", "no tokenizer"),
+        ([1.7, 2.2], r"token ids must be ints; item 0 is 1.7"),
+        ([4, True], r"token ids must be ints; item 1 is True"),
     ],
 )
 def test_bad_request_is_rejected_and_others_finish(engine, bad, message):
@@ -41,6 +43,15 @@ def test_bad_request_is_rejected_and_others_finish(engine, bad, message):
     assert outs[1].finish_reason == "rejected" and outs[1].token_ids == []
     assert re.search(message, outs[1].error)
     assert [outs[0].token_ids, outs[2].token_ids] == _alone(engine, GOOD, params)
+
+
+def test_stop_token_outside_the_vocabulary_is_rejected_and_others_finish(engine):
+    good = SamplingParams(max_tokens=12, ignore_eos=True)
+    bad = SamplingParams(max_tokens=12, stop_token_ids=[7, 99999])
+    outs = engine.generate(GOOD, [good, bad])
+    assert outs[1].finish_reason == "rejected" and outs[1].token_ids == []
+    assert "stop_token_ids: 99999 is outside the vocabulary [0, 300)" in outs[1].error
+    assert outs[0].token_ids == _alone(engine, GOOD[:1], good)[0]
 
 
 @pytest.mark.parametrize("max_tokens", [0, -3, 1.5, True])

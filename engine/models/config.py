@@ -5,23 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.loader import CheckpointError
-
-
-def _rope_theta(d: dict, where: str) -> float:
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
-        raise CheckpointError(f"{where}: rope type {rope_type!r} is not supported (only default RoPE)")
-    theta = d.get("rope_theta", params.get("rope_theta"))
-    if theta is None:
-        raise CheckpointError(f"{where}: config has neither rope_theta nor rope_parameters.rope_theta")
-    return float(theta)
-
-
-def _need(d: dict, key: str, where: str):
-    if key not in d:
-        raise CheckpointError(f"{where}: config.json lacks {key!r}")
-    return d[key]
+from engine.models.checks import check_supported, is_int, read_int, read_positive, rope_theta
 
 
 @dataclass(frozen=True)
@@ -41,22 +25,23 @@ class Geometry:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> Geometry:
-        hidden = int(_need(d, "hidden_size", where))
-        heads = int(_need(d, "num_attention_heads", where))
+        hidden = read_int(d, "hidden_size", where)
+        heads = read_int(d, "num_attention_heads", where)
         g = cls(
-            vocab_size=int(_need(d, "vocab_size", where)),
+            vocab_size=read_int(d, "vocab_size", where),
             hidden_size=hidden,
-            intermediate_size=int(_need(d, "intermediate_size", where)),
-            num_layers=int(_need(d, "num_hidden_layers", where)),
+            intermediate_size=read_int(d, "intermediate_size", where),
+            num_layers=read_int(d, "num_hidden_layers", where),
             num_heads=heads,
-            num_kv_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=_rope_theta(d, where),
-            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            num_kv_heads=read_int(d, "num_key_value_heads", where, heads),
+            head_dim=read_int(d, "head_dim", where, hidden // heads),
+            rms_norm_eps=read_positive(d, "rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta(d, where),
+            max_position_embeddings=read_int(d, "max_position_embeddings", where, 32768, low=2),
         )
         if g.num_heads % g.num_kv_heads:
             raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of {g.num_kv_heads}")
+        check_supported(d, where, g.num_layers, g.max_position_embeddings)
         return g
 
     @property
@@ -82,8 +67,13 @@ class Qwen3Config:
                 f"{where}: not a Qwen3 dense checkpoint (model_type={d.get('model_type')!r}, architectures={archs})"
             )
         eos = d.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        return cls(Geometry.from_dict(d, where), bool(d.get("tie_word_embeddings", False)), eos_ids)
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        if not all(is_int(i) and i >= 0 for i in eos_ids):
+            raise CheckpointError(f"{where}: config eos_token_id={eos!r}; expected a token id or a list of them")
+        tied = d.get("tie_word_embeddings", False)
+        if not isinstance(tied, bool):
+            raise CheckpointError(f"{where}: config tie_word_embeddings={tied!r}; expected true or false")
+        return cls(Geometry.from_dict(d, where), tied, eos_ids)
 
 
 ZLAB = "zlab"
@@ -134,8 +124,13 @@ class DFlashConfig:
         for key, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", layers)):
             if value is None:
                 raise CheckpointError(f"{where}: drafter config lacks {key}")
-        if int(block) < 2:
-            raise CheckpointError(f"{where}: block_size must be >= 2, got {block}")
+        block = read_int({"block_size": block}, "block_size", where, low=2)
+        mask = read_int({"mask_token_id": mask}, "mask_token_id", where, low=0)
+        if not isinstance(layers, (list, tuple)) or not all(is_int(i) for i in layers):
+            raise CheckpointError(f"{where}: config target_layer_ids={layers!r}; expected a list of layer indices")
+        num_target = d.get("num_target_layers")
+        if num_target is not None:
+            num_target = read_int(d, "num_target_layers", where)
         if isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (rank or 0) < 0:
             raise CheckpointError(f"{where}: markov_rank must be an int >= 0, got {rank!r}")
         head_type = (nested if isinstance(nested, dict) else d).get("markov_head_type", d.get("markov_head_type"))
@@ -143,12 +138,12 @@ class DFlashConfig:
             raise CheckpointError(f"{where}: markov_head_type {head_type!r} is not supported (only 'vanilla')")
         return cls(
             geometry=Geometry.from_dict(d, where),
-            block_size=int(block),
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in layers),
+            block_size=block,
+            mask_token_id=mask,
+            target_layer_ids=tuple(layers),
             layout=layout,
             markov_rank=int(rank or 0),
-            num_target_layers=d.get("num_target_layers"),
+            num_target_layers=num_target,
         )
 
     def check_fits(self, target: Qwen3Config) -> None:
@@ -163,7 +158,7 @@ class DFlashConfig:
             ("rope_theta", g.rope_theta, t.rope_theta),
         ]
         if self.num_target_layers is not None:
-            pairs.append(("num_target_layers", int(self.num_target_layers), t.num_layers))
+            pairs.append(("num_target_layers", self.num_target_layers, t.num_layers))
         for name, mine, theirs in pairs:
             if mine != theirs:
                 raise CheckpointError(f"drafter {name}={mine} does not match the target's {name}={theirs}")

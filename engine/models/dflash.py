@@ -42,13 +42,11 @@ class DFlashDrafter:
         tensors = {k: v for k, v in tensors.items() if not k.startswith(IGNORED_PREFIXES)}
 
         def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where).to(device=device, dtype=dtype).contiguous()
+            return take(tensors, name, shape, where, device, dtype)
 
         self.fc = load("fc.weight", (g.hidden_size, cfg.feature_size))
         self.hidden_norm = load("hidden_norm.weight", (g.hidden_size,))
-        self.layers = [
-            LayerWeights.take(tensors, f"layers.{i}.", g, where).to(device, dtype) for i in range(g.num_layers)
-        ]
+        self.layers = [LayerWeights.take(tensors, f"layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)]
         self.norm = load("norm.weight", (g.hidden_size,))
         # Every layer's k|v projection of the context rows in one GEMM.
         self.ctx_kv = torch.cat([w.qkv[g.q_size :] for w in self.layers]).contiguous()

@@ -35,11 +35,14 @@ class LayerWeights:
     down: torch.Tensor
 
     @classmethod
-    def take(cls, tensors: dict, prefix: str, g: Geometry, where: str) -> LayerWeights:
+    def take(
+        cls, tensors: dict, prefix: str, g: Geometry, where: str, device: torch.device, dtype: torch.dtype
+    ) -> LayerWeights:
+        """One layer's weights on device/dtype, projections fused (q|k|v, gate|up), each tensor checked."""
         h, d = g.hidden_size, g.head_dim
 
         def t(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, prefix + name, shape, where)
+            return take(tensors, prefix + name, shape, where, device, dtype)
 
         return cls(
             input_norm=t("input_layernorm.weight", (h,)),
@@ -59,9 +62,6 @@ class LayerWeights:
             ),
             down=t("mlp.down_proj.weight", (h, g.intermediate_size)),
         )
-
-    def to(self, device: torch.device, dtype: torch.dtype) -> LayerWeights:
-        return LayerWeights(**{k: v.to(device=device, dtype=dtype).contiguous() for k, v in vars(self).items()})
 
 
 def decoder_layer(

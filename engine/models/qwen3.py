@@ -35,11 +35,11 @@ class Qwen3ForCausalLM:
         tensors = dict(tensors)
 
         def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where).to(device=device, dtype=dtype).contiguous()
+            return take(tensors, name, shape, where, device, dtype)
 
         self.embed = load("model.embed_tokens.weight", (g.vocab_size, g.hidden_size))
         self.layers = [
-            LayerWeights.take(tensors, f"model.layers.{i}.", g, where).to(device, dtype) for i in range(g.num_layers)
+            LayerWeights.take(tensors, f"model.layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)
         ]
         self.norm = load("model.norm.weight", (g.hidden_size,))
         if cfg.tie_word_embeddings:
@@ -62,19 +62,28 @@ class Qwen3ForCausalLM:
         capture_layers: tuple[int, ...] = (),
         features_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [T, H]. With capture_layers, writes the residual stream after
-        each listed layer (HF hidden_states[i+1]) into features_out[:T] as one concatenated row."""
+        """Final-normed hidden states [T, H]. With capture_layers, writes HF hidden_states[i+1] for each
+        listed layer i into features_out[:T] as one concatenated row: the residual stream after the layer,
+        except after the last layer, where HF (and the DFlash reference) hand over the final-normed state."""
         g = self.g
         h = F.embedding(input_ids, self.embed)
         residual = None
         tap = {layer: j for j, layer in enumerate(capture_layers)}
+
+        def cols(layer: int) -> torch.Tensor:
+            j = tap[layer]
+            return features_out[: h.shape[0], j * g.hidden_size : (j + 1) * g.hidden_size]
+
+        last = len(self.layers) - 1
         for i, w in enumerate(self.layers):
             k_cache, v_cache = kv_caches[i]
             h, residual = decoder_layer(self.ops, g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin)
-            if i in tap:
-                j = tap[i]
-                torch.add(h, residual, out=features_out[: h.shape[0], j * g.hidden_size : (j + 1) * g.hidden_size])
-        return self.ops.add_rms_norm(h, residual, self.norm, g.rms_norm_eps)[0]
+            if i in tap and i != last:
+                torch.add(h, residual, out=cols(i))
+        normed = self.ops.add_rms_norm(h, residual, self.norm, g.rms_norm_eps)[0]
+        if last in tap:
+            cols(last).copy_(normed)
+        return normed
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.ops.linear(hidden, self.lm_head)
