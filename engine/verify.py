@@ -147,11 +147,11 @@ class Speculator:
         for r, token in zip(reqs, tokens, strict=True):
             done = r.commit([token])
             committed += done
-            if levers.trace:
-                log_round(r.id, True, 0, 0, done)
             if not r.finished:
                 r.num_kv += 1
                 r.draft_kv_len = r.num_kv
+            if levers.trace:
+                log_round(r.id, True, 0, 0, done, _draft_ctx(r), 0)
         s = self.stats
         s.rounds += n
         s.gated_rounds += n
@@ -191,6 +191,7 @@ class Speculator:
         grown: list[tuple[Request, int]] = []
         winners: list[tuple[int, Request, int, int]] = []
         outcomes: list[RoundOutcome] = []
+        bests: list[int] = []
         wins = 0
         for i, r in enumerate(reqs):
             mine = chains_of.get(i, ())
@@ -201,12 +202,8 @@ class Speculator:
             row, before = host[best], r.num_kv
             outcome = settle(r, row[1 : 1 + k], row[1 + k :], row[0], limits[i])
             outcomes.append(outcome)
+            bests.append(best)
             wins += best != i
-            if levers.trace:
-                log_round(r.id, False, outcome.verified_draft, outcome.accepted_draft, outcome.committed)
-                if mine:
-                    winner = 0 if best == i else mine.index(best) + 1
-                    log_hedge(r.id, len(mine), winner, host[i][0], host[best][0])
             if r.finished:
                 continue
             if best == i:  # the verify stored the main span's rows as drafter context
@@ -219,6 +216,15 @@ class Speculator:
         if winners:
             self.scratch.commit(winners)
             self._append_context(res.features, keep, grown)
+        if levers.trace:  # after the context is appended: draft_ctx counts a winning chain's rows
+            for i, (r, outcome) in enumerate(zip(reqs, outcomes, strict=True)):
+                log_round(
+                    r.id, False, outcome.verified_draft, outcome.accepted_draft, outcome.committed, _draft_ctx(r), k
+                )
+                mine, best = chains_of.get(i, ()), bests[i]
+                if mine:
+                    winner = 0 if best == i else mine.index(best) + 1
+                    log_hedge(r.id, len(mine), winner, host[i][0], host[best][0])
         if self.hedging and self.hedging.auto:
             committed = sum(o.committed for o in outcomes)
             self.hedging.auto.tick(max((len(v) for v in chains_of.values()), default=0), committed)
@@ -282,3 +288,8 @@ class Speculator:
         for pos in range(max(accepted, default=0) - 1, -1, -1):
             more += accepted.get(pos + 1, 0)
             by_pos[pos] += more
+
+
+def _draft_ctx(r: Request) -> int:
+    """Drafter context rows a request holds: stored in the drafter cache plus pending."""
+    return r.draft_kv_len + sum(t.shape[0] for t in r.ctx_pending)
