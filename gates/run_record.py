@@ -109,7 +109,9 @@ class RunRecorder:
             cases_run=len(ordered),
             cases_total=len(ALL_CASES),
         )
-        out_dir = self.config._tmp_path_factory.getbasetemp()  # the session's own output folder
+        # The session's own output folder: pytest's base temp dir (--basetemp), which pytest offers
+        # plugins only through this attribute (the tmp_path_factory fixture needs a test).
+        out_dir = self.config._tmp_path_factory.getbasetemp()
         wanted = record_path(self.config.getoption("run_record"), device, out_dir)
         path = guarded_path(wanted, len(ordered) == len(ALL_CASES), out_dir)
         if path != wanted:
