@@ -103,3 +103,57 @@ def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
     levers = Levers(**{n: parse_lever(n, env[env_name(n)]) for n in lever_names() if env_name(n) in env})
     raw_log = env.get("PEGAINFER_TEST_LOG")
     return Knobs(levers, test_log=raw_log is not None and parse_flag("PEGAINFER_TEST_LOG", raw_log))
+
+
+# -- Gate, test and path variables: read by gates/, engine/provenance.py and the fixture cache --------
+
+GATE_KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in (
+        Knob("PEGASPEC_CACHE", "path", "fixture cache root (default: ~/.cache/pegaspec/fixtures)"),
+        Knob("PEGASPEC_COMMIT", "path", "the commit a device copy of the tree was shipped at (wins over git)"),
+    )
+}
+
+
+@dataclass(frozen=True)
+class GateKnobs:
+    """Unset or blank paths are None; flags are 0/1 like every other flag."""
+
+    target: str | None = None  # PEGAINFER_TEST_MODEL_PATH
+    drafter: str | None = None  # PEGAINFER_DFLASH_TEST_MODEL_PATH
+    hedge_drafter: str | None = None  # PEGAINFER_TEST_HEDGE_DRAFTER
+    require_gate: bool = False  # PEGAINFER_REQUIRE_SPEC_GATE
+    batch_invariant: bool = False  # PEGAINFER_TEST_BATCH_INVARIANT
+    test_log: bool = False  # PEGAINFER_TEST_LOG
+    run_record: str | None = None  # PEGAINFER_RUN_RECORD
+    cache: str | None = None  # PEGASPEC_CACHE
+    commit: str | None = None  # PEGASPEC_COMMIT
+
+
+def parse_path(name: str, raw: str) -> str | None:
+    """A path or hub id: any UTF-8 text without NUL; blank means unset."""
+    text = _text(name, raw)
+    if "\0" in text:
+        raise KnobError(f"{name}={text!r} holds a NUL byte; expected a path")
+    return text.strip() or None
+
+
+def read_gate_knobs(environ: Mapping[str, str] | None = None) -> GateKnobs:
+    """Validate the gate, test and path variables in `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str, parse, default):
+        return default if name not in env else parse(name, env[name])
+
+    return GateKnobs(
+        target=get("PEGAINFER_TEST_MODEL_PATH", parse_path, None),
+        drafter=get("PEGAINFER_DFLASH_TEST_MODEL_PATH", parse_path, None),
+        hedge_drafter=get("PEGAINFER_TEST_HEDGE_DRAFTER", parse_path, None),
+        require_gate=get("PEGAINFER_REQUIRE_SPEC_GATE", parse_flag, False),
+        batch_invariant=get("PEGAINFER_TEST_BATCH_INVARIANT", parse_flag, False),
+        test_log=get("PEGAINFER_TEST_LOG", parse_flag, False),
+        run_record=get("PEGAINFER_RUN_RECORD", parse_path, None),
+        cache=get("PEGASPEC_CACHE", parse_path, None),
+        commit=get("PEGASPEC_COMMIT", parse_path, None),
+    )

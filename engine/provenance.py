@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+
+from engine.knobs import read_gate_knobs
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def git_commit(short: bool = False, repo: Path = REPO) -> str | None:
-    """PEGASPEC_COMMIT when set (a device copy of the tree may carry no .git, or a stale one), else
-    HEAD with "-dirty" when tracked files differ from it; None without either."""
-    if os.environ.get("PEGASPEC_COMMIT"):
-        return os.environ["PEGASPEC_COMMIT"]
+def git_commit(short: bool = False, repo: Path = REPO, environ: Mapping[str, str] | None = None) -> str | None:
+    """PEGASPEC_COMMIT when set in `environ` (default: os.environ; a device copy of the tree may carry
+    no .git, or a stale one), else HEAD with "-dirty" when tracked files differ from it; None without
+    either."""
+    shipped = read_gate_knobs(environ).commit
+    if shipped:
+        return shipped
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=True).stdout

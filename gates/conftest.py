@@ -11,10 +11,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
+from engine.knobs import read_gate_knobs  # noqa: E402
 from gates.devices import visible_gpu_count, worker_gpu  # noqa: E402
 from gates.run_record import RECORD_ENV, RunRecorder  # noqa: E402
 
 REQUIRE_ENV = "PEGAINFER_REQUIRE_SPEC_GATE"
+_REQUIRE = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,12 +24,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--run-record",
         metavar="PATH",
         default=None,
-        help=f"where the levers gate writes its run record (default: ${RECORD_ENV}, "
-        "else docs/benchmarks/records/levers-gate-<device>.md)",
+        help=f"where the levers gate writes its run record (default: ${RECORD_ENV}, else "
+        "levers-gate-<device>.md in the session's base temp dir); a run that skipped a case never "
+        "writes under docs/",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_REQUIRE] = read_gate_knobs().require_gate  # a malformed value stops the session here
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         config.pluginmanager.register(RunRecorder(config), "pegaspec-run-record")
@@ -41,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     report = yield
-    if report.skipped and not hasattr(report, "wasxfail") and os.environ.get(REQUIRE_ENV) == "1":
+    if report.skipped and not hasattr(report, "wasxfail") and item.config.stash[_REQUIRE]:
         longrepr = report.longrepr
         reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
         report.outcome = "failed"

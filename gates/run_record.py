@@ -2,7 +2,10 @@
 
 A case attaches its row to its report (`user_properties`), which xdist ships to
 the controller; the controller's RunRecorder collects rows from the call-phase
-reports and, at the end of the session, prints the gate lines and writes the record.
+reports and, at the end of the session, prints the gate lines and writes the record
+into the session's own output folder (or where --run-record / PEGAINFER_RUN_RECORD
+say). A run that did not run every case never writes under docs/; pasting a whole
+run into a doc is `python -m trace_tools paste`.
 """
 
 from __future__ import annotations
@@ -13,16 +16,18 @@ import json
 import os
 import shlex
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
+from engine.knobs import read_gate_knobs
 from engine.provenance import git_commit
+from gates.cases import ALL_CASES
 from gates.devices import device_name, device_slug
-from gates.levers import ALL_CASES, gate_line
+from gates.verdict import gate_line
 from trace_tools import RecordHeader, RecordRow, render_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -40,17 +45,25 @@ def read_row_property(value: str) -> tuple[str, str, RecordRow]:
     return data["case"], data["weights"], RecordRow(**data["row"])
 
 
-def head_commit(repo: Path = REPO_ROOT) -> str:
+def head_commit(repo: Path = REPO_ROOT, environ: Mapping[str, str] | None = None) -> str:
     """The short commit of the tree (PEGASPEC_COMMIT on a device copy), or a placeholder saying why not."""
-    return git_commit(short=True, repo=repo) or "unknown (no git)"
+    return git_commit(short=True, repo=repo, environ=environ) or "unknown (no git)"
 
 
-def record_path(option: str | None, device: str, repo: Path = REPO_ROOT) -> Path:
-    """--run-record, else $PEGAINFER_RUN_RECORD, else docs/benchmarks/records/levers-gate-<device>.md."""
-    chosen = option or os.environ.get(RECORD_ENV)
+def record_path(option: str | None, device: str, out_dir: Path) -> Path:
+    """--run-record, else $PEGAINFER_RUN_RECORD, else out_dir/levers-gate-<device>.md."""
+    chosen = option or read_gate_knobs().run_record
     if chosen:
         return Path(chosen).expanduser()
-    return repo / "docs" / "benchmarks" / "records" / f"levers-gate-{device_slug(device)}.md"
+    return out_dir / f"levers-gate-{device_slug(device)}.md"
+
+
+def guarded_path(path: Path, whole: bool, out_dir: Path, repo: Path = REPO_ROOT) -> Path:
+    """path, unless the run is partial and path lies under the repo's docs/: then out_dir's record."""
+    docs = (repo / "docs").resolve()
+    if whole or not path.resolve().is_relative_to(docs):
+        return path
+    return out_dir / path.name
 
 
 def write_run_record(path: Path, header: RecordHeader, rows: Sequence[RecordRow]) -> None:
@@ -93,7 +106,18 @@ class RunRecorder:
             weights=", ".join(dict.fromkeys(w for w, _ in ordered)),
             date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             command=shlex.join(["pytest", *self.config.invocation_params.args]),
+            cases_run=len(ordered),
+            cases_total=len(ALL_CASES),
         )
-        path = record_path(self.config.getoption("run_record"), device)
+        # The session's own output folder: pytest's base temp dir (--basetemp), which pytest offers
+        # plugins only through this attribute (the tmp_path_factory fixture needs a test).
+        out_dir = self.config._tmp_path_factory.getbasetemp()
+        wanted = record_path(self.config.getoption("run_record"), device, out_dir)
+        path = guarded_path(wanted, len(ordered) == len(ALL_CASES), out_dir)
+        if path != wanted:
+            terminalreporter.write_line(
+                f"ran {len(ordered)} of {len(ALL_CASES)} cases: a partial run never writes under docs/ "
+                f"({wanted} left as it was)"
+            )
         write_run_record(path, header, [row for _, row in ordered])
         terminalreporter.write_line(f"run record written to {path}")

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.knobs import read_gate_knobs
 from engine.shipped import shipped_dspark, shipped_pair
+from gates.cases import HEDGE_DRAFTER_ENV
 
 TARGET_ENV = "PEGAINFER_TEST_MODEL_PATH"
 DRAFTER_ENV = "PEGAINFER_DFLASH_TEST_MODEL_PATH"
-# A Markov-head (DSpark) drafter: the levers gate passes it to its hedge child, whose weights then
-# use it in place of the pair's drafter. The gate strips it from every other child.
-HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,7 @@ def resolve_gate_weights() -> tuple[GateWeights | None, str]:
 
     Returns (weights, "") or (None, reason-to-skip)."""
     weights, reason = _resolve_pair()
-    hedge = os.environ.get(HEDGE_DRAFTER_ENV)
+    hedge = read_gate_knobs().hedge_drafter
     if weights is None or not hedge:
         return weights, reason
     if not _is_checkpoint(hedge):
@@ -47,7 +45,7 @@ def hedge_drafter(weights: GateWeights) -> tuple[str | None, str]:
     from engine.loader import CheckpointError, open_checkpoint
     from engine.models.config import DFlashConfig
 
-    chosen = os.environ.get(HEDGE_DRAFTER_ENV)
+    chosen = read_gate_knobs().hedge_drafter
     if not chosen:
         if weights.label != "fixture:tiny":
             return None, (
@@ -79,7 +77,8 @@ def hedge_label(drafter: str) -> str:
 
 
 def _resolve_pair() -> tuple[GateWeights | None, str]:
-    target, drafter = os.environ.get(TARGET_ENV), os.environ.get(DRAFTER_ENV)
+    knobs = read_gate_knobs()
+    target, drafter = knobs.target, knobs.drafter
     if bool(target) != bool(drafter):
         missing = DRAFTER_ENV if target else TARGET_ENV
         return None, f"{missing} is unset while the other weight variable is set; set both or neither"

@@ -15,6 +15,7 @@ from engine.bench.common import make_engine
 from engine.bench.load import LoadResult, acceptance_histogram, closed_loop
 from engine.bench.report import read_csv
 from engine.engine import SpecStats
+from engine.provenance import git_commit
 
 ARMS = ["plain", "spec", "spec+trim=2", "spec+gate=1"]
 NEW = 4
@@ -58,7 +59,7 @@ def test_outputs_and_complete_rows(swept):
         assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored
         assert int(r["max_in_flight"]) == c
         assert {r["round"] for r in rows} == {"1", "2"}
-    assert meta["commit"] is None or len(meta["commit"]) >= 40
+    assert meta["commit"] == git_commit()  # PEGASPEC_COMMIT on a device copy, else the full hash or None
     assert meta["command"].startswith("python -m engine.bench.sweep")
     md = (out / "sweep.md").read_text()
     assert "spec+trim=2" in md and "verdict" in md and meta["device"] in md

@@ -93,27 +93,36 @@ def test_ngram_equals_plain_greedy(pair):
     assert accepted > 0
 
 
-def test_drafter_context_is_committed_features(pair, monkeypatch):
+class Recording:
+    """The drafter with each forward call's inputs recorded: a wrapper, not a patched method, so it
+    sees every call on any device."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter, self.calls = drafter, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.drafter, name)
+
+    def __call__(self, block_hidden, ctx, block_pos, ctx_pos, mask=None):
+        self.calls.append((ctx.clone(), block_pos.clone(), ctx_pos.clone(), mask))
+        return self.drafter(block_hidden, ctx, block_pos, ctx_pos, mask)
+
+
+def test_drafter_context_is_committed_features(pair):
     """Each draft call sees exactly project_context(features of every committed token but the
     anchor), recomputed here from scratch, and a block at positions s..s+B-1."""
     target, drafter = pair
     p = prompts()[2]
-    seen = []
-    forward = type(drafter).forward
-
-    def spy(self, block_hidden, ctx, block_pos, ctx_pos, mask=None):
-        seen.append((ctx.clone(), block_pos.clone(), ctx_pos.clone(), mask))
-        return forward(self, block_hidden, ctx, block_pos, ctx_pos, mask)
-
-    monkeypatch.setattr(type(drafter), "forward", spy)
-    res = reference_generate(target, drafter, p, 16)
-    assert len(seen) == len(res.rounds)
+    spy = Recording(drafter)
+    res = reference_generate(target, spy, p, 16)
+    assert len(spy.calls) == len(res.rounds) > 0
     committed = len(p) + 1
     B = drafter.cfg.block_size
     with torch.no_grad():
-        for (ctx, block_pos, ctx_pos, mask), rnd in zip(seen, res.rounds, strict=True):
+        for (ctx, block_pos, ctx_pos, mask), rnd in zip(spy.calls, res.rounds, strict=True):
             seq = (p + res.tokens)[: committed - 1]  # everything before the anchor
-            hs = target(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+            ids = torch.tensor([seq], device=ctx.device)
+            hs = target(input_ids=ids, output_hidden_states=True).hidden_states
             want = drafter.project_context(tap(hs, drafter.cfg.target_layer_ids))
             s = len(seq)
             torch.testing.assert_close(ctx, want, rtol=1e-4, atol=1e-4)

@@ -10,16 +10,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from gates.levers import CASES, gate_line
+from gates.cases import ALL_CASES, CASES
 from gates.run_record import (
     RECORD_ENV,
     RunRecorder,
+    guarded_path,
     head_commit,
     read_row_property,
     record_path,
     row_property,
     write_run_record,
 )
+from gates.verdict import gate_line
 from trace_tools import RecordHeader, RecordRow, render_record
 
 pytest_plugins = ["pytester"]
@@ -28,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- run record ----
 
-HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/")
+HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/", 2, 9)
 ROWS = [
-    RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 0, True),
-    RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 1, False),
+    RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 320, 0, True),
+    RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 176, 1, False),
 ]
 
 
@@ -51,32 +53,43 @@ def test_write_run_record_replaces_the_file(tmp_path):
 
 def test_record_path_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    assert record_path(None, "NVIDIA H200", tmp_path) == tmp_path / "docs/benchmarks/records/levers-gate-nvidia-h200.md"
+    out = tmp_path / "pytest-7"
+    assert record_path(None, "NVIDIA H200", out) == out / "levers-gate-nvidia-h200.md"  # the run's own folder
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "env.md"))
-    assert record_path(None, "cpu (x86_64)", tmp_path) == tmp_path / "env.md"
-    assert record_path(str(tmp_path / "opt.md"), "cpu", tmp_path) == tmp_path / "opt.md"
+    assert record_path(None, "cpu (x86_64)", out) == tmp_path / "env.md"
+    assert record_path(str(tmp_path / "opt.md"), "cpu", out) == tmp_path / "opt.md"
+
+
+def test_a_partial_run_never_writes_under_docs(tmp_path):
+    repo, out = tmp_path / "repo", tmp_path / "out"
+    doc = repo / "docs" / "benchmarks" / "records" / "levers-gate-cpu.md"
+    assert guarded_path(doc, whole=True, out_dir=out, repo=repo) == doc
+    assert guarded_path(doc, whole=False, out_dir=out, repo=repo) == out / "levers-gate-cpu.md"
+    elsewhere = tmp_path / "mine.md"
+    assert guarded_path(elsewhere, whole=False, out_dir=out, repo=repo) == elsewhere
 
 
 def test_head_commit_marks_a_dirty_tree_and_tolerates_no_git(tmp_path):
-    assert head_commit(tmp_path) == "unknown (no git)"
+    assert head_commit(tmp_path, environ={}) == "unknown (no git)"
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "f").write_text("a")
     subprocess.run([*git, "-C", str(tmp_path), "add", "f"], check=True)
     subprocess.run([*git, "-C", str(tmp_path), "commit", "-qm", "c"], check=True)
-    clean = head_commit(tmp_path)
+    clean = head_commit(tmp_path, environ={})
     assert len(clean) >= 7 and not clean.endswith("-dirty")
     (tmp_path / "untracked").write_text("u")
-    assert head_commit(tmp_path) == clean
+    assert head_commit(tmp_path, environ={}) == clean
     (tmp_path / "f").write_text("b")
-    assert head_commit(tmp_path) == f"{clean}-dirty"
+    assert head_commit(tmp_path, environ={}) == f"{clean}-dirty"
 
 
 def test_head_commit_prefers_the_commit_named_for_a_device_copy(tmp_path, monkeypatch):
     """A device copy may carry a stale .git: PEGASPEC_COMMIT (what the caller shipped) wins."""
-    monkeypatch.setenv("PEGASPEC_COMMIT", "abc1234")
-    assert head_commit(tmp_path) == "abc1234"
-    assert head_commit() == "abc1234"
+    assert head_commit(tmp_path, environ={"PEGASPEC_COMMIT": "abc1234"}) == "abc1234"
+    monkeypatch.setenv("PEGASPEC_COMMIT", "def5678")
+    assert head_commit(tmp_path) == "def5678"
+    assert head_commit() == "def5678"
 
 
 class _Terminal:
@@ -94,10 +107,16 @@ def _report(when: str, *props: tuple[str, str]) -> SimpleNamespace:
     return SimpleNamespace(when=when, user_properties=list(props))
 
 
-def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
-    config = SimpleNamespace(
-        getoption=lambda name: str(tmp_path / "rec.md"), invocation_params=SimpleNamespace(args=("gates/", "-n", "6"))
+def _config(tmp_path: Path, option: str | None) -> SimpleNamespace:
+    return SimpleNamespace(
+        getoption=lambda name: option,
+        invocation_params=SimpleNamespace(args=("gates/", "-n", "6")),
+        _tmp_path_factory=SimpleNamespace(getbasetemp=lambda: tmp_path / "basetemp"),
     )
+
+
+def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
+    config = _config(tmp_path, str(tmp_path / "rec.md"))
     recorder = RunRecorder(config)
     recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w")))
     recorder.pytest_runtest_logreport(_report("setup", row_property("greedy-MAX_DRAFTS=4", ROWS[1], "w")))
@@ -113,10 +132,22 @@ def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
     text = (tmp_path / "rec.md").read_text()
     assert text.endswith(render_record(HEADER, ROWS).split("\n\n", 1)[1])
     assert "- command: `pytest gates/ -n 6`" in text and "- weights: w" in text
+    assert f"- cases: 2 of {len(ALL_CASES)}" in text
+
+
+def test_recorder_writes_into_the_runs_own_folder_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    (tmp_path / "basetemp").mkdir()
+    recorder = RunRecorder(_config(tmp_path, None))
+    recorder.pytest_runtest_logreport(_report("call", row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
+    term = _Terminal()
+    recorder.pytest_terminal_summary(term)
+    written = list((tmp_path / "basetemp").glob("levers-gate-*.md"))
+    assert len(written) == 1 and term.lines[-1] == f"run record written to {written[0]}"
 
 
 def test_recorder_without_rows_writes_nothing(tmp_path):
-    config = SimpleNamespace(getoption=lambda name: str(tmp_path / "rec.md"))
+    config = _config(tmp_path, str(tmp_path / "rec.md"))
     term = _Terminal()
     RunRecorder(config).pytest_terminal_summary(term)
     assert term.lines == [] and not (tmp_path / "rec.md").exists()
@@ -170,21 +201,30 @@ def test_rows_from_xdist_workers_reach_the_controller(inner, tmp_path):
     inner.makepyfile("""
         import os
         import pytest
-        from gates.levers import CASES
+        from gates.cases import CASES
         from gates.run_record import row_property
         from trace_tools import RecordRow
 
         @pytest.mark.parametrize("case", CASES[::-1], ids=[c.id for c in CASES[::-1]])
         def test_case(case, request):
-            row = RecordRow(case.child, case.env_label, 1, 2, None, 0, True)
+            row = RecordRow(case.child, case.env_label, 1, 2, None, 64, 0, True)
             request.node.user_properties.append(row_property(case.id, row, os.environ["PYTEST_XDIST_WORKER"]))
     """)
     record = tmp_path / "rec.md"
     result = inner.runpytest_subprocess("-n", "2", "--run-record", str(record))
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=len(CASES))
     result.stdout.fnmatch_lines(
         [f"spec lever gate: child={c.child} env={c.env_label} *" for c in CASES] + [f"run record written to {record}"]
     )
     table = [ln for ln in record.read_text().splitlines() if ln.startswith("| test_")]
     assert [ln.split(" | ")[1] for ln in table] == [c.env_label for c in CASES]
     assert "gw0" in record.read_text() and "gw1" in record.read_text()  # both workers' rows arrived
+    assert f"- cases: {len(CASES)} of {len(ALL_CASES)}" in record.read_text()
+
+
+def test_a_malformed_require_flag_stops_the_session(inner, monkeypatch):
+    monkeypatch.setenv("PEGAINFER_REQUIRE_SPEC_GATE", "yes")
+    inner.makepyfile("def test_x():\n    pass\n")
+    result = inner.runpytest_subprocess()
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*PEGAINFER_REQUIRE_SPEC_GATE='yes' is not an unsigned decimal count*"])

@@ -8,23 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gates.levers import (
-    ALL_CASES,
-    CASES,
-    HEDGE_CASES,
-    HEDGE_DRAFTER_ENV,
-    Expect,
-    check_case,
-    check_child,
-    child_spec,
-    gate_line,
-)
+from gates.cases import ALL_CASES, CASES, HEDGE_CASES, HEDGE_DRAFTER_ENV, Expect
+from gates.checks import check_case
+from gates.child import child_spec
+from gates.verdict import check_child, gate_line
 from gates.weights import GateWeights, hedge_drafter, resolve_gate_weights
 from tests.checkpoints import make_drafter, make_dspark_drafter
+from tests.gate_traces import complete
 from trace_tools import RecordHeader, RecordRow, hedge_trace_rows, levers_trace_rows, render_record
 
 HEDGE = HEDGE_CASES[0]
-LOSSLESS = "[lossless] test=greedy_matches_plain_greedy requests=5 compared_tokens=320 excused_divergences=0"
 
 
 def rnd(req: int, accepted: int, gated: int = 0, verified: int = 7) -> str:
@@ -54,7 +47,7 @@ def test_the_hedge_case():
     assert HEDGE.env_label == "HEDGE=8 HEDGE_POSITIONS=0,1,2"
     assert HEDGE.env == {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2"}
     assert HEDGE.expect is Expect.HEDGE and HEDGE.child == "test_greedy_matches_plain_greedy"
-    assert ALL_CASES == CASES + HEDGE_CASES and len(CASES) == 6
+    assert ALL_CASES == CASES + HEDGE_CASES and len(CASES) == 7 and len(HEDGE_CASES) == 2
 
 
 def test_a_trace_with_wins_and_discards_passes():
@@ -81,32 +74,32 @@ def test_gated_rounds_under_the_hedge_alone_fail():
 
 
 def test_child_result_carries_hedge_counts_into_the_row_and_gate_line():
-    result = check_child(HEDGE, 0, "\n".join([*GOOD, LOSSLESS]))
+    result = check_child(HEDGE, 0, "\n".join(complete(GOOD)))
     assert result.problems == ()
     row = result.row
     assert (row.hedge_chains, row.hedge_wins, row.env) == (9, 1, "HEDGE=8 HEDGE_POSITIONS=0,1,2")
-    assert gate_line(row).endswith("max_drafts=7 hedge_chains=9 hedge_wins=1")
-    assert check_child(HEDGE, 1, "\n".join([*GOOD, LOSSLESS])).problems == (
+    assert gate_line(row).endswith("max_drafts=7 hedge_chains=9 hedge_wins=1 compared_tokens=20 excused=0")
+    assert check_child(HEDGE, 1, "\n".join(complete(GOOD))).problems == (
         "the child exited 1: its lossless assertions or its setup failed",
     )
-    other = check_child(CASES[1], 0, "\n".join([rnd(0, 4, verified=4), LOSSLESS])).row
+    other = check_child(CASES[1], 0, "\n".join(complete([rnd(0, 4, verified=4)]))).row
     assert other.hedge_chains is None and "hedge" not in gate_line(other)
 
 
 def test_unreadable_hedge_line_is_a_problem_not_a_crash():
-    found = check_child(HEDGE, 0, "\n".join([*GOOD, hdg(0, 1, 1, 2, 2), LOSSLESS])).problems
+    found = check_child(HEDGE, 0, "\n".join(complete([*GOOD, hdg(0, 1, 1, 2, 2)]))).problems
     assert len(found) == 1 and found[0].startswith("unreadable trace:")
 
 
 def test_record_gets_a_hedge_column_only_with_a_hedge_row():
-    header = RecordHeader("abc", "cpu (x86_64)", "fixture:tiny", "2026-12-01T00:00:00Z", "pytest gates/")
-    plain = RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 5, 0, None, 0, True)
+    header = RecordHeader("abc", "cpu (x86_64)", "fixture:tiny", "2026-12-01T00:00:00Z", "pytest gates/", 2, 9)
+    plain = RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 5, 0, None, 320, 0, True)
     assert "hedge" not in render_record(header, [plain])
-    hedged = RecordRow("test_greedy_matches_plain_greedy", HEDGE.env_label, 0, 60, 7, 0, True, 40, 6)
+    hedged = RecordRow("test_greedy_matches_plain_greedy", HEDGE.env_label, 0, 60, 7, 320, 0, True, 40, 6)
     text = render_record(header, [plain, hedged])
     assert "| verdict | hedge chains / wins |" in text
-    assert "| MAX_BATCH=1 | 5 | 0 | - | 0 | pass | - |" in text
-    assert "| HEDGE=8 HEDGE_POSITIONS=0,1,2 | 0 | 60 | 7 | 0 | pass | 40 / 6 |" in text
+    assert "| MAX_BATCH=1 | 5 | 0 | - | 320 | 0 | pass | - |" in text
+    assert "| HEDGE=8 HEDGE_POSITIONS=0,1,2 | 0 | 60 | 7 | 320 | 0 | pass | 40 / 6 |" in text
 
 
 def test_only_the_hedge_child_gets_the_markov_drafter():
@@ -120,6 +113,8 @@ def test_only_the_hedge_child_gets_the_markov_drafter():
         "PEGAINFER_TEST_LOG": "1",
         "PYTHONUNBUFFERED": "1",
     }
+    gated_hedge = child_spec(HEDGE_CASES[1], base, python="/py", extra_env={HEDGE_DRAFTER_ENV: "/gate/dspark"})
+    assert gated_hedge.env["PEGAINFER_SPEC_MAX_BATCH"] == "3" and gated_hedge.env[HEDGE_DRAFTER_ENV] == "/gate/dspark"
     for case in CASES:
         spec = child_spec(case, base, python="/py")
         assert HEDGE_DRAFTER_ENV not in spec.env and HEDGE_DRAFTER_ENV in spec.env_removed

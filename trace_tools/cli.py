@@ -10,7 +10,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from trace_tools.parse import TraceError, hedge_trace_rows, levers_trace_rows, lossless_lines
+from trace_tools.consistency import request_problems
+from trace_tools.parse import TraceError, hedge_trace_rows, levers_trace_rows, lossless_lines, request_lines
 from trace_tools.record import RecordError, paste
 from trace_tools.summary import summarize, summarize_hedge
 
@@ -21,7 +22,8 @@ def _requests(ids: Sequence[int]) -> str:
 
 def _summarize(args: argparse.Namespace) -> None:
     lines = Path(args.log).read_text(encoding="utf-8", errors="replace").splitlines()
-    s = summarize(levers_trace_rows(lines))
+    rows = levers_trace_rows(lines)
+    s = summarize(rows)
     child = args.child or Path(args.log).stem
     max_drafts = "-" if s.max_drafts is None else s.max_drafts
     print(
@@ -36,12 +38,15 @@ def _summarize(args: argparse.Namespace) -> None:
         print(f"hedge: {summarize_hedge(hedges).line}")
     results = lossless_lines(lines)
     for r in results:
-        print(
-            f"lossless: test={r.test} requests={r.requests} compared_tokens={r.compared_tokens} "
-            f"excused_divergences={r.excused_divergences}"
-        )
+        print(f"lossless: test={r.test} requests={r.requests} compared_tokens={r.compared_tokens} excused={r.excused}")
     if not results:
         print("lossless: no [lossless] line")
+    requests = request_lines(lines)
+    if requests:
+        problems = request_problems(rows, requests, stops=True)
+        print(f"cross-check of {len(requests)} requests: " + ("ok" if not problems else f"{len(problems)} problems"))
+        for p in problems:
+            print(f"  - {p}")
 
 
 def _write_in_place(path: Path, text: str) -> None:
@@ -96,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="paste a run record into a doc between the run-record markers",
         description="Replace what lies between `<!-- run-record:begin -->` and `<!-- run-record:end -->` "
         "in DOC with the contents of RECORD, in place; every other byte of DOC is kept. "
-        "DOC must hold each marker exactly once.",
+        "DOC must hold each marker exactly once; RECORD must be of a run that ran every case.",
     )
     p.add_argument("--doc", required=True, metavar="DOC", help="the Markdown doc to rewrite in place")
     p.add_argument("--record", required=True, metavar="RECORD", help="the run record the gate wrote")

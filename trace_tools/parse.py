@@ -1,9 +1,11 @@
-"""Parsing the engine's per-round trace (round and hedge lines) and the lossless children's result lines.
+"""Parsing the engine's per-round trace (round and hedge lines) and the lossless children's request
+and result lines.
 
 A field is read as the first non-empty run of ASCII digits in the value that
 follows `name=` (the value ends at whitespace), so `request=req-3` reads 3.
 Names match at a word boundary, so `accepted_draft=` never matches inside
-`xaccepted_draft=`. Field order is free and unknown fields are ignored.
+`xaccepted_draft=`. Field order is free and unknown fields are ignored. Round
+lines of older logs lack `draft_ctx=` and `span_limit=`: those read as None.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from dataclasses import dataclass
 
 ROUND_MARKER = re.compile(r"\bDFlash round\b")
 HEDGE_MARKER = re.compile(r"\bDFlash hedge\b")
+REQUEST_MARKER = re.compile(r"\bDFlash request\b")
 LOSSLESS_MARKER = "[lossless]"
 
 ROUND_FIELDS = ("request", "gated", "verified_draft", "accepted_draft", "committed_tokens")
+ROUND_OPTIONAL = ("draft_ctx", "span_limit")
 HEDGE_FIELDS = ("request", "chains", "winner", "main_accepted", "best_accepted")
-LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused_divergences")
+REQUEST_FIELDS = ("request", "prompt_tokens", "output_tokens", "max_tokens")
+LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused")
 
 
 class TraceError(ValueError):
@@ -32,6 +37,18 @@ class RoundRow:
     verified_draft: int
     accepted_draft: int
     committed_tokens: int
+    draft_ctx: int | None = None  # drafter context rows after the round (stored + pending)
+    span_limit: int | None = None  # drafts the round allowed (0 when gated)
+
+
+@dataclass(frozen=True)
+class RequestLine:
+    """A lossless child's summary of one request it ran on the speculative engine."""
+
+    request: int
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -51,7 +68,7 @@ class LosslessLine:
     test: str
     requests: int
     compared_tokens: int
-    excused_divergences: int
+    excused: int
 
 
 def _value(text: str, name: str) -> str | None:
@@ -85,19 +102,26 @@ def levers_trace_rows(lines: Iterable[str]) -> list[RoundRow]:
         m = ROUND_MARKER.search(line)
         if m is None:
             continue
-        f = _counts(line[m.end() :], ROUND_FIELDS, lineno, line)
+        text = line[m.end() :]
+        f = _counts(text, ROUND_FIELDS, lineno, line)
         if f["gated"] not in (0, 1):
             raise TraceError(f"line {lineno}: gated={f['gated']} is neither 0 nor 1: {line.rstrip()!r}")
-        rows.append(
-            RoundRow(
-                request=f["request"],
-                gated=f["gated"] == 1,
-                verified_draft=f["verified_draft"],
-                accepted_draft=f["accepted_draft"],
-                committed_tokens=f["committed_tokens"],
-            )
-        )
+        present = tuple(name for name in ROUND_OPTIONAL if _value(text, name) is not None)
+        f |= _counts(text, present, lineno, line)
+        f["gated"] = f["gated"] == 1
+        rows.append(RoundRow(**f))
     return rows
+
+
+def request_lines(lines: Iterable[str]) -> list[RequestLine]:
+    """One RequestLine per `DFlash request` line a lossless child printed, in input order."""
+    _check_lines(lines)
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        m = REQUEST_MARKER.search(line)
+        if m is not None:
+            out.append(RequestLine(**_counts(line[m.end() :], REQUEST_FIELDS, lineno, line)))
+    return out
 
 
 def hedge_trace_rows(lines: Iterable[str]) -> list[HedgeRow]:

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 BEGIN = "<!-- run-record:begin -->"
 END = "<!-- run-record:end -->"
-COLUMNS = ("child", "env", "gated rows", "speculating rows", "max drafts", "excused divergences", "verdict")
+COLUMNS = ("child", "env", "gated rows", "speculating rows", "max drafts", "compared tokens", "excused", "verdict")
 HEDGE_COLUMN = "hedge chains / wins"  # appended only when a row carries hedge counts
+_CASES = re.compile(r"^- cases: ([0-9]+) of ([0-9]+)\r?$", re.MULTILINE)
 
 
 class RecordError(ValueError):
@@ -23,7 +24,8 @@ class RecordRow:
     gated_rounds: int
     speculating_rounds: int
     max_drafts: int | None  # None: no speculating row
-    excused_divergences: int | None  # None: the child printed no [lossless] line
+    compared_tokens: int | None  # None: the child printed no [lossless] line
+    excused: int | None  # near-tie positions excused by the lossless check
     passed: bool
     hedge_chains: int | None = None  # the hedge case: chains verified (None: not a hedge case)
     hedge_wins: int | None = None  # the hedge case: request-rounds a chain won
@@ -36,6 +38,8 @@ class RecordHeader:
     weights: str
     date: str
     command: str
+    cases_run: int  # cases of the gate this session ran (a `-k` or node-id run runs fewer)
+    cases_total: int
 
 
 def _cell(value: object) -> str:
@@ -53,6 +57,7 @@ def render_record(header: RecordHeader, rows: Sequence[RecordRow]) -> str:
         f"- weights: {_cell(header.weights)}",
         f"- date: {header.date}",
         f"- command: `{header.command}`",
+        f"- cases: {header.cases_run} of {header.cases_total}",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -64,7 +69,8 @@ def render_record(header: RecordHeader, rows: Sequence[RecordRow]) -> str:
             r.gated_rounds,
             r.speculating_rounds,
             r.max_drafts,
-            r.excused_divergences,
+            r.compared_tokens,
+            r.excused,
             "pass" if r.passed else "FAIL",
         )
         if hedged:
@@ -78,7 +84,8 @@ def paste(doc_text: str, table_text: str) -> str:
 
     Every byte outside the markers is kept; pasting twice equals pasting once. A doc
     without exactly one begin marker followed by exactly one end marker is an error:
-    appending somewhere would be a guess."""
+    appending somewhere would be a guess. A record of a run that did not run every case
+    (or that does not say) is refused: a doc shows whole gate runs only."""
     for marker in (BEGIN, END):
         found = doc_text.count(marker)
         if found != 1:
@@ -92,5 +99,11 @@ def paste(doc_text: str, table_text: str) -> str:
     body = table_text.strip("\r\n")
     if not body.strip():
         raise RecordError("the record is empty")
+    cases = _CASES.search(table_text)
+    if cases is None:
+        raise RecordError("the record has no `- cases: N of M` line; refusing a record that may be partial")
+    run, total = int(cases.group(1)), int(cases.group(2))
+    if run < total:
+        raise RecordError(f"the record ran {run} of {total} cases; refusing to paste a partial run")
     nl = "\r\n" if "\r\n" in doc_text else "\n"  # keep the doc's line endings
     return doc_text[:start] + nl + nl.join(re.split(r"\r?\n", body)) + nl + doc_text[end:]

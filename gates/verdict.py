@@ -1,0 +1,123 @@
+"""The verdict on one child: its exit code, its trace against the case and against its own requests,
+its lossless lines; and the row and gate line that report it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gates.cases import Expect, LeverCase, excuse_cap
+from gates.checks import check_case
+from gates.child import CHILD_TIMEOUT_S
+from trace_tools import (
+    HedgeRow,
+    LosslessLine,
+    RecordRow,
+    RequestLine,
+    RoundRow,
+    TraceError,
+    gated_hedges,
+    hedge_trace_rows,
+    levers_trace_rows,
+    lossless_lines,
+    request_lines,
+    request_problems,
+    summarize,
+    summarize_hedge,
+)
+from trace_tools.summary import ChildSummary, HedgeSummary
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: LeverCase
+    summary: ChildSummary
+    compared_tokens: int | None  # None: no [lossless] line
+    excused: int | None
+    problems: tuple[str, ...]
+    hedge: HedgeSummary | None = None  # hedge cases only
+
+    @property
+    def row(self) -> RecordRow:
+        s, h = self.summary, self.hedge
+        return RecordRow(
+            self.case.child,
+            self.case.env_label,
+            s.gated_rounds,
+            s.speculating_rounds,
+            s.max_drafts,
+            self.compared_tokens,
+            self.excused,
+            passed=not self.problems,
+            hedge_chains=None if h is None else h.chains,
+            hedge_wins=None if h is None else h.wins,
+        )
+
+
+def check_child(
+    case: LeverCase, returncode: int | None, output: str, timeout_s: float = CHILD_TIMEOUT_S, exact: bool = False
+) -> CaseResult:
+    """The verdict on one child: it exited 0, its trace shows the case and agrees with its requests,
+    its [lossless] lines compared every token it requested and excused no more than the cap (none
+    when `exact`: batch-invariant numerics)."""
+    lines = output.splitlines()
+    problems = []
+    if returncode is None:
+        problems.append(f"the child was killed after {timeout_s:g} s")
+    elif returncode != 0:
+        problems.append(f"the child exited {returncode}: its lossless assertions or its setup failed")
+    rows: list[RoundRow] = []
+    hedges: list[HedgeRow] = []
+    requests: list[RequestLine] = []
+    try:
+        rows, hedges, requests = levers_trace_rows(lines), hedge_trace_rows(lines), request_lines(lines)
+        problems += check_case(case, rows, hedges, gated_hedges(lines) if case.expect.hedged else ())
+        if rows:
+            problems += request_problems(rows, requests, stops=case.expect is Expect.STOP)
+    except TraceError as e:
+        rows, problems = [], [*problems, f"unreadable trace: {e}"]
+    try:
+        results = lossless_lines(lines)
+    except TraceError as e:
+        results, problems = [], [*problems, f"unreadable [lossless] line: {e}"]
+    problems += _lossless_problems(results, requests, exact)
+    compared = sum(r.compared_tokens for r in results) if results else None
+    excused = sum(r.excused for r in results) if results else None
+    hedge = summarize_hedge(hedges) if case.expect.hedged else None
+    return CaseResult(case, summarize(rows), compared, excused, tuple(problems), hedge)
+
+
+def _lossless_problems(results: Sequence[LosslessLine], requests: Sequence[RequestLine], exact: bool) -> list[str]:
+    if not results:
+        return ["no [lossless] line: the child compared nothing (skipped, or failed first)"]
+    compared = sum(r.compared_tokens for r in results)
+    excused = sum(r.excused for r in results)
+    problems = []
+    if compared == 0:
+        problems.append("the child's [lossless] lines compared 0 tokens")
+    elif requests and compared != sum(r.output_tokens for r in requests):
+        problems.append(
+            f"the child compared {compared} tokens but its requests produced "
+            f"{sum(r.output_tokens for r in requests)}: part of the output went unchecked"
+        )
+    if requests and sum(r.requests for r in results) != len(requests):
+        problems.append(
+            f"the [lossless] lines count {sum(r.requests for r in results)} requests, the child ran {len(requests)}"
+        )
+    cap = excuse_cap(compared, exact)
+    if excused > cap:
+        why = "batch-invariant numerics excuse none" if exact else f"the cap is {cap} for {compared} tokens"
+        problems.append(f"{excused} near-tie positions excused: {why}")
+    return problems
+
+
+def gate_line(row: RecordRow) -> str:
+    max_drafts = "-" if row.max_drafts is None else row.max_drafts
+    hedge = "" if row.hedge_chains is None else f" hedge_chains={row.hedge_chains} hedge_wins={row.hedge_wins}"
+    compared = "-" if row.compared_tokens is None else row.compared_tokens
+    excused = "-" if row.excused is None else row.excused
+    return (
+        f"spec lever gate: child={row.child} env={row.env} gated_rounds={row.gated_rounds} "
+        f"speculating_rounds={row.speculating_rounds} max_drafts={max_drafts}{hedge} "
+        f"compared_tokens={compared} excused={excused}"
+    )

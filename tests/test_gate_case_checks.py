@@ -1,0 +1,190 @@
+"""The levers gate's trace checks per case: recorded real traces pass, each planted fault fails by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gates.cases import ALL_CASES, CASES, Expect
+from gates.checks import check_case
+from trace_tools import gated_hedges, hedge_trace_rows, levers_trace_rows, unresumed_requests
+
+DATA = Path(__file__).resolve().parent / "data" / "trace"
+CASE = {c.id: c for c in CASES}
+
+
+def rnd(req: int, gated: int, verified: int, accepted: int) -> str:
+    return (
+        f"[DEBUG] DFlash round request=req-{req} gated={gated} verified_draft={verified} "
+        f"accepted_draft={accepted} committed_tokens={accepted + 1}"
+    )
+
+
+def gated_phase(requests: range, rounds: int) -> list[str]:
+    return [rnd(r, 1, 0, 0) for _ in range(rounds) for r in requests]
+
+
+def problems(case_id: str, lines: list[str]) -> list[str]:
+    return check_case(CASE[case_id], levers_trace_rows(lines))
+
+
+def sample(name: str) -> list[str]:
+    return (DATA / name).read_text().splitlines()
+
+
+# ---- good traces pass (so the faults below are what trips the checks) ----
+
+GOOD = {
+    "greedy-MAX_BATCH=1": gated_phase(range(1), 5) + gated_phase(range(1, 2), 5),
+    "greedy-MAX_DRAFTS=4": sample("greedy-max-drafts-4.log"),
+    "concurrent-MAX_DRAFTS=2": [rnd(r, 0, 2, a) for r, a in [(0, 2), (1, 0), (2, 1), (3, 2), (0, 1)]]
+    + [rnd(1, 0, 1, 1)],
+    "concurrent-MAX_BATCH=3": sample("concurrent-max-batch-3.log"),
+}
+
+
+@pytest.mark.parametrize("case_id", GOOD)
+def test_a_trace_that_shows_the_case_passes(case_id):
+    assert problems(case_id, GOOD[case_id]) == []
+
+
+def test_a_request_that_finishes_while_gated_is_not_a_latch():
+    # Under a 4 -> 3 shrink the shortest budget ends inside the gated phase; the sample shows it.
+    rows = levers_trace_rows(GOOD["concurrent-MAX_BATCH=3"])
+    assert unresumed_requests(rows) != []
+    assert check_case(CASE["concurrent-MAX_BATCH=3"], rows) == []
+
+
+# ---- planted faults ----
+
+
+def test_trim_that_verifies_k_plus_one_drafts_fails():
+    lines = [rnd(0, 0, 4, 2), rnd(0, 0, 5, 1), rnd(0, 0, 4, 4)]
+    assert any("more than 4 drafts (up to 5)" in p for p in problems("greedy-MAX_DRAFTS=4", lines))
+
+
+def test_trim_that_never_verifies_exactly_k_is_vacuous():
+    lines = [rnd(0, 0, 1, 1), rnd(1, 0, 1, 0), rnd(0, 0, 0, 0)]
+    assert any("no round verified exactly 2" in p for p in problems("concurrent-MAX_DRAFTS=2", lines))
+
+
+def test_gated_row_under_max_drafts_fails():
+    lines = [rnd(0, 0, 4, 2), rnd(1, 1, 0, 0), rnd(0, 0, 4, 1)]
+    assert any("1 gated rounds" in p for p in problems("concurrent-MAX_DRAFTS=4", lines))
+
+
+def test_max_batch_1_with_one_speculating_row_fails():
+    lines = gated_phase(range(1), 5) + [rnd(0, 0, 4, 3)]
+    assert any("1 speculating rounds" in p and "req-0" in p for p in problems("greedy-MAX_BATCH=1", lines))
+
+
+def test_max_batch_1_that_never_gates_fails():
+    # e.g. a gate that trips only above the batch while the child runs one request at a time
+    lines = [rnd(0, 0, 7, 3), rnd(0, 0, 7, 7)]
+    found = problems("greedy-MAX_BATCH=1", lines)
+    assert any("no gated round" in p for p in found) and any("2 speculating rounds" in p for p in found)
+
+
+def test_gate_that_latches_to_plain_decode_fails():
+    # Gated rounds, then plain decode: no round line for those requests ever again.
+    found = problems("concurrent-MAX_BATCH=3", gated_phase(range(4), 20))
+    assert any("the gate latches" in p for p in found)
+    assert any("never resumed" in p for p in found)
+
+
+def test_latch_is_checked_per_request_id():
+    # Speculation that "resumes" only for a request admitted after the gate is not a resume.
+    lines = gated_phase(range(4), 20) + [rnd(4, 0, 7, 3), rnd(4, 0, 7, 5)]
+    found = problems("concurrent-MAX_BATCH=3", lines)
+    assert any("req-0, req-1, req-2, req-3" in p and "latches" in p for p in found)
+
+
+def test_resume_whose_later_rounds_verify_but_accept_nothing_fails():
+    lines = gated_phase(range(4), 3) + [rnd(r, 0, 7, 0) for _ in range(5) for r in (0, 2, 3)]
+    found = problems("concurrent-MAX_BATCH=3", lines)
+    assert any("latches" in p for p in found)
+    assert any("req-0, req-2, req-3 speculated again" in p for p in found)
+
+
+def test_one_resumed_request_does_not_excuse_another_that_accepts_nothing():
+    lines = gated_phase(range(4), 3) + [rnd(0, 0, 7, 4), rnd(2, 0, 7, 0), rnd(0, 0, 7, 2), rnd(2, 0, 7, 0)]
+    found = problems("concurrent-MAX_BATCH=3", lines)
+    assert found == ["req-2 speculated again after being gated but never verified and accepted a draft"]
+
+
+# ---- the cases and the child command ----
+
+
+def test_the_cases_of_the_spec_in_order_then_the_stop_case():
+    assert [c.id for c in CASES] == [
+        "greedy-MAX_BATCH=1",
+        "greedy-MAX_DRAFTS=4",
+        "concurrent-MAX_DRAFTS=4",
+        "greedy-MAX_DRAFTS=2",
+        "concurrent-MAX_DRAFTS=2",
+        "concurrent-MAX_BATCH=3",
+        "stop-default-levers",
+    ]
+    assert CASE["concurrent-MAX_BATCH=3"].nodeid == "gates/test_lossless.py::test_concurrent_heterogeneous_is_lossless"
+    assert CASE["stop-default-levers"].env == {}
+    hedged = [c for c in ALL_CASES if c.expect.hedged]
+    assert [c.id for c in hedged] == [
+        "greedy-HEDGE=8-HEDGE_POSITIONS=0,1,2",
+        "concurrent-HEDGE=8-HEDGE_POSITIONS=0,1,2-MAX_BATCH=3",
+    ]
+    assert hedged[1].env == {
+        "PEGAINFER_SPEC_HEDGE": "8",
+        "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2",
+        "PEGAINFER_SPEC_MAX_BATCH": "3",
+    }
+
+
+# ---- stop tokens ----
+
+
+def stop_rnd(req: int, verified: int, accepted: int, committed: int) -> str:
+    return (
+        f"[DEBUG] DFlash round request=req-{req} gated=0 verified_draft={verified} "
+        f"accepted_draft={accepted} committed_tokens={committed}"
+    )
+
+
+def test_stop_case_needs_a_stop_inside_an_accepted_run():
+    case = CASE["stop-default-levers"]
+    inside = [stop_rnd(0, 7, 3, 4), stop_rnd(0, 7, 5, 2)]  # the last round stops on its 2nd token
+    assert check_case(case, levers_trace_rows(inside)) == []
+    on_bonus = [stop_rnd(0, 7, 3, 4), stop_rnd(1, 7, 0, 1)]
+    assert check_case(case, levers_trace_rows(on_bonus)) == [
+        "no round ended on a stop token inside its accepted drafts: the stop path was never exercised"
+    ]
+    gated = [*inside, "[DEBUG] DFlash round request=req-1 gated=1 verified_draft=0 accepted_draft=0 committed_tokens=1"]
+    assert any("1 gated rounds" in p for p in check_case(case, levers_trace_rows(gated)))
+
+
+# ---- hedging under the batch gate ----
+
+HEDGED_GATE = next(c for c in ALL_CASES if c.expect is Expect.HEDGE_GATED)
+
+
+def hedge_line(req: int, chains: int = 3) -> str:
+    return f"[DEBUG] DFlash hedge request=req-{req} chains={chains} winner=0 main_accepted=2 best_accepted=2"
+
+
+def hedge_problems(lines: list[str]) -> list[str]:
+    return check_case(HEDGED_GATE, levers_trace_rows(lines), hedge_trace_rows(lines), gated_hedges(lines))
+
+
+def test_hedge_under_the_gate_passes_when_chains_run_in_speculating_rounds_only():
+    lines = [rnd(0, 1, 0, 0), rnd(1, 1, 0, 0), rnd(0, 0, 7, 2), hedge_line(0), rnd(1, 0, 7, 3)]
+    assert hedge_problems(lines) == []
+
+
+def test_a_chain_verified_in_a_gated_round_fails():
+    lines = [rnd(0, 0, 7, 2), hedge_line(0), rnd(1, 1, 0, 0), hedge_line(1), rnd(1, 0, 7, 1)]
+    assert hedge_problems(lines) == ["req-1 verified hedge chains in a gated round, which has no drafts"]
+
+
+def test_hedge_under_the_gate_must_gate_and_hedge():
+    found = hedge_problems([rnd(0, 0, 7, 2), rnd(1, 0, 7, 3)])
+    assert any("no gated round" in p for p in found) and any("no hedge chain verified" in p for p in found)
