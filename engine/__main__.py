@@ -9,6 +9,7 @@ import time
 
 from engine.config import EngineConfig, SamplingParams
 from engine.fixture.paths import shipped_pair
+from engine.serve import cli as serve_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
         help="branch positions, e.g. 0,1,2 (default: PEGAINFER_SPEC_HEDGE_POSITIONS)",
     )
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    serve_cli.add_parser(sub, target)
     return p
 
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        return _generate(args)
+        return args.run(args) if args.command == "serve" else _generate(args)
     except ValueError as err:  # bad knobs, bad config, bad checkpoints: one clear line
         print(f"error: {err}", file=sys.stderr)
         return 2

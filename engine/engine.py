@@ -215,6 +215,18 @@ class Engine:
         self.scheduler.max_batch = self.levers.max_batch
         self.speculator.configure(self.levers)
 
+    def abort(self, request_id: str) -> None:
+        """Finish a waiting or running request with finish_reason "abort" and free its blocks and slot;
+        the next step() reports it. An unknown or already finished id is a no-op."""
+        for req in [*self.scheduler.waiting, *self.scheduler.running]:
+            if req.id == request_id:
+                if req in self.scheduler.waiting:
+                    self.scheduler.waiting.remove(req)
+                req.finish(Finish.ABORT)
+                self.scheduler.release(req)
+                self._rejected.append(req)  # reported (and released again, a no-op) by the next step
+                return
+
     def has_unfinished(self) -> bool:
         return bool(self._rejected) or self.scheduler.has_work()
 

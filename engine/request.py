@@ -32,6 +32,7 @@ class Finish(str, Enum):
     STOP = "stop"  # EOS or a stop token (included in the output)
     LENGTH = "length"  # max_tokens reached
     REJECTED = "rejected"  # refused at admission; `error` says why
+    ABORT = "abort"  # ended by Engine.abort (e.g. the client went away)
 
 
 @dataclass(eq=False)
