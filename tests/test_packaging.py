@@ -24,7 +24,7 @@ DISTRIBUTION = {"huggingface_hub": "huggingface-hub"}
 
 def test_console_script_points_at_the_dispatcher():
     assert PYPROJECT["project"]["scripts"] == {"pegaspec": "engine.console:main"}
-    assert PYPROJECT["project"]["license"] == {"text": "Apache-2.0"}
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
     assert "Apache License" in (ROOT / "LICENSE").read_text()
 
 

@@ -5,11 +5,15 @@ from __future__ import annotations
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
-import openai
 import pytest
 
-from tests.serve_helpers import MODEL, live_server, wait_for
+for _name in ("uvicorn", "starlette", "openai", "httpx"):  # the serve and dev extras
+    pytest.importorskip(_name, reason=f"{_name} is not installed (pip install -e '.[serve,dev]')")
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+from tests.serve_helpers import MODEL, live_server, wait_for  # noqa: E402
 
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright"]
 LONG = {"ignore_eos": True}
