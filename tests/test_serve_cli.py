@@ -6,42 +6,43 @@ import pytest
 
 from engine.__main__ import _parser
 from engine.knobs import KnobError, read_knobs
-from engine.serve.cli import LEVER_FLAGS, engine_config
+from engine.levers import env_name, lever_kind, lever_names
+from engine.serve.cli import engine_config
 from engine.serve.protocol import BadRequest, parse_chat, parse_completion
 
-ENV_OF = {flag: env for flag, env, *_ in LEVER_FLAGS}
-BAD_COUNTS = ["-1", "1.5", "", "0x10", "4 ", "99999999999999999999999"]
+BAD_COUNTS = ["-1", "1.5", "", "0x10", "4 ", "4_0", "99999999999999999999999"]
+COUNT_LEVERS = [n for n in lever_names() if lever_kind(n) == "count"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _refused_alike(name: str, raw: str, capsys) -> None:
+    with pytest.raises(KnobError) as knob:
+        read_knobs({env_name(name): raw})
+    with pytest.raises(SystemExit) as exit_:
+        _parser().parse_args(["serve", f"{_flag(name)}={raw}"])
+    assert exit_.value.code == 2
+    assert str(knob.value).replace(env_name(name), _flag(name)) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("raw", BAD_COUNTS)
-@pytest.mark.parametrize("flag", [f for f, *_ in LEVER_FLAGS if f not in ("--hedge-positions", "--hedge-auto")])
-def test_lever_flags_refuse_what_the_env_knob_refuses(flag, raw, capsys):
-    name = ENV_OF[flag]
-    with pytest.raises(KnobError) as knob:
-        read_knobs({name: raw})
-    with pytest.raises(SystemExit) as exit_:
-        _parser().parse_args(["serve", f"{flag}={raw}"])
-    assert exit_.value.code == 2
-    assert str(knob.value).replace(name, flag) in capsys.readouterr().err
+@pytest.mark.parametrize("name", COUNT_LEVERS)
+def test_lever_flags_refuse_what_the_env_knob_refuses(name, raw, capsys):
+    _refused_alike(name, raw, capsys)
 
 
-@pytest.mark.parametrize(
-    ("flag", "raw"), [("--hedge-auto", "2"), ("--hedge-positions", ""), ("--hedge-positions", "0,,1")]
-)
-def test_list_and_flag_levers_refuse_like_their_knobs(flag, raw, capsys):
-    name = ENV_OF[flag]
-    with pytest.raises(KnobError) as knob:
-        read_knobs({name: raw})
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["serve", f"{flag}={raw}"])
-    assert str(knob.value).replace(name, flag) in capsys.readouterr().err
+@pytest.mark.parametrize(("name", "raw"), [("hedge_auto", "2"), ("hedge_positions", ""), ("hedge_positions", "0,,1")])
+def test_list_and_flag_levers_refuse_like_their_knobs(name, raw, capsys):
+    _refused_alike(name, raw, capsys)
 
 
 def test_lever_flags_reach_the_engine_config():
     args = _parser().parse_args(["serve", "--max-batch", "4", "--hedge-positions", "0,2", "--hedge-auto", "1"])
     config = engine_config(args)
-    assert (config.spec_max_batch, config.spec_hedge_positions, config.spec_hedge_auto) == (4, (0, 2), True)
-    assert config.spec_max_drafts is None  # unset flags leave the env knob in charge
+    assert dict(config.levers) == {"max_batch": 4, "hedge_positions": (0, 2), "hedge_auto": True}
+    # unset flags are left out, so the environment supplies them
 
 
 @pytest.mark.parametrize("raw", ["65536", "-1", "http"])

@@ -8,19 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine import knobs
+from engine.levers import lever_names
 
 log = logging.getLogger(__name__)
-
-# Lever flags: (flag, the env knob it overrides, EngineConfig field, the knob's parser). Parsed by the
-# knob parsers, so a flag refuses exactly the values its variable refuses.
-LEVER_FLAGS: tuple[tuple[str, str, str, Callable], ...] = (
-    ("--max-batch", "PEGAINFER_SPEC_MAX_BATCH", "spec_max_batch", knobs.parse_count),
-    ("--max-drafts", "PEGAINFER_SPEC_MAX_DRAFTS", "spec_max_drafts", knobs.parse_count),
-    ("--hedge", "PEGAINFER_SPEC_HEDGE", "spec_hedge", knobs.parse_count),
-    ("--hedge-positions", "PEGAINFER_SPEC_HEDGE_POSITIONS", "spec_hedge_positions", knobs.parse_counts),
-    ("--hedge-auto", "PEGAINFER_SPEC_HEDGE_AUTO", "spec_hedge_auto", knobs.parse_flag),
-    ("--hedge-knee", "PEGAINFER_SPEC_HEDGE_KNEE", "spec_hedge_knee", knobs.parse_count),
-)
 
 
 def knob_type(flag: str, parse: Callable) -> Callable[[str], object]:
@@ -43,7 +33,11 @@ def _port(raw: str) -> int:
     return port
 
 
-def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse.ArgumentParser:
+def add_parser(
+    sub: argparse._SubParsersAction, default_model: Path, add_lever_flags: Callable[[argparse.ArgumentParser], None]
+) -> argparse.ArgumentParser:
+    """The `serve` subcommand; `add_lever_flags` adds the lever flags (the same as generate's, parsed
+    by the knob parser, so a flag refuses exactly what its PEGAINFER_SPEC_* variable refuses)."""
     s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (completions, chat, metrics)")
     s.add_argument("--model", default=str(default_model), help="target checkpoint dir or hub id")
     s.add_argument("--draft-model", default=None, help="DFlash drafter dir or hub id (none: plain decode)")
@@ -56,8 +50,7 @@ def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse
     s.add_argument("--no-cuda-graphs", action="store_true")
     s.add_argument("--max-num-seqs", type=knob_type("--max-num-seqs", knobs.parse_count), default=64)
     s.add_argument("--max-model-len", type=knob_type("--max-model-len", knobs.parse_count), default=None)
-    for flag, env, _, parse in LEVER_FLAGS:
-        s.add_argument(flag, type=knob_type(flag, parse), default=None, help=f"default: {env}")
+    add_lever_flags(s)
     s.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     s.set_defaults(run=run)
     return s
@@ -66,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse
 def engine_config(args: argparse.Namespace):
     from engine.config import EngineConfig
 
-    levers = {field: getattr(args, flag[2:].replace("-", "_")) for flag, _, field, _ in LEVER_FLAGS}
+    levers = {name: getattr(args, name) for name in lever_names() if getattr(args, name) is not None}
     return EngineConfig(
         model=args.model,
         draft_model=args.draft_model,
@@ -76,7 +69,7 @@ def engine_config(args: argparse.Namespace):
         cuda_graphs=not args.no_cuda_graphs,
         max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len,
-        **levers,
+        levers=levers,
     )
 
 
