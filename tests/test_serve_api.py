@@ -100,6 +100,31 @@ def test_concurrent_clients_get_their_own_outputs(client):
     assert together == alone
 
 
+def test_stop_strings_trim_the_text_streamed_or_not(client):
+    kwargs = dict(model=MODEL, prompt=PROMPTS[0], max_tokens=40, temperature=0, extra_body=LONG)
+    free = client.completions.create(**kwargs).choices[0].text
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    (whole,) = client.completions.create(stop=[stop, "@@never@@"], **kwargs).choices
+    assert whole.finish_reason == "stop" and whole.text == free[: free.find(stop)]
+    chunks = list(client.completions.create(stop=[stop, "@@never@@"], stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs_for_completions_and_chat(client):
+    out = client.completions.create(
+        model=MODEL, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2, extra_body=LONG
+    )
+    lp = out.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs) == 6
+    assert all(v <= 0 for v in lp.token_logprobs) and all(1 <= len(t) <= 2 for t in lp.top_logprobs)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, top_logprobs=2
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+
+
 def test_disconnect_mid_stream_aborts_and_frees_kv(server, client):
     aborted = metric(server, "aborted_total")
     stream = client.completions.create(

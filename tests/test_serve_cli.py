@@ -98,7 +98,11 @@ def test_bad_chat_messages_are_refused(body):
 def test_completion_fields_map_to_sampling_params():
     parsed = parse_completion(
         {"prompt": ["a", [1, 2]], "max_tokens": 7, "temperature": 0.5, "top_k": -1, "seed": 3, "n": 2, "stream": True}
+        | {"stop": "\n", "min_tokens": 2, "logprobs": 0}
     )
     p = parsed.params
     assert parsed.prompts == ["a", [1, 2]] and parsed.n == 2 and parsed.stream
     assert (p.max_tokens, p.temperature, p.top_k, p.seed) == (7, 0.5, 0, 3)
+    assert (p.stop, p.min_tokens, p.logprobs) == (("\n",), 2, 0)
+    chat = parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}, str)
+    assert chat.params.logprobs == 3

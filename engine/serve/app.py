@@ -19,7 +19,7 @@ from engine.request import RequestOutput
 from engine.serve import metrics
 from engine.serve.asgi import Disconnected, EventStream, sse, until_disconnect
 from engine.serve.protocol import BadRequest, Parsed, parse_chat, parse_completion
-from engine.serve.text import Choice, chat_renderer
+from engine.serve.text import Choice, chat_logprobs, chat_renderer, completion_logprobs
 from engine.serve.worker import EngineWorker, Ticket
 
 log = logging.getLogger(__name__)
@@ -53,17 +53,23 @@ class Job:
             body["usage"] = usage
         return body
 
-    def choice(self, c: Choice, text: str, finished: bool) -> dict:
+    def choice(self, c: Choice, text: str, finished: bool, tokenizer) -> dict:
         reason = _FINISH.get(c.out.finish_reason) if finished else None
+        offset = len(c.sent) - len(text)
+        entries = c.new_logprobs()
+        logprobs = None
+        if self.parsed.params.logprobs is not None:
+            chat = self.kind == "chat.completion"
+            logprobs = chat_logprobs(entries, tokenizer) if chat else completion_logprobs(entries, tokenizer, offset)
         if self.kind == "chat.completion":
             key = "delta" if self.parsed.stream else "message"
             return {
                 "index": c.index,
                 key: {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": logprobs,
                 "finish_reason": reason,
             }
-        return {"index": c.index, "text": text, "logprobs": None, "finish_reason": reason}
+        return {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": reason}
 
     def usage(self) -> dict:
         prompt = sum(len(c.out.prompt_token_ids) for c in self.choices[:: self.parsed.n])
@@ -105,6 +111,8 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
             parsed = parse(body)
             if engine.tokenizer is None and any(isinstance(p, str) for p in parsed.prompts):
                 raise BadRequest("this model has no tokenizer; send token-id prompts", "prompt")
+            if engine.tokenizer is None and (parsed.params.logprobs is not None or parsed.params.stop):
+                raise BadRequest("logprobs and stop strings need a tokenizer; this model has none")
         except json.JSONDecodeError as err:
             return error(f"the request body is not valid JSON: {err}")
         except BadRequest as err:
@@ -126,7 +134,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
         except Disconnected:
             _abort(job)
             return Response(status_code=499)
-        body = job.chunk([job.choice(c, c.out.text, True) for c in job.choices], job.usage())
+        body = job.chunk([job.choice(c, c.out.text, True, engine.tokenizer) for c in job.choices], job.usage())
         return JSONResponse(body)
 
     def _submit(kind: str, parsed: Parsed) -> Job:
@@ -138,7 +146,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 if parsed.n > 1 and params.seed is not None:  # n seeded choices must differ
                     params = dataclasses.replace(params, seed=params.seed + i)
                 tickets.append(worker.submit(prompt, params, outputs))
-                choices.append(Choice(len(choices), engine.tokenizer, parsed.stop))
+                choices.append(Choice(len(choices), engine.tokenizer, parsed.params.stop))
         return Job(kind, parsed, model_name, tickets, choices, outputs)
 
     async def _first_outputs(job: Job) -> list[RequestOutput]:
@@ -180,8 +188,8 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 c = job.choices[job.tickets.index(ticket)]
                 text = c.update(out)
                 live -= out.finished
-                if text or out.finished:
-                    yield sse(job.chunk([job.choice(c, text, out.finished)]))
+                if text or out.finished or (out.logprobs or [])[c.scored :]:
+                    yield sse(job.chunk([job.choice(c, text, out.finished, engine.tokenizer)]))
             if job.parsed.include_usage:
                 yield sse(job.chunk([], job.usage()))
             yield sse("[DONE]")

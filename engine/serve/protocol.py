@@ -25,12 +25,10 @@ class BadRequest(ValueError):
 @dataclass(frozen=True)
 class Parsed:
     prompts: list[str | list[int]]
-    params: SamplingParams
-    stop: tuple[str, ...]
+    params: SamplingParams  # stop strings, min_tokens and logprobs included
     n: int
     stream: bool
     include_usage: bool
-    logprobs: int | None  # completions: top-k alternatives (0 = the chosen token only); chat: top_logprobs
 
 
 def _get(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
@@ -84,12 +82,15 @@ def _common(body: dict, prompts: list[str | list[int]], logprobs: int | None, ma
         top_k=max(top_k, 0),  # -1 (vLLM's "off") and 0 both turn it off
         seed=_count(body, "seed", None, 0, 2**63 - 1),
         ignore_eos=_get(body, "ignore_eos", (bool,), False),
+        stop=_stops(body),
+        min_tokens=_count(body, "min_tokens", 0, 0),
+        logprobs=logprobs,
     )
     try:
         params = SamplingParams(**kwargs)
     except ValueError as err:
         raise BadRequest(str(err)) from None
-    return Parsed(prompts, params, _stops(body), n, stream, bool(options.get("include_usage")), logprobs)
+    return Parsed(prompts, params, n, stream, bool(options.get("include_usage")))
 
 
 def parse_completion(body: dict) -> Parsed:

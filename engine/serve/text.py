@@ -33,7 +33,14 @@ class Choice:
         self.tokenizer = tokenizer
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.sent = ""
+        self.scored = 0  # logprob entries already sent
         self.out: RequestOutput | None = None
+
+    def new_logprobs(self) -> list:
+        """Logprob entries of the tokens since the last call ([] when not asked for)."""
+        entries = (self.out.logprobs or [])[self.scored :]
+        self.scored += len(entries)
+        return entries
 
     def update(self, out: RequestOutput) -> str:
         """The new text since the last call."""
@@ -47,3 +54,30 @@ class Choice:
             return ""
         new, self.sent = text[len(self.sent) :], text
         return new
+
+
+def completion_logprobs(entries: list, tokenizer, offset: int) -> dict:
+    """The completions API's logprobs object; `offset` is the text offset of the first entry."""
+    tokens = [tokenizer.decode([e.token_id]) for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{tokenizer.decode([i]): v for i, v in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(entries: list, tokenizer) -> dict:
+    """The chat API's logprobs object: one item per token, with its top alternatives."""
+
+    def item(token_id: int, logprob: float) -> dict:
+        text = tokenizer.decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(i, v) for i, v in e.top]} for e in entries]
+    }
