@@ -10,6 +10,7 @@ import time
 from engine.config import EngineConfig, SamplingParams
 from engine.knobs import parse_lever
 from engine.levers import env_name, lever_doc, lever_names
+from engine.serve import cli as serve_cli
 from engine.shipped import shipped_pair
 
 
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--no-cuda-graphs", action="store_true")
     add_lever_flags(g)
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
+    serve_cli.add_parser(sub, target, add_lever_flags)
     return p
 
 
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        return _generate(args)
+        return args.run(args) if args.command == "serve" else _generate(args)
     except ValueError as err:  # bad knobs, bad config, bad checkpoints: one clear line
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -107,6 +107,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.trace={self.trace!r}; expected a bool or None")
 
 
+MAX_LOGPROBS = 20
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -117,6 +120,9 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     speculate: bool = True  # False: this request never drafts (its batch falls back to plain decode)
+    stop: tuple[str, ...] = ()  # stop strings: the output ends at the token completing one, text trimmed before it
+    min_tokens: int = 0  # stop tokens (EOS included) and stop strings are ignored until this many are output
+    logprobs: int | None = None  # None: off; k >= 0: the chosen token's log-probability plus the top k
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -150,6 +156,17 @@ class SamplingParams:
         object.__setattr__(self, "max_tokens", int(self.max_tokens))
         object.__setattr__(self, "seed", None if self.seed is None else int(self.seed))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)) or not all(isinstance(t, str) and t for t in stop):
+            raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"SamplingParams.min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
+        lp = self.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_LOGPROBS):
+            raise ValueError(f"SamplingParams.logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
 
     def validate_for(self, vocab_size: int) -> None:
         """What depends on the model: every stop token id inside its vocabulary [0, vocab_size)."""

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 
 import torch
+from tqdm import tqdm
 
 from engine.config import EngineConfig, SamplingParams
 from engine.hedge import Hedger, ScratchKV, chain_blocks, effective_positions
@@ -13,6 +14,7 @@ from engine.kernels import get_ops
 from engine.knobs import read_knobs
 from engine.kv_cache import BlockManager
 from engine.levers import Levers
+from engine.logprobs import record_logprobs
 from engine.memory import plan_kv_blocks
 from engine.request import Finish, Request, RequestOutput
 from engine.round import Rounds, SpecStats
@@ -20,6 +22,7 @@ from engine.runner import ModelRunner
 from engine.sampler import sample_requests
 from engine.scheduler import Plan, Scheduler
 from engine.startup import load_models, max_model_len, resolve_device
+from engine.stopping import StopStrings
 from engine.timing import PhaseTimer
 from engine.tokenizing import encode_prompt
 from engine.trace import enable_trace
@@ -126,9 +129,12 @@ class Engine:
         params = params or SamplingParams()
         ids, error = encode_prompt(self.tokenizer, prompt)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        req = Request(self._next_index, ids, params, frozenset(stop))
+        stops = StopStrings(params.stop, self._decode) if params.stop and self.tokenizer is not None else None
+        req = Request(self._next_index, ids, params, frozenset(stop), stop_strings=stops)
         self._next_index += 1
         self._requests[req.id] = req
+        if params.stop and self.tokenizer is None:
+            error = error or "stop strings need a tokenizer; this model has none (use stop_token_ids)"
         error = error or self.scheduler.admission_error(req)
         if error:
             log.warning("%s rejected: %s", req.id, error)
@@ -173,9 +179,11 @@ class Engine:
         self,
         prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Run these prompts to completion; a single string or token-id list is one prompt. Returns
-        only these requests' outputs: other requests advance too, and their outputs stay with step()."""
+        only these requests' outputs: other requests advance too, and their outputs stay with step().
+        use_tqdm: a progress bar of finished requests on stderr."""
         if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
             prompts = [prompts]
         if isinstance(params, SamplingParams) or params is None:
@@ -183,12 +191,18 @@ class Engine:
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         mine = [self._requests[self.add_request(p, sp)] for p, sp in zip(prompts, params, strict=True)]
+        bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
         while not all(r.finished for r in mine):
             touched = self._advance()
             if not touched:
+                bar.close()
                 raise RuntimeError("generate(): its requests are unfinished but no step made progress")
             for r in touched:
                 self._unreported[r.id] = r
+            done = sum(r.finished for r in mine)
+            if done > bar.n:
+                bar.update(done - bar.n)
+        bar.close()
         for r in mine:
             self._unreported.pop(r.id, None)
         return [self._report(r) for r in mine]
@@ -246,7 +260,11 @@ class Engine:
         stored = self.drafter is not None  # the prefill stored every prompt row as drafter context
         for r, token in zip(reqs, tokens, strict=True):
             r.prefilled(token, context_stored=stored and r.params.speculate)
+        record_logprobs(reqs, logits, 1, [1] * len(reqs))
         self.rounds.pause()
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _hedge_chain_slots(self) -> int:
         """Chains one round can verify: min(hedge, max_num_seqs) requests x branch positions; 0 when

@@ -8,6 +8,7 @@ from enum import Enum
 import torch
 
 from engine.config import SamplingParams
+from engine.stopping import StopStrings
 
 
 @dataclass
@@ -19,7 +20,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     error: str | None = None
-    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer)
+    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer); ends before a stop string
+    logprobs: list | None = None  # TokenLogprob per output token when SamplingParams.logprobs is set
 
 
 class Status(Enum):
@@ -54,6 +56,9 @@ class Request:
     ctx_pending: list[torch.Tensor] = field(default_factory=list)
     draft_kv_len: int = 0
     streamed: int = 0  # output tokens already reported by step()
+    stop_strings: StopStrings | None = None
+    stop_at: int | None = None  # character offset of the stop string that ended the request
+    logprobs: list = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -118,6 +123,10 @@ class Request:
         """The pending rows are now in the drafter's KV."""
         self.ctx_pending, self.draft_kv_len = [], self.num_kv
 
+    def scored(self, entries: list) -> None:
+        """Log-probabilities of the latest committed tokens, in order."""
+        self.logprobs.extend(entries)
+
     def finish(self, reason: Finish, error: str | None = None) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
@@ -130,10 +139,18 @@ class Request:
         self.draft_kv_len = 0
 
     def _commit(self, tokens: list[int]) -> int:
-        """Append tokens until a stop token or the budget ends the request; returns how many."""
+        """Append tokens until a stop token, a stop string or the budget ends the request; returns how
+        many. One token at a time, so a speculative run stops where plain decode would. Before
+        min_tokens, stop tokens and stop strings are ignored (the strings' scan still advances)."""
         for n, token in enumerate(tokens, start=1):
             self.output_ids.append(token)
-            if token in self.stop_ids:
+            honoured = len(self.output_ids) >= self.params.min_tokens
+            if honoured and token in self.stop_ids:
+                self.finish(Finish.STOP)
+                return n
+            at = self.stop_strings.find(self.output_ids) if self.stop_strings else None
+            if honoured and at is not None:
+                self.stop_at = at
                 self.finish(Finish.STOP)
                 return n
             if self.remaining <= 0:
@@ -147,8 +164,9 @@ class Request:
         self.streamed = len(self.output_ids)
         text = ""
         if self.finished and tokenizer is not None and self.output_ids:
-            text = tokenizer.decode(self.output_ids, skip_special_tokens=True)
+            text = tokenizer.decode(self.output_ids, skip_special_tokens=True)[: self.stop_at]
         reason = self.finish_reason.value if self.finish_reason else None
+        logprobs = list(self.logprobs) if self.params.logprobs is not None else None
         return RequestOutput(
-            self.id, self.prompt_ids, list(self.output_ids), new, self.finished, reason, self.error, text
+            self.id, self.prompt_ids, list(self.output_ids), new, self.finished, reason, self.error, text, logprobs
         )

@@ -22,6 +22,7 @@ import torch
 
 from engine.hedge import Hedger
 from engine.levers import Levers
+from engine.logprobs import record_logprobs
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
@@ -117,6 +118,7 @@ class Rounds:
         self._mark("target")
         tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
         committed = [r.advanced([], token, keep_context=gated) for r, token in zip(reqs, tokens, strict=True)]
+        record_logprobs(reqs, res.logits, 1, committed)
         if not gated:
             self.hedger.pause()
             return
@@ -152,6 +154,7 @@ class Rounds:
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedged, wins = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k, self.trace) if plan else (0, 0)
         if self.trace:
             for r, o in zip(reqs, outcomes, strict=True):

@@ -1,33 +1,33 @@
-"""python -m engine.bench {sweep,profile,decode,steps} [options]; each subcommand's --help lists its options."""
+"""python -m engine.bench SUBCOMMAND [options]; each subcommand's --help lists its options."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import sys
 
 COMMANDS = {
-    "sweep": "engine.bench.sweep",
-    "profile": "engine.bench.profile",
-    "decode": "engine.bench.decode",
-    "steps": "engine.bench.steps",
+    "sweep": ("engine.bench.sweep", "lever arms interleaved under closed-loop load (paired ratios, noise floor)"),
+    "serve-load": ("engine.bench.serve_load", "lever arms as servers under open-loop Poisson arrivals (TTFT, ITL)"),
+    "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
+    "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
+    "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in COMMANDS:
-        names = ", ".join(COMMANDS)
-        print(
-            f"usage: python -m engine.bench {{{names}}} [options]\n"
-            "  sweep    lever arms interleaved under closed-loop load (paired ratios, noise floor)\n"
-            "  profile  verify/draft forward cost vs rows (batch x span)\n"
-            "  decode   Qwen3-4B-geometry decode vs the HF peer and the measured roofline\n"
-            "  steps    torch.profiler over engine steps: device-busy vs wall, top kernels and host ops",
-            file=sys.stderr,
-        )
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    import importlib
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench", description="pegaspec benchmarks")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, (_, doc) in COMMANDS.items():
+        sub.add_parser(name, help=doc, add_help=False)
+    return p
 
-    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in COMMANDS:
+        _parser().parse_args(argv[:1])  # argparse prints the help or the usage error and exits
+    return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
 
 
 if __name__ == "__main__":

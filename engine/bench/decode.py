@@ -51,7 +51,7 @@ def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.decode", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16, 32, 64])
     p.add_argument("--prompt-len", type=int, default=128)

@@ -1,0 +1,215 @@
+"""Open-loop serving load: one `python -m engine serve` per lever arm, Poisson arrivals at each rate,
+arms interleaved (rotated each repeat, the same arrivals and prompts for every arm of a repeat);
+throughput, TTFT, inter-chunk latency and TPOT per arm, plus τ from each server's /metrics.
+
+python -m engine.bench serve-load --target DIR --drafter DIR --rates 2 8 32 --arms plain spec --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import logging
+import math
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.bench.arms import Arm, parse_arms
+from engine.bench.common import add_device_args, drafter_block, load_prompts, resolve_device, setup_logging
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.openloop import arrival_times, run_open_loop
+from engine.bench.report import write_csv, write_json
+from engine.bench.serve_stats import markdown, run_row, summarize
+from engine.bench.sweep import weights_of
+
+log = logging.getLogger(__name__)
+_METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)
+SPEC_COUNTERS = ("rounds_total", "gated_rounds_total", "committed_tokens_total")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(arm: Arm, target: Path, drafter: Path | None, port: int, args: argparse.Namespace) -> list[str]:
+    """The serve command line of one arm: plain has no drafter; every spec lever is explicit, so
+    PEGAINFER_SPEC_* in the environment cannot leak into an arm."""
+    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(target), "--port", str(port)]
+    cmd += ["--served-model-name", "bench", "--max-num-seqs", str(args.max_num_seqs)]
+    cmd += ["--max-model-len", str(args.max_model_len), "--device", args.device, "--dtype", args.dtype]
+    cmd += ["--backend", args.backend] + (["--no-cuda-graphs"] if args.no_cuda_graphs else [])
+    if not arm.is_plain:
+        cmd += ["--draft-model", str(drafter), "--max-drafts", str(arm.trim), "--max-batch", str(arm.gate)]
+        cmd += ["--hedge", "0"]
+    return cmd
+
+
+@dataclass
+class Server:
+    arm: Arm
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+        host, port = self.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def counters(self) -> dict[str, float]:
+        _, body = self.get("/metrics")
+        found = {m.group(1).decode(): float(m.group(2)) for m in _METRIC.finditer(body)}
+        return {k.removesuffix("_total"): found.get(k, 0.0) for k in SPEC_COUNTERS}
+
+    def wait_ready(self, limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"server for arm {self.arm.label} exited ({self.process.returncode}):\n{tail}")
+            try:
+                if self.get("/health", 2.0)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"server for arm {self.arm.label} not healthy after {limit_s:.0f} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_servers(arms: Sequence[Arm], target: Path, drafter: Path | None, args: argparse.Namespace) -> list[Server]:
+    """One at a time, each healthy before the next starts (each sizes its KV from the memory left)."""
+    servers: list[Server] = []
+    try:
+        for arm in arms:
+            port = free_port()
+            log_path = args.out / f"server-{re.sub(r'[^A-Za-z0-9]+', '_', arm.label)}.log"
+            with log_path.open("w") as sink:
+                cmd = server_command(arm, target, drafter, port, args)
+                proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
+            server = Server(arm, f"http://127.0.0.1:{port}", proc, log_path)
+            servers.append(server)
+            server.wait_ready(args.start_timeout_s)
+            log.info("arm %s: serving on %s", arm.label, server.url)
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers
+
+
+def run_load(servers: Sequence[Server], prompts: list[list[int]], args: argparse.Namespace) -> list[dict]:
+    for s in servers:  # warm-up: a burst that reaches the larger batch shapes once
+        run_open_loop(s.url, "bench", prompts, [0.0] * args.warmup_requests, args.max_tokens)
+    rows = []
+    for rate in args.rates:
+        count = max(args.min_requests, math.ceil(rate * args.duration_s))
+        for repeat in range(args.repeats):
+            offsets = arrival_times(rate, count, seed=1000 * repeat + round(rate * 1000))
+            first = repeat % len(servers)
+            for s in [*servers[first:], *servers[:first]]:
+                before = s.counters()
+                records, wall = run_open_loop(s.url, "bench", prompts, offsets, args.max_tokens)
+                after = s.counters()
+                spec = {k: after[k] - before[k] for k in after}
+                rows.append(run_row(rate, repeat, s.arm.label, records, wall, spec))
+                r = rows[-1]
+                log.info(
+                    "rate %g repeat %d %s: %.1f tok/s, %d errors",
+                    rate,
+                    repeat,
+                    s.arm.label,
+                    r["output_tok_s"] or 0,
+                    r["errors"],
+                )
+    return rows
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench serve-load", description=__doc__.split("\n\n")[0])
+    src = p.add_argument_group("weights (a pair of directories, or a fixture recipe built/cached on the device)")
+    src.add_argument("--target", type=Path)
+    src.add_argument("--drafter", type=Path)
+    src.add_argument("--recipe", help="fixture recipe (e.g. small)")
+    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0], help="arrival rates (requests/s)")
+    p.add_argument("--arms", nargs="+", default=["plain", "spec"], help="plain, spec, spec+trim=K, spec+gate=N")
+    p.add_argument("--repeats", type=int, default=2, help="runs per (rate, arm), arm order rotated each time")
+    p.add_argument("--duration-s", type=float, default=20.0, help="arrivals span about this long per run")
+    p.add_argument("--min-requests", type=int, default=16, help="at least this many requests per run")
+    p.add_argument("--warmup-requests", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
+    p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="each server's batch limit")
+    p.add_argument("--start-timeout-s", type=float, default=900.0, help="how long a server may take to start")
+    add_device_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if min(args.rates) <= 0 or args.repeats < 1 or args.duration_s <= 0 or min(args.min_requests, args.max_tokens) < 1:
+        raise SystemExit("--rates and --duration-s must be > 0; --repeats, --min-requests and --max-tokens >= 1")
+    try:
+        arms = parse_arms(args.arms)
+    except ValueError as err:
+        raise SystemExit(f"--arms: {err}") from None
+    target, drafter, prompt_path = weights_of(args, resolve_device(args.device))
+    if drafter is None and any(not a.is_plain for a in arms):
+        raise SystemExit("spec arms need --drafter (or --recipe)")
+    prompts = load_prompts(prompt_path, target, args.max_prompt_len)
+    headroom = drafter_block(drafter) if drafter is not None else 0
+    args.max_model_len = max(len(p) for p in prompts) + args.max_tokens + headroom + 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    servers = start_servers(arms, target, drafter, args)
+    try:
+        rows = run_load(servers, prompts, args)
+    finally:
+        for s in servers:
+            s.stop()
+    labels = [a.label for a in arms]
+    summary = summarize(rows, labels)
+    meta = run_meta("serve_load", resolve_device(args.device), list(argv) if argv is not None else None)
+    meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
+    write_outputs(args.out, rows, summary, labels, meta)
+    return 0
+
+
+def write_outputs(out: Path, rows: list[dict], summary: list[dict], arms: list[str], meta: dict) -> None:
+    write_csv(out / "serve_load.csv", rows)
+    write_csv(out / "serve_load_summary.csv", summary)
+    table = markdown(summary, arms[0])
+    note = (
+        "\nITL is the gap between streamed chunks (a speculative round sends its tokens in one chunk); "
+        "TPOT is each request's (last chunk - first chunk) / (tokens - 1).\n"
+    )
+    (out / "serve_load.md").write_text(f"# Open-loop serving load\n\n{meta_lines(meta)}\n{table}\n{note}")
+    write_json(out / "serve_load.json", {**meta, "arms": arms, "summary": summary})
+    print(table)
+    print(f"wrote {out}/serve_load.csv, serve_load_summary.csv, serve_load.md, serve_load.json")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""Log-probabilities of committed tokens, from the logit rows the step already computed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float  # under the target's raw distribution (before temperature, top-k, top-p)
+    top: tuple[tuple[int, float], ...]  # the k most likely (token id, logprob), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
+    """logits [len(tokens), V]: row i is the distribution tokens[i] was chosen from."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(list(tokens), device=lp.device)[:, None])[:, 0].tolist()
+    if k:
+        values, ids = lp.topk(k, dim=-1)
+        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
+    else:
+        tops = [()] * len(tokens)
+    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]
+
+
+def record_logprobs(
+    reqs: Sequence[Request], logits: torch.Tensor, span: int, counts: Sequence[int], groups: Sequence[int] | None = None
+) -> None:
+    """For each request that asked: its last counts[i] committed tokens were chosen from logit rows
+    [g * span, g * span + counts[i]) with g = groups[i] (default i: the request's own row group)."""
+    for i, r in enumerate(reqs):
+        if r.params.logprobs is None or not counts[i]:
+            continue
+        g = i if groups is None else groups[i]
+        rows = logits[g * span : g * span + counts[i]]
+        r.scored(token_logprobs(rows, r.output_ids[-counts[i] :], r.params.logprobs))

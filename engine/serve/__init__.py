@@ -1,0 +1,1 @@
+"""An OpenAI-compatible HTTP server over one Engine (`python -m engine serve`)."""

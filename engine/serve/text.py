@@ -1,0 +1,83 @@
+"""Prompt rendering for chat and the streamed text deltas of one choice."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.request import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+def chat_renderer(tokenizer):
+    """messages -> prompt text: the tokenizer's chat template, or ChatML (Qwen's format) when the
+    checkpoint ships none (the tiny fixture tokenizer)."""
+    if getattr(tokenizer, "chat_template", None):
+        return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    log.info("the tokenizer has no chat template; chat prompts use ChatML")
+
+    def chatml(messages: list[dict[str, str]]) -> str:
+        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return turns + "<|im_start|>assistant\n"
+
+    return chatml
+
+
+class Choice:
+    """One choice's text as streamed: only text that can no longer change is sent. While running, a
+    trailing incomplete character and the last (longest stop - 1) characters (a stop string may be
+    forming) are held back; the finished output's text is the engine's final word."""
+
+    def __init__(self, index: int, tokenizer, stops: tuple[str, ...]):
+        self.index = index
+        self.tokenizer = tokenizer
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.sent = ""
+        self.scored = 0  # logprob entries already sent
+        self.out: RequestOutput | None = None
+
+    def new_logprobs(self) -> list:
+        """Logprob entries of the tokens since the last call ([] when not asked for)."""
+        entries = (self.out.logprobs or [])[self.scored :]
+        self.scored += len(entries)
+        return entries
+
+    def update(self, out: RequestOutput) -> str:
+        """The new text since the last call."""
+        self.out = out
+        if out.finished:
+            text = out.text
+        else:
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True).rstrip("\ufffd")
+            text = text[: max(0, len(text) - self.hold)]
+        if len(text) <= len(self.sent):
+            return ""
+        new, self.sent = text[len(self.sent) :], text
+        return new
+
+
+def completion_logprobs(entries: list, tokenizer, offset: int) -> dict:
+    """The completions API's logprobs object; `offset` is the text offset of the first entry."""
+    tokens = [tokenizer.decode([e.token_id]) for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{tokenizer.decode([i]): v for i, v in e.top} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(entries: list, tokenizer) -> dict:
+    """The chat API's logprobs object: one item per token, with its top alternatives."""
+
+    def item(token_id: int, logprob: float) -> dict:
+        text = tokenizer.decode([token_id])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(i, v) for i, v in e.top]} for e in entries]
+    }
