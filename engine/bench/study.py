@@ -147,6 +147,10 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                 left = args.sweep_budget_s - (time.perf_counter() - start)
                 later = sum(weights[x] for x in args.concurrency[i:])
                 budget = max(0.0, left * weights[c] / later / len(profiles))
+                least = weights[c] / len(profiles) * 2 / (args.rounds + 1)  # warm-up + one round, predicted
+                if budget < least:
+                    log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f s needed)", c, profile.name, left, least)
+                    continue
             got, _ = run_sweep(
                 engines,
                 arms_at(arms, c),
@@ -194,11 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return make_engine(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=headroom)
 
     random_target, _ = random_pair(args.geometry, device, dtype, seed=args.seed)
-    equality = measure_costs(engine_of(random_target), batches, [1], context, args.profile_budget_s / 4)
+    equality = measure_costs(engine_of(random_target), batches, [1], context, args.profile_budget_s / 3)
     del random_target
     _free(device)
     engines = {"plain": engine_of(target)}
-    plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 4)
+    plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
     engines["spec"] = engine_of(target, drafter_ckpt)
     profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
     table = CostTable.from_rows(profile_rows, plain_rows)
