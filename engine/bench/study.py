@@ -149,7 +149,7 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                 budget = max(0.0, left * weights[c] / later / len(profiles))
                 least = weights[c] / len(profiles) * 2 / (args.rounds + 1)  # warm-up + one round, predicted
                 if budget < least:
-                    log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f s needed)", c, profile.name, left, least)
+                    log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f needed)", c, profile.name, left, least)
                     continue
             got, _ = run_sweep(
                 engines,
