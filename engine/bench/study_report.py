@@ -181,8 +181,8 @@ def write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, 
     out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
     title = "# The lever study: Qwen3-4B geometry, known continuation, modelled drafter"
-    summaries, text = [], [f"{title}\n\n{meta_lines(meta)}"]
-    text += [MODELLED, checks_markdown(costs, echo, lossless)]
+    summaries, text = [], [f"{title}\n\n{meta_lines(meta)}\n"]
+    text += [MODELLED, "\n", checks_markdown(costs, echo, lossless), "\n"]
     for profile in profiles:
         mine = [r for r in rows if r["profile"] == profile.name]
         summary = summarize(mine, labels, args.parity_bar)
