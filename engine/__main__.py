@@ -9,6 +9,8 @@ import time
 
 from engine.config import EngineConfig, SamplingParams
 from engine.fixture.paths import shipped_pair
+from engine.knobs import parse_lever
+from engine.levers import env_name, lever_doc, lever_names
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,17 +33,28 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     g.add_argument("--no-cuda-graphs", action="store_true")
-    g.add_argument("--max-batch", type=int, default=None, help="load gate (default: PEGAINFER_SPEC_MAX_BATCH)")
-    g.add_argument("--max-drafts", type=int, default=None, help="draft trim (default: PEGAINFER_SPEC_MAX_DRAFTS)")
-    g.add_argument("--hedge", type=int, default=None, help="hedged requests/round (default: PEGAINFER_SPEC_HEDGE)")
-    g.add_argument(
-        "--hedge-positions",
-        type=lambda v: tuple(int(p) for p in v.split(",")),
-        default=None,
-        help="branch positions, e.g. 0,1,2 (default: PEGAINFER_SPEC_HEDGE_POSITIONS)",
-    )
+    add_lever_flags(g)
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     return p
+
+
+def add_lever_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per lever (--max-batch, --hedge-positions, ...), parsed like its environment variable."""
+    for name in lever_names():
+        flag = "--" + name.replace("_", "-")
+
+        def parse(raw: str, name: str = name, flag: str = flag) -> object:
+            try:
+                return parse_lever(name, raw, label=flag)
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        parser.add_argument(flag, type=parse, default=None, help=f"{lever_doc(name)} (default: ${env_name(name)})")
+
+
+def lever_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The lever flags given on the command line (the environment supplies the rest)."""
+    return {name: getattr(args, name) for name in lever_names() if getattr(args, name) is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -56,10 +69,7 @@ def _generate(args: argparse.Namespace) -> int:
             backend=args.backend,
             cuda_graphs=not args.no_cuda_graphs,
             max_num_seqs=1,
-            spec_max_batch=args.max_batch,
-            spec_max_drafts=args.max_drafts,
-            spec_hedge=args.hedge,
-            spec_hedge_positions=args.hedge_positions,
+            levers=lever_flags(args),
         )
     )
     if engine.tokenizer is None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from engine.levers import Levers
 from engine.loader import Checkpoint
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -13,8 +16,9 @@ BACKENDS = ("auto", "torch", "triton")
 
 @dataclass
 class EngineConfig:
-    """Every lever is a field. `spec_*` fields left at None are taken from the environment
-    (PEGAINFER_SPEC_*); an explicit value, 0 included, wins over the environment."""
+    """Flat engine settings. `levers` holds explicit lever values by name (engine/levers.py), e.g.
+    {"max_drafts": 4}; a lever not named there is taken from the environment (PEGAINFER_SPEC_*), and an
+    explicit value, 0 included, wins over the environment."""
 
     model: str | Checkpoint  # a checkpoint directory, a hub repo id, or an in-memory Checkpoint
     draft_model: str | Checkpoint | None = None
@@ -30,12 +34,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # default: enough for max_num_seqs x max_model_len, within memory
     gpu_memory_utilization: float = 0.9
     seed: int = 0
-    spec_max_batch: int | None = None
-    spec_max_drafts: int | None = None
-    spec_hedge: int | None = None
-    spec_hedge_positions: tuple[int, ...] | None = None
-    spec_hedge_auto: bool | None = None
-    spec_hedge_knee: int | None = None
+    levers: Mapping[str, object] = field(default_factory=dict)
     trace: bool | None = None  # per-round trace lines; None: PEGAINFER_TEST_LOG
 
     def __post_init__(self) -> None:
@@ -59,19 +58,13 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        for name in ("spec_max_batch", "spec_max_drafts", "spec_hedge", "spec_hedge_knee"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"EngineConfig.{name}={value!r}; expected an int >= 0 (0 = off) or None")
-        positions = self.spec_hedge_positions
-        if positions is not None:
-            if isinstance(positions, (str, bytes)) or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in positions
-            ):
-                raise ValueError(f"EngineConfig.spec_hedge_positions={positions!r}; expected counts >= 0")
-            self.spec_hedge_positions = tuple(positions)
-        if self.spec_hedge_auto is not None and not isinstance(self.spec_hedge_auto, bool):
-            raise ValueError(f"EngineConfig.spec_hedge_auto={self.spec_hedge_auto!r}; expected a bool or None")
+        if isinstance(self.levers, Levers):
+            self.levers = dataclasses.asdict(self.levers)
+        if not isinstance(self.levers, Mapping):
+            raise ValueError(f"EngineConfig.levers={self.levers!r}; expected a mapping of lever names to values")
+        Levers().replace(self.levers)  # names and values checked here; the environment at engine start
+        if self.trace is not None and not isinstance(self.trace, bool):
+            raise ValueError(f"EngineConfig.trace={self.trace!r}; expected a bool or None")
 
 
 @dataclass(frozen=True)

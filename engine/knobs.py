@@ -11,8 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from engine.levers import ENV_PREFIX, MAX_COUNT, Levers, env_name, lever_doc, lever_kind, lever_names
+
 _COUNT = re.compile(r"\+?[0-9]+", re.ASCII)
-_MAX_COUNT = 2**64 - 1
 
 
 class KnobError(ValueError):
@@ -29,16 +30,7 @@ class Knob:
 KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob(
-            "PEGAINFER_SPEC_MAX_BATCH",
-            "count",
-            "load gate: while the active batch is >= n, verify one token (gated round)",
-        ),
-        Knob("PEGAINFER_SPEC_MAX_DRAFTS", "count", "static trim: only the first k drafts enter the verify span"),
-        Knob("PEGAINFER_SPEC_HEDGE", "count", "hedged verify: extra chains for up to h greedy requests a round"),
-        Knob("PEGAINFER_SPEC_HEDGE_POSITIONS", "counts", "draft positions where hedge chains branch, e.g. 0,1,2"),
-        Knob("PEGAINFER_SPEC_HEDGE_AUTO", "flag", "auto-hedge controller picks the chain count from measured tok/s"),
-        Knob("PEGAINFER_SPEC_HEDGE_KNEE", "count", "rows the verify forward takes nearly free; hedging stays under it"),
+        *(Knob(env_name(name), lever_kind(name), lever_doc(name)) for name in lever_names()),
         Knob("PEGAINFER_TEST_LOG", "flag", "per-round trace lines on stderr"),
         Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
         Knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", "path", "gate drafter weights (default: the shipped fixture pair)"),
@@ -53,7 +45,6 @@ KNOBS: dict[str, Knob] = {
         Knob("PEGAINFER_RUN_RECORD", "path", "where the gate session writes its run-record table"),
     )
 }
-_SPEC_PREFIX = "PEGAINFER_SPEC_"
 
 
 def _text(name: str, raw: str) -> str:
@@ -71,7 +62,7 @@ def parse_count(name: str, raw: str) -> int:
     if not _COUNT.fullmatch(text):
         raise KnobError(f"{name}={text!r} is not an unsigned decimal count (e.g. 0, 4, +2); refusing to start")
     value = int(text)
-    if value > _MAX_COUNT:
+    if value > MAX_COUNT:
         raise KnobError(f"{name}={text!r} does not fit in 64 bits; refusing to start")
     return value
 
@@ -90,40 +81,25 @@ def parse_counts(name: str, raw: str) -> tuple[int, ...]:
     return tuple(parse_count(name, part) for part in text.split(","))
 
 
-@dataclass(frozen=True)
-class SpecKnobs:
-    max_batch: int = 0
-    max_drafts: int = 0
-    hedge: int = 0
-    hedge_positions: tuple[int, ...] = ()
-    hedge_auto: bool = False
-    hedge_knee: int = 0
+def parse_lever(name: str, raw: str, label: str | None = None) -> object:
+    """A lever's text form (environment or CLI flag) -> its value; `label` names the source in errors."""
+    parse = {"count": parse_count, "counts": parse_counts, "flag": parse_flag}[lever_kind(name)]
+    return parse(label or env_name(name), raw)
 
 
 @dataclass(frozen=True)
 class Knobs:
-    spec: SpecKnobs = field(default_factory=SpecKnobs)
+    levers: Levers = field(default_factory=Levers)
     test_log: bool = False
 
 
 def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
-    """Validate every PEGAINFER_* variable in `environ` (default: os.environ)."""
+    """Validate every PEGAINFER_SPEC_* variable in `environ` (default: os.environ)."""
     env = os.environ if environ is None else environ
     for name in env:
-        if name.startswith(_SPEC_PREFIX) and name not in KNOBS:
-            known = ", ".join(k for k in KNOBS if k.startswith(_SPEC_PREFIX))
+        if name.startswith(ENV_PREFIX) and name not in KNOBS:
+            known = ", ".join(k for k in KNOBS if k.startswith(ENV_PREFIX))
             raise KnobError(f"unknown variable {name}; the speculative knobs are: {known}")
-
-    def get(name: str, parse, default):
-        raw = env.get(name)
-        return default if raw is None else parse(name, raw)
-
-    spec = SpecKnobs(
-        max_batch=get("PEGAINFER_SPEC_MAX_BATCH", parse_count, 0),
-        max_drafts=get("PEGAINFER_SPEC_MAX_DRAFTS", parse_count, 0),
-        hedge=get("PEGAINFER_SPEC_HEDGE", parse_count, 0),
-        hedge_positions=get("PEGAINFER_SPEC_HEDGE_POSITIONS", parse_counts, ()),
-        hedge_auto=get("PEGAINFER_SPEC_HEDGE_AUTO", parse_flag, False),
-        hedge_knee=get("PEGAINFER_SPEC_HEDGE_KNEE", parse_count, 0),
-    )
-    return Knobs(spec=spec, test_log=get("PEGAINFER_TEST_LOG", parse_flag, False))
+    levers = Levers(**{n: parse_lever(n, env[env_name(n)]) for n in lever_names() if env_name(n) in env})
+    raw_log = env.get("PEGAINFER_TEST_LOG")
+    return Knobs(levers, test_log=raw_log is not None and parse_flag("PEGAINFER_TEST_LOG", raw_log))

@@ -1,54 +1,87 @@
-"""The load levers of the speculative path, resolved from EngineConfig and the environment."""
+"""The speculative path's load levers: one frozen type, declared once, validated once.
+
+Every source goes through it: the environment (engine/knobs.py parses PEGAINFER_SPEC_<FIELD> text),
+EngineConfig.levers (explicit overrides by field name), the CLI's flags (the same text parsers) and
+Engine.set_levers. A field's type decides its parser: an int is a count, a tuple a comma-separated
+list of counts, a bool a 0/1 flag; 0 (and ()) mean off.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.knobs import Knobs
+MAX_COUNT = 2**64 - 1
+ENV_PREFIX = "PEGAINFER_SPEC_"
+
+
+class LeverError(ValueError):
+    """A lever value the engine refuses to start (or switch) with."""
+
+
+def _lever(default: object, doc: str):
+    return dataclasses.field(default=default, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
 class Levers:
-    max_batch: int
-    max_drafts: int
-    trace: bool
-    hedge: int = 0  # hedged requests per round (0 = off)
-    hedge_positions: tuple[int, ...] = ()  # branch positions; () = (0,)
-    hedge_auto: bool = False
-    hedge_knee: int = 0  # verify rows the chains never push the round past (0 = no knee)
+    max_batch: int = _lever(0, "load gate: while the active batch is >= n, verify one token (a gated round)")
+    max_drafts: int = _lever(0, "static trim: only the first k drafts enter the verify span")
+    hedge: int = _lever(0, "hedged verify: extra chains for up to h greedy requests a round")
+    hedge_positions: tuple[int, ...] = _lever((), "draft positions where hedge chains branch, e.g. 0,1,2")
+    hedge_auto: bool = _lever(False, "the auto-hedge controller picks the chain count from measured tok/s")
+    hedge_knee: int = _lever(0, "verify rows the forward takes nearly free; hedging stays under it")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check_value(f.name, getattr(self, f.name))
+
+    def replace(self, changes: Mapping[str, object]) -> Levers:
+        """These levers with `changes` (field name -> value; None keeps the current value)."""
+        unknown = sorted(set(changes) - set(lever_names()))
+        if unknown:
+            raise LeverError(f"unknown lever(s) {unknown}; the levers are {lever_names()}")
+        given = {k: tuple(v) if k == "hedge_positions" and _is_seq(v) else v for k, v in changes.items()}
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
-def resolve_levers(config: EngineConfig, knobs: Knobs) -> Levers:
-    """Explicit config values win over the environment; None means "take the environment"."""
-
-    def pick(explicit, from_env):
-        return from_env if explicit is None else explicit
-
-    spec = knobs.spec
-    return Levers(
-        max_batch=pick(config.spec_max_batch, spec.max_batch),
-        max_drafts=pick(config.spec_max_drafts, spec.max_drafts),
-        trace=pick(config.trace, knobs.test_log),
-        hedge=pick(config.spec_hedge, spec.hedge),
-        hedge_positions=tuple(pick(config.spec_hedge_positions, spec.hedge_positions)),
-        hedge_auto=bool(pick(config.spec_hedge_auto, spec.hedge_auto)),
-        hedge_knee=pick(config.spec_hedge_knee, spec.hedge_knee),
-    )
+def lever_names() -> list[str]:
+    return [f.name for f in dataclasses.fields(Levers)]
 
 
-def check_lever_values(**values) -> None:
-    """set_levers' arguments: counts >= 0 (None = keep), positions a sequence of counts, auto a bool."""
-    for name, value in values.items():
-        if value is None:
-            continue
-        if name == "hedge_positions":
-            if isinstance(value, (str, bytes)) or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in value
-            ):
-                raise ValueError(f"hedge_positions={value!r}; expected a sequence of ints >= 0")
-        elif name == "hedge_auto":
-            if not isinstance(value, bool):
-                raise ValueError(f"hedge_auto={value!r}; expected a bool")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name}={value!r}; expected an int >= 0 (0 = off)")
+def lever_doc(name: str) -> str:
+    return Levers.__dataclass_fields__[name].metadata["doc"]
+
+
+def lever_kind(name: str) -> str:
+    """'count', 'counts' or 'flag': how the lever's text form is parsed."""
+    default = Levers.__dataclass_fields__[name].default
+    return "flag" if isinstance(default, bool) else "counts" if isinstance(default, tuple) else "count"
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _is_seq(value: object) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def check_value(name: str, value: object) -> None:
+    kind = lever_kind(name)
+    if kind == "flag":
+        ok = isinstance(value, bool)
+        want = "a bool"
+    elif kind == "counts":
+        ok = isinstance(value, tuple) and all(_is_count(p) for p in value)
+        want = "a sequence of ints >= 0"
+    else:
+        ok = _is_count(value)
+        want = "an int >= 0 (0 = off)"
+    if not ok:
+        raise LeverError(f"lever {name}={value!r}; expected {want}")

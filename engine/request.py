@@ -32,6 +32,7 @@ class Finish(str, Enum):
     STOP = "stop"  # EOS or a stop token (included in the output)
     LENGTH = "length"  # max_tokens reached
     REJECTED = "rejected"  # refused at admission; `error` says why
+    ABORT = "abort"  # Engine.abort: the caller gave up on it
 
 
 @dataclass(eq=False)
@@ -71,17 +72,51 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def commit(self, tokens: list[int]) -> int:
-        """Append tokens until a stop token or the budget ends the request; returns how many."""
-        for n, token in enumerate(tokens, start=1):
-            self.output_ids.append(token)
-            if token in self.stop_ids:
-                self.finish(Finish.STOP)
-                return n
-            if self.remaining <= 0:
-                self.finish(Finish.LENGTH)
-                return n
-        return len(tokens)
+    @property
+    def draft_context_len(self) -> int:
+        """Feature rows the drafter holds for this request: stored in its KV plus pending."""
+        return self.draft_kv_len + sum(t.shape[0] for t in self.ctx_pending)
+
+    # -- transitions: the only code that changes a request's state ----------------------------------
+    def admitted(self, slot: int, blocks: list[int]) -> None:
+        self.slot, self.blocks, self.status = slot, blocks, Status.RUNNING
+
+    def released(self) -> tuple[int, list[int]]:
+        """Give back the block-table slot and the KV blocks (slot -1 and [] when none were held)."""
+        slot, blocks = self.slot, self.blocks
+        self.slot, self.blocks = -1, []
+        return slot, blocks
+
+    def prefilled(self, token: int, context_stored: bool) -> None:
+        """The prompt's K/V (and, with a drafter, its context rows) are written; `token` is sampled."""
+        self.num_kv = len(self.prompt_ids)
+        if context_stored:
+            self.ctx_pending, self.draft_kv_len, self.draft_ready = [], self.num_kv, True
+        self._commit([token])
+
+    def advanced(self, accepted: list[int], bonus: int, keep_context: bool) -> int:
+        """A round committed `accepted` drafts plus the target's `bonus` token (a one-token round has
+        no drafts); the K/V of [current, *accepted] is now committed. `keep_context`: the forward
+        stored their feature rows as drafter context too (a plain decode drops the drafter state
+        instead). Returns the tokens committed."""
+        committed = self._commit([*accepted, bonus])
+        if self.finished:
+            return committed
+        self.num_kv += len(accepted) + 1
+        if keep_context:
+            self.draft_kv_len = self.num_kv
+        else:
+            self.drop_draft_state()
+        return committed
+
+    def context_pending(self, rows: torch.Tensor) -> None:
+        """The last len(rows) committed positions take these feature rows (a winning hedge chain's)
+        in place of the stored ones; they are stored before the next draft."""
+        self.ctx_pending, self.draft_kv_len = [rows], self.num_kv - rows.shape[0]
+
+    def context_flushed(self) -> None:
+        """The pending rows are now in the drafter's KV."""
+        self.ctx_pending, self.draft_kv_len = [], self.num_kv
 
     def finish(self, reason: Finish, error: str | None = None) -> None:
         self.status = Status.FINISHED
@@ -93,6 +128,18 @@ class Request:
         self.draft_ready = False
         self.ctx_pending = []
         self.draft_kv_len = 0
+
+    def _commit(self, tokens: list[int]) -> int:
+        """Append tokens until a stop token or the budget ends the request; returns how many."""
+        for n, token in enumerate(tokens, start=1):
+            self.output_ids.append(token)
+            if token in self.stop_ids:
+                self.finish(Finish.STOP)
+                return n
+            if self.remaining <= 0:
+                self.finish(Finish.LENGTH)
+                return n
+        return len(tokens)
 
     def output(self, tokenizer) -> RequestOutput:
         """The public view; new_token_ids are those since the previous call."""

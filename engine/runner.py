@@ -17,13 +17,13 @@ the committed length, where the drafter never looks and later rows overwrite the
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
+from engine.graphs import StepGraphs, batch_buckets
 from engine.kv_cache import allocate_kv_cache
 from engine.models.dflash import DFlashDrafter
 from engine.models.layers import AttnMeta
@@ -31,14 +31,9 @@ from engine.models.markov import markov_walk
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.request import Request
 
-log = logging.getLogger(__name__)
-
 STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
-
-
-def batch_buckets(max_num_seqs: int) -> list[int]:
-    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs] + list(range(16, max_num_seqs, 8))
-    return sorted(set(sizes + [max_num_seqs]))
+# The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -46,26 +41,6 @@ class SpanResult:
     logits: torch.Tensor  # [N * S, V]
     greedy: torch.Tensor  # [N * S] int64
     features: torch.Tensor | None  # [N * S, n_taps * H]
-
-
-class _Graph:
-    """One captured step: static inputs are copied in, the graph replayed, static outputs read."""
-
-    def __init__(self, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor], pool):
-        self.inputs = inputs
-        fn(**inputs)  # compiles and autotunes kernels outside the capture
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.outputs = fn(**inputs)
-
-    def replay(self, **values: torch.Tensor) -> tuple:
-        for name, value in values.items():
-            static = self.inputs[name]
-            if value.data_ptr() != static.data_ptr():  # a buffer captured as is needs no copy
-                static.copy_(value, non_blocking=True)
-        self.graph.replay()
-        return self.outputs
 
 
 class ModelRunner:
@@ -102,12 +77,9 @@ class ModelRunner:
         )
         self.null_row = max_num_seqs
         self.chain_row0 = max_num_seqs + 1
-        self.buckets = sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs})
-        self.use_graphs = use_graphs
-        self.graphs: dict[tuple, _Graph] = {}
-        self._pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.graphs = StepGraphs(use_graphs, sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs}))
         # The staged step inputs, one field per row: current token, table row, committed rows, limit.
-        width = max(self.buckets)
+        width = max(self.graphs.buckets)
         pinned = self.device.type == "cuda"
         self.staged = torch.zeros(len(STAGED), width, dtype=torch.int64, device=self.device)
         self._staged_host = torch.zeros(len(STAGED), width, dtype=torch.int64, pin_memory=pinned)
@@ -116,16 +88,16 @@ class ModelRunner:
         self._last_drafts: torch.Tensor | None = None
 
     # -- host -> device -----------------------------------------------------------------------------
-    def _tensor(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    def to_device(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         if self.device.type == "cuda":
-            return torch.tensor(values, dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
-        return torch.tensor(values, dtype=dtype, device=self.device)
+            return torch.tensor(list(values), dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
+        return torch.tensor(list(values), dtype=dtype, device=self.device)
 
     def stage(self, reqs: list[Request], limits: Sequence[int] | None = None) -> None:
         """Copy the step's per-request inputs to the device in one transfer, padded to the graph
         bucket with null-block rows; `decode`, `draft` and `verify` of these requests read them."""
         n = len(reqs)
-        pad = self._rows(n) - n
+        pad = self.graphs.rows(n) - n
         fields = [
             [r.current_token for r in reqs] + [0] * pad,
             [r.slot for r in reqs] + [self.null_row] * pad,
@@ -152,7 +124,12 @@ class ModelRunner:
         row[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
         self.block_tables[req.slot].copy_(row)
 
-    def _slots(self, req: Request, positions: range) -> list[int]:
+    def set_table_rows(self, first: int, tables: torch.Tensor) -> None:
+        """Block-table rows first.. (the hedge chains' rows) from host tables."""
+        self.block_tables[first : first + tables.shape[0]].copy_(tables)
+
+    def slots(self, req: Request, positions: range) -> list[int]:
+        """KV slots (block * block_size + offset) of a request's positions."""
         bs = self.block_size
         return [req.blocks[p // bs] * bs + p % bs for p in positions]
 
@@ -167,45 +144,6 @@ class ModelRunner:
         meta = AttnMeta(slots, tables, (num_kv + span).to(torch.int32), qsl, span, causal)
         return positions.reshape(-1), meta
 
-    def _rows(self, n: int) -> int:
-        """Rows a step of n requests runs at: its graph bucket, or n when eager."""
-        return self._bucket(n) or n
-
-    def _bucket(self, n: int) -> int | None:
-        if not self.use_graphs:
-            return None
-        return next((b for b in self.buckets if b >= n), None)
-
-    def _run(
-        self,
-        key: tuple,
-        fn: Callable[..., tuple],
-        n: int,
-        values: dict[str, torch.Tensor],
-        pads: dict,
-        shared: frozenset[str] = frozenset(),
-    ) -> tuple:
-        """Eager, or the graph captured for exactly this (kind, bucket, shape). `shared` inputs
-        arrive as persistent bucket-sized buffers: captured as they are, never padded or copied."""
-        bucket = self._bucket(n)
-        if bucket is None:
-            return fn(**values)
-        values = {
-            k: v
-            if k in shared or v.shape[0] == bucket
-            else torch.cat(
-                [v, torch.full((bucket - v.shape[0], *v.shape[1:]), pads[k], dtype=v.dtype, device=v.device)]
-            )
-            for k, v in values.items()
-        }
-        key = (*key, bucket)
-        graph = self.graphs.get(key)
-        if graph is None:
-            log.debug("capturing CUDA graph %s", key)
-            inputs = {k: v if k in shared else v.clone() for k, v in values.items()}
-            graph = self.graphs[key] = _Graph(fn, inputs, self._pool)
-        return graph.replay(**values)
-
     # -- target ------------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Whole prompts, eagerly. Returns logits and argmax at each prompt's last row, and feature
@@ -215,23 +153,23 @@ class ModelRunner:
             n = len(r.prompt_ids)
             ids += r.prompt_ids
             positions += range(n)
-            slots += self._slots(r, range(n))
+            slots += self.slots(r, range(n))
             starts.append(starts[-1] + n)
-        rows = self._tensor([r.slot for r in reqs])
-        slot_mapping, position_ids = self._tensor(slots), self._tensor(positions)
+        rows = self.to_device([r.slot for r in reqs])
+        slot_mapping, position_ids = self.to_device(slots), self.to_device(positions)
         meta = AttnMeta(
             slot_mapping,
             self.block_tables.index_select(0, rows),
-            self._tensor([len(r.prompt_ids) for r in reqs], torch.int32),
-            self._tensor(starts, torch.int32),
+            self.to_device([len(r.prompt_ids) for r in reqs], torch.int32),
+            self.to_device(starts, torch.int32),
             max(len(r.prompt_ids) for r in reqs),
             causal=True,
         )
         features = self._features(len(ids))
-        hidden = self.target.forward(self._tensor(ids), position_ids, meta, self.kv, self.taps, features)
+        hidden = self.target.forward(self.to_device(ids), position_ids, meta, self.kv, self.taps, features)
         if features is not None:
             self.drafter.store_context(features, position_ids, slot_mapping, self.draft_kv)
-        last = hidden.index_select(0, self._tensor(starts[1:]) - 1)
+        last = hidden.index_select(0, self.to_device(starts[1:]) - 1)
         logits = self.target.logits(last)
         return logits, self.ops.argmax(logits), features
 
@@ -250,56 +188,58 @@ class ModelRunner:
         logits = self.target.logits(hidden)
         return logits, self.ops.argmax(logits), features
 
-    def extend(self, reqs: list[Request], ids: torch.Tensor) -> SpanResult:
-        """Rows ids[i] = [current, d1..dk] of each request at positions num_kv .. num_kv + S - 1:
-        a plain decode (S = 1) or a verify span, causal within the span."""
-        return self.extend_rows(ids, [r.slot for r in reqs], [r.num_kv for r in reqs])
-
-    def extend_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:
+    def span_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:
         """Span groups ids[i] on block-table row table_rows[i] at positions num_kv[i] .. + S - 1."""
         n, span = ids.shape
         values = {
             "ids": ids,
-            "rows": self._tensor(list(table_rows)),
-            "num_kv": self._tensor(list(num_kv)),
+            "rows": self.to_device(list(table_rows)),
+            "num_kv": self.to_device(list(num_kv)),
         }
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
-        logits, greedy, features = self._run(("span", span), self._span_forward, n, values, pads)
+        logits, greedy, features = self.graphs.run(("span", span), self._span_forward, n, values, pads)
         return _trim(SpanResult(logits, greedy, features), n * span)
 
     def decode(self, reqs: list[Request]) -> SpanResult:
         """Each staged request's current token at position num_kv (a plain or gated step)."""
         self._check_staged(reqs)
         n = len(reqs)
-        logits, greedy, features = self._run(("decode",), partial(self._staged_decode, self._rows(n)), n, {}, {})
+        logits, greedy, features = self.graphs.run(
+            ("decode",), partial(self._staged_decode, self.graphs.rows(n)), n, {}, {}
+        )
         return _trim(SpanResult(logits, greedy, features), n)
 
     def _staged_decode(self, m: int) -> tuple:
         ids = self.field("token", m)[:, None]
         return self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
 
-    def verify(self, reqs: list[Request], drafts: torch.Tensor, k: int) -> tuple[SpanResult, torch.Tensor]:
-        """The staged requests' spans [current, d1..dk] in one target forward, accepted on the device
-        against the greedy targets under the staged limits. Returns the span result and, per request,
-        [accepted n, d1..dk, target after each of the k + 1 span rows] (int64 [N, 2k + 2])."""
+    def verify(
+        self, reqs: list[Request], drafts: torch.Tensor, k: int, accept: AcceptRule
+    ) -> tuple[SpanResult, torch.Tensor]:
+        """The staged requests' spans [current, d1..dk] in one target forward, then `accept` on the
+        device against the greedy targets under the staged limits. Returns the span result and the
+        accept rule's rows per request (int64 [N, 2k + 2])."""
         self._check_staged(reqs)
         n = len(reqs)
         # The draft graph's own output buffer is taken as is (no pad, no copy); other drafts are copied in.
         shared = self._last_drafts is not None and drafts.data_ptr() == self._last_drafts.data_ptr()
         values = {"drafts": (self._last_drafts if shared else drafts)[:, :k]}
-        fn = partial(self._staged_verify, m=self._rows(n), k=k)
-        out = self._run(("verify", k), fn, n, values, {"drafts": 0}, frozenset({"drafts"} if shared else ()))
+        fn = partial(self._staged_verify, m=self.graphs.rows(n), k=k, accept=accept)
+        key = ("verify", k, accept)
+        out = self.graphs.run(key, fn, n, values, {"drafts": 0}, frozenset({"drafts"} if shared else ()))
         logits, greedy, features, rounds = out
         return _trim(SpanResult(logits, greedy, features), n * (1 + k)), rounds[:n]
 
-    def _staged_verify(self, drafts: torch.Tensor, m: int, k: int) -> tuple:
+    def _staged_verify(self, drafts: torch.Tensor, m: int, k: int, accept: AcceptRule) -> tuple:
         ids = torch.cat([self.field("token", m)[:, None], drafts], dim=1)
         logits, greedy, features = self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
-        targets = greedy.view(m, k + 1)
-        accepted = self.ops.accept_prefix(drafts, targets, self.field("limit", m))
-        return logits, greedy, features, torch.cat([accepted[:, None], drafts, targets], dim=1)
+        return logits, greedy, features, accept(drafts, greedy.view(m, k + 1), self.field("limit", m))
 
     # -- drafter -----------------------------------------------------------------------------------
+    def store_context(self, features: torch.Tensor, positions: Sequence[int], slots: Sequence[int]) -> None:
+        """Feature rows as drafter context K/V at these positions and KV slots (eagerly)."""
+        self.drafter.store_context(features, self.to_device(positions), self.to_device(slots), self.draft_kv)
+
     def draft(self, reqs: list[Request]) -> torch.Tensor:
         """One batched drafter forward over the staged requests: blocks [current, mask x (B-1)] run
         non-causally over each drafter context. Returns drafts [N, drafts_per_round] (device)."""
@@ -314,24 +254,13 @@ class ModelRunner:
         return drafts, chains
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
-        """Context rows still pending (a hedge chain's winning rows) are stored first, eagerly."""
         self._check_staged(reqs)
-        feats, pos, slots = [], [], []
         for r in reqs:
-            pending = sum(t.shape[0] for t in r.ctx_pending)
-            if r.draft_kv_len + pending != r.num_kv:
-                raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len}+{pending} rows != {r.num_kv} committed")
-            if pending:
-                span = range(r.draft_kv_len, r.num_kv)
-                feats += r.ctx_pending
-                pos += span
-                slots += self._slots(r, span)
-                r.ctx_pending = []
-                r.draft_kv_len = r.num_kv
-        if feats:
-            self.drafter.store_context(torch.cat(feats), self._tensor(pos), self._tensor(slots), self.draft_kv)
+            if r.draft_kv_len != r.num_kv:
+                raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len} rows != {r.num_kv} committed")
         n = len(reqs)
-        out = self._run(("draft", branch), partial(self._block_forward, self._rows(n), branch), n, {}, {})
+        fn = partial(self._block_forward, self.graphs.rows(n), branch)
+        out = self.graphs.run(("draft", branch), fn, n, {}, {})
         self._last_drafts = out[0]
         return tuple(t[:n] for t in out)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import SamplingParams
+from engine.request import Request
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -35,3 +36,10 @@ def sample_rows(
         if not params.greedy:
             out[i] = torch.multinomial(filtered_probs(logits[i], params), 1, generator=gen)[0]
     return out
+
+
+def sample_requests(logits: torch.Tensor, greedy: torch.Tensor, reqs: list[Request], rows_each: int) -> torch.Tensor:
+    """`sample_rows` over `rows_each` consecutive logit rows per request, each with its own params."""
+    params = [r.params for r in reqs for _ in range(rows_each)]
+    gens = [r.generator for r in reqs for _ in range(rows_each)]
+    return sample_rows(logits, greedy, params, gens)

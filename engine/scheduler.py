@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from enum import Enum
 
 from engine.kv_cache import BlockManager
-from engine.request import Request, Status
+from engine.request import Request
 
 
 class Plan(Enum):
@@ -17,38 +16,20 @@ class Plan(Enum):
     GATED = "GatedSpeculativeDecode"
 
 
-class Fallback(Enum):
-    NOT_READY = "NotReady"  # some request has no captured context: plain decode, drafter state dropped
-    GATED = "Gated"  # all draft-ready but the batch is over the gate: one-token verify, capture kept
-
-
-@dataclass(frozen=True)
-class Decision:
-    plan: Plan
-    fallback: Fallback | None = None
-
-
-def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: int) -> Decision:
+def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: int) -> Plan:
     """The decode-side plan for a step with no pending prefill. max_batch 0 = gate off.
 
-    The gate trips while the active batch is at least max_batch and lets the batch speculate again
-    once it shrinks below it, as upstream's gate does: MAX_BATCH=1 gates every round, so the
-    one-token verify path is the only one exercised (the levers gate's first case relies on it)."""
+    Two distinct fallbacks from speculation: NotReady (some request has no captured context) is a
+    plain decode, which drops the drafter state; Gated (all draft-ready, the batch at or above
+    max_batch, as upstream's gate) is a one-token round that keeps the capture. MAX_BATCH=1 gates
+    every round, so the one-token verify path is the only one exercised."""
     if num_active < 1:
         raise ValueError("no active request to plan for")
-    if not has_drafter:
-        return Decision(Plan.DECODE)
-    if not all_ready:
-        return Decision(Plan.DECODE, Fallback.NOT_READY)
+    if not has_drafter or not all_ready:
+        return Plan.DECODE
     if max_batch and num_active >= max_batch:
-        return Decision(Plan.GATED, Fallback.GATED)
-    return Decision(Plan.SPECULATIVE)
-
-
-@dataclass(frozen=True)
-class ScheduledStep:
-    decision: Decision
-    requests: list[Request]
+        return Plan.GATED
+    return Plan.SPECULATIVE
 
 
 class Scheduler:
@@ -60,6 +41,8 @@ class Scheduler:
         headroom: int,
         has_drafter: bool,
         max_batch: int,
+        max_model_len: int,
+        vocab_size: int,
     ):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
@@ -67,6 +50,7 @@ class Scheduler:
         self.headroom = headroom
         self.has_drafter = has_drafter
         self.max_batch = max_batch
+        self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -74,13 +58,34 @@ class Scheduler:
     def blocks_needed(self, req: Request) -> int:
         return self.blocks.blocks_for(len(req.prompt_ids) + req.params.max_tokens + self.headroom)
 
+    def admission_error(self, req: Request) -> str | None:
+        """Why the engine can never serve this request (None: it can)."""
+        n, budget, vocab = len(req.prompt_ids), req.params.max_tokens, self.vocab_size
+        if n == 0:
+            return "empty prompt"
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            return f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})"
+        limit = self.max_model_len - self.headroom
+        why = f"the context limit {limit}"
+        if self.headroom:
+            why += f" (max_model_len {self.max_model_len} minus the drafter's block headroom {self.headroom})"
+        if n >= limit:
+            return f"prompt of {n} tokens is longer than {why}"
+        if n + budget > limit:
+            return f"prompt ({n} tokens) + max_tokens ({budget}) = {n + budget} exceeds {why}"
+        need = self.blocks_needed(req)
+        if need > self.blocks.capacity:
+            return f"needs {need} KV blocks but the cache holds {self.blocks.capacity}"
+        return None
+
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledStep | None:
+    def schedule(self) -> tuple[Plan, list[Request]] | None:
         admitted: list[Request] = []
         tokens = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
@@ -91,27 +96,26 @@ class Scheduler:
             if admitted and tokens + len(req.prompt_ids) > self.max_num_batched_tokens:
                 break
             self.waiting.popleft()
-            req.blocks = self.blocks.allocate(need)
-            req.slot = self._free_slots.pop()
-            req.status = Status.RUNNING
+            req.admitted(self._free_slots.pop(), self.blocks.allocate(need))
             admitted.append(req)
             tokens += len(req.prompt_ids)
         if admitted:
             self.running.extend(admitted)
-            return ScheduledStep(Decision(Plan.PREFILL), admitted)
+            return Plan.PREFILL, admitted
         decode = [r for r in self.running if r.output_ids]
         if not decode:
             return None
         all_ready = all(r.draft_ready for r in decode)
-        return ScheduledStep(decide_plan(len(decode), self.has_drafter, all_ready, self.max_batch), decode)
+        return decide_plan(len(decode), self.has_drafter, all_ready, self.max_batch), decode
 
     def release(self, req: Request) -> None:
-        """Return a finished request's blocks and slot."""
+        """Drop a finished request from the queues and take back its blocks and slot."""
         if req in self.running:
             self.running.remove(req)
-        if req.blocks:
-            self.blocks.free(req.blocks)
-            req.blocks = []
-        if req.slot >= 0:
-            self._free_slots.append(req.slot)
-            req.slot = -1
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        slot, blocks = req.released()
+        if blocks:
+            self.blocks.free(blocks)
+        if slot >= 0:
+            self._free_slots.append(slot)

@@ -28,14 +28,27 @@ def enable_trace() -> None:
     TRACE.propagate = False
 
 
-def log_round(request_id: str, gated: bool, verified_draft: int, accepted_draft: int, committed_tokens: int) -> None:
+def log_round(
+    request_id: str,
+    gated: bool,
+    verified_draft: int,
+    accepted_draft: int,
+    committed_tokens: int,
+    draft_ctx: int,
+    span_limit: int,
+) -> None:
+    """One verify round of one request. draft_ctx: the drafter context rows it holds after the round
+    (0 once it finished); span_limit: the drafts the round allowed (0 in a gated round)."""
     TRACE.debug(
-        "DFlash round request=%s gated=%d verified_draft=%d accepted_draft=%d committed_tokens=%d",
+        "DFlash round request=%s gated=%d verified_draft=%d accepted_draft=%d committed_tokens=%d draft_ctx=%d "
+        "span_limit=%d",
         request_id,
         int(gated),
         verified_draft,
         accepted_draft,
         committed_tokens,
+        draft_ctx,
+        span_limit,
     )
 
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
 from engine.hedge import AutoHedge, Candidate, effective_positions, plan_chains
-from engine.knobs import read_knobs
-from engine.levers import check_lever_values, resolve_levers
 
 
 class Clock:
@@ -171,56 +168,3 @@ def test_effective_positions():
     assert effective_positions((2, 0, 2, 9), 7) == (0, 2)
     assert effective_positions((), 7) == (0,)
     assert effective_positions((7,), 7) == ()
-
-
-# ---- levers ----
-
-
-def test_hedge_levers_resolve_explicit_over_environment():
-    env = {
-        "PEGAINFER_SPEC_HEDGE": "8",
-        "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2",
-        "PEGAINFER_SPEC_HEDGE_AUTO": "1",
-        "PEGAINFER_SPEC_HEDGE_KNEE": "96",
-    }
-    knobs = read_knobs(env)
-    lv = resolve_levers(EngineConfig(model="x"), knobs)
-    assert (lv.hedge, lv.hedge_positions, lv.hedge_auto, lv.hedge_knee) == (8, (0, 1, 2), True, 96)
-    lv = resolve_levers(
-        EngineConfig(model="x", spec_hedge=0, spec_hedge_positions=(3,), spec_hedge_auto=False, spec_hedge_knee=0),
-        knobs,
-    )
-    assert (lv.hedge, lv.hedge_positions, lv.hedge_auto, lv.hedge_knee) == (0, (3,), False, 0)
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"hedge": -1},
-        {"hedge": True},
-        {"hedge_knee": 1.5},
-        {"hedge_positions": "012"},
-        {"hedge_positions": (0, -1)},
-        {"hedge_auto": 1},
-    ],
-)
-def test_set_lever_values_are_checked(bad):
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        check_lever_values(**bad)
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("spec_hedge_positions", (0, -1)),
-        ("spec_hedge_positions", "012"),
-        ("spec_hedge_positions", (True,)),
-        ("spec_hedge_auto", 1),
-        ("spec_hedge", -2),
-        ("spec_hedge_knee", 2.5),
-    ],
-)
-def test_engine_config_checks_the_hedge_fields(field, value):
-    with pytest.raises(ValueError, match=field):
-        EngineConfig(model="x", **{field: value})
-    assert EngineConfig(model="x", spec_hedge_positions=[2, 0]).spec_hedge_positions == (2, 0)

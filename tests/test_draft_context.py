@@ -48,7 +48,7 @@ def test_engine_drafts_like_the_reference_loop(pair, prompt_ids):
 def test_context_kv_equals_hf_features_after_every_step(pair, prompt_ids, max_batch):
     target_dir, drafter_dir = pair
     engine = Engine(
-        EngineConfig(model=str(target_dir), draft_model=str(drafter_dir), device="cpu", spec_max_batch=max_batch)
+        EngineConfig(model=str(target_dir), draft_model=str(drafter_dir), device="cpu", levers={"max_batch": max_batch})
     )
     hf = HFQwen3.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     for ids, budget in zip(prompt_ids, BUDGETS, strict=True):

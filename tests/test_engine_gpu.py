@@ -36,16 +36,16 @@ def test_triton_greedy_equals_torch_fp32(tiny_target, reference, graphs):
         got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
         assert got == want, f"batch of {n}"
     if graphs:
-        assert e.runner.graphs, "no CUDA graph was captured"
+        assert e.runner.graphs.captured, "no CUDA graph was captured"
 
 
-@pytest.mark.parametrize("levers", [{}, {"spec_max_drafts": 2}, {"spec_max_batch": 2}], ids=["full", "trim2", "gate2"])
+@pytest.mark.parametrize("levers", [{}, {"max_drafts": 2}, {"max_batch": 2}], ids=["full", "trim2", "gate2"])
 def test_speculative_with_graphs_is_lossless_fp32(tiny_target, tiny_drafter, reference, levers):
-    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17, **levers)
+    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17, levers=levers)
     for n, want in reference.items():
         got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
         assert got == want, f"batch of {n}"
-    assert any(key[0] == "verify" for key in e.runner.graphs), "no verify graph was captured"
+    assert any(key[0] == "verify" for key in e.runner.graphs.captured), "no verify graph was captured"
 
 
 def test_short_span_graph_never_serves_a_long_span(tiny_target, tiny_drafter):
@@ -55,7 +55,7 @@ def test_short_span_graph_never_serves_a_long_span(tiny_target, tiny_drafter):
         got = e.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
         want = plain.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
         assert got == want
-    verify = {key: graph for key, graph in e.runner.graphs.items() if key[0] == "verify"}
+    verify = {key: graph for key, graph in e.runner.graphs.captured.items() if key[0] == "verify"}
     assert {key[1] for key in verify} == {e.drafts_per_round}  # budgets cut acceptance, not the span
     for (_, k, bucket), graph in verify.items():
         assert graph.inputs["drafts"].shape == (bucket, k)  # captured rows and span == replayed ones
@@ -67,7 +67,7 @@ def test_graphed_steps_store_the_drafter_context_fp32(tiny_target, tiny_drafter,
 
     from tests.kv_checks import check_draft_kv
 
-    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", spec_max_batch=max_batch)
+    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", levers={"max_batch": max_batch})
     hf = HFQwen3.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
     for p, budget in zip(PROMPTS, (24, 9, 17, 13, 21), strict=True):
         e.add_request(p, SamplingParams(max_tokens=budget, ignore_eos=True))
@@ -75,11 +75,11 @@ def test_graphed_steps_store_the_drafter_context_fp32(tiny_target, tiny_drafter,
     while e.has_unfinished():
         e.step()
         checked += check_draft_kv(e, hf, atol=1e-3)
-    assert checked > 10 and e.runner.graphs
+    assert checked > 10 and e.runner.graphs.captured
 
 
 def _row_logits(e: Engine, reqs, ids) -> torch.Tensor:
-    return e.runner.extend(reqs, torch.tensor(ids, device="cuda")).logits
+    return e.runner.span_rows(torch.tensor(ids, device="cuda"), [r.slot for r in reqs], [r.num_kv for r in reqs]).logits
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -101,7 +101,7 @@ def test_bf16_speculative_matches_plain_up_to_the_oracle(tiny_target, tiny_draft
     from gates.lossless import Tally, check
 
     plain = engine(tiny_target, backend="triton")
-    spec = engine(tiny_target, tiny_drafter, backend="triton", spec_max_batch=3)
+    spec = engine(tiny_target, tiny_drafter, backend="triton", levers={"max_batch": 3})
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
     outs = spec.generate(PROMPTS, params)
     tally = Tally()

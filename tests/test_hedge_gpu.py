@@ -22,7 +22,7 @@ def dspark(tmp_path_factory):
     return directory
 
 
-LEVERS = [{}, {"spec_max_drafts": 2}, {"spec_hedge_auto": True}]
+LEVERS = [{}, {"max_drafts": 2}, {"hedge_auto": True}]
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -39,16 +39,16 @@ def test_hedged_markov_drafter_equals_the_torch_path_fp32(tiny_target, dspark, g
             backend="triton",
             dtype="float32",
             cuda_graphs=graphs,
-            spec_hedge=4,
-            spec_hedge_positions=(0, 1, 2),
-            **levers,
+            levers={"hedge": 4, "hedge_positions": (0, 1, 2), **levers},
         )
     )
     assert [o.token_ids for o in e.generate(PROMPTS, params)] == want
     if not levers:
         assert e.stats.hedge_chains > 0
     if graphs and e.stats.hedge_chains:  # the auto controller may settle at C = 0 and never hedge
-        assert any(key[0] == "draft" and key[1] == (0, 1, 2) for key in e.runner.graphs), "no hedged draft graph"
-        for key, graph in e.runner.graphs.items():
+        assert any(key[0] == "draft" and key[1] == (0, 1, 2) for key in e.runner.graphs.captured), (
+            "no hedged draft graph"
+        )
+        for key, graph in e.runner.graphs.captured.items():
             if key[0] == "span":
                 assert graph.inputs["ids"].shape == (key[2], key[1])  # captured rows == replayed rows

@@ -12,7 +12,6 @@ committed tokens.
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
@@ -47,24 +46,24 @@ def plain(tiny_target):
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
-def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list, **cfg) -> Engine:
+def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list, **levers) -> Engine:
     engine = Engine(
         EngineConfig(
             model=str(target),
             draft_model=str(drafter),
             device="cpu",
             trace=True,
-            spec_hedge=8,
-            spec_hedge_positions=POSITIONS,
-            **cfg,
+            levers={"hedge": 8, "hedge_positions": POSITIONS, **levers},
         )
     )
     real_draft, real_chains = engine.runner.draft, engine.runner.draft_chains
+    real_store = engine.rounds._store_pending_context
 
-    def record_context(reqs):
+    def store_pending(reqs):
         for r in reqs:
             if r.ctx_pending:
                 contexts.append((r, r.draft_kv_len, torch.cat(r.ctx_pending).clone()))
+        real_store(reqs)
 
     def main_rows(reqs, width):
         rows = []
@@ -77,12 +76,10 @@ def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list
         return rows
 
     def draft(reqs):
-        record_context(reqs)
         real = real_draft(reqs)
         return torch.tensor([m for _, m in main_rows(reqs, real.shape[1])])
 
     def draft_chains(reqs, positions):
-        record_context(reqs)
         real, _ = real_chains(reqs, positions)
         rows = main_rows(reqs, real.shape[1])
         chains = []
@@ -95,6 +92,7 @@ def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list
         return torch.tensor([m for _, m in rows]), torch.tensor(chains)
 
     engine.runner.draft, engine.runner.draft_chains = draft, draft_chains
+    engine.rounds._store_pending_context = store_pending
     return engine
 
 
@@ -153,7 +151,7 @@ def test_losing_chains_leave_no_trace(tiny_target, dspark, plain, hf_target, cap
 
 
 def test_gated_rounds_have_no_chains(tiny_target, dspark, plain, capsys):
-    engine = hedged_engine(tiny_target, dspark, plain, 1, [], spec_max_batch=3)
+    engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_batch=3)
     outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     gated = {(r.request) for r in levers_trace_rows(lines) if r.gated}
@@ -166,7 +164,7 @@ def test_gated_rounds_have_no_chains(tiny_target, dspark, plain, capsys):
 
 def test_trim_limits_branch_positions(tiny_target, dspark, plain, capsys):
     # k = 2: the chain at position 2 can never be verified; spans stay 1 + 2 for main and chains.
-    engine = hedged_engine(tiny_target, dspark, plain, 1, [], spec_max_drafts=2)
+    engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_drafts=2)
     outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     assert max(r.verified_draft for r in levers_trace_rows(lines)) == 2
@@ -180,24 +178,24 @@ def test_trim_limits_branch_positions(tiny_target, dspark, plain, capsys):
     "levers",
     [
         {},
-        {"spec_max_drafts": 3},
-        {"spec_hedge_knee": 12},
-        {"spec_hedge_auto": True},
-        {"spec_max_batch": 3, "spec_hedge_positions": (0, 2, 4, 9)},
+        {"max_drafts": 3},
+        {"hedge_knee": 12},
+        {"hedge_auto": True},
+        {"max_batch": 3, "hedge_positions": (0, 2, 4, 9)},
     ],
     ids=["plain-hedge", "trim3", "knee12", "auto", "gate3-positions"],
 )
 def test_real_markov_drafter_hedged_is_lossless(tiny_target, dspark, plain, levers, capsys):
-    cfg = {"spec_hedge": 8, "spec_hedge_positions": POSITIONS, **levers}
-    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True, **cfg))
+    cfg = {"hedge": 8, "hedge_positions": POSITIONS, **levers}
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True, levers=cfg))
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
     outs = engine.generate(PROMPTS, params)
     for prompt, budget, out in zip(PROMPTS, BUDGETS, outs, strict=True):
         assert out.token_ids == plain[tuple(prompt)][:budget]
     hedges = hedge_trace_rows(capsys.readouterr().err.splitlines())
-    if "spec_hedge_knee" in levers:  # 12 rows at span 6: two groups, so one chain and only at batch 1
+    if "hedge_knee" in levers:  # 12 rows at span 6: two groups, so one chain and only at batch 1
         assert hedges and all(h.chains == 1 for h in hedges)
-    elif not levers.get("spec_hedge_auto"):
+    elif not levers.get("hedge_auto"):
         assert engine.stats.hedge_chains > 0
 
 
@@ -208,8 +206,7 @@ def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
             draft_model=str(dspark),
             device="cpu",
             trace=True,
-            spec_hedge=8,
-            spec_hedge_positions=POSITIONS,
+            levers={"hedge": 8, "hedge_positions": POSITIONS},
         )
     )
     params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
@@ -220,49 +217,6 @@ def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
     for i, (prompt, budget, out) in enumerate(zip(PROMPTS, BUDGETS, outs, strict=True)):
         if i != 2:
             assert out.token_ids == plain[tuple(prompt)][:budget]
-
-
-def test_hedge_without_a_markov_head_says_so_once_and_does_nothing(tiny_target, tiny_drafter, plain, caplog):
-    with caplog.at_level(logging.INFO, logger="engine.verify"):
-        engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", spec_hedge=4))
-        engine.set_levers(hedge=8)
-    said = [r.getMessage() for r in caplog.records if "no Markov head" in r.getMessage()]
-    assert len(said) == 1 and "hedge=4" in said[0]
-    assert engine.speculator.scratch is None and engine.speculator.hedging is None
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
-    assert [o.token_ids for o in outs] == [plain[tuple(p)][:b] for p, b in zip(PROMPTS, BUDGETS, strict=True)]
-    assert engine.stats.hedge_chains == 0
-
-
-def test_scratch_is_reserved_from_the_kv_budget(tiny_target, dspark):
-    # block 5 anchor-first: span 6 rows reach 2 blocks of 16 from any offset; 2 requests x 3 positions.
-    engine = Engine(
-        EngineConfig(
-            model=str(tiny_target),
-            draft_model=str(dspark),
-            device="cpu",
-            max_num_seqs=4,
-            num_kv_blocks=40,
-            spec_hedge=2,
-            spec_hedge_positions=(0, 1, 2, 7),
-        )
-    )
-    assert engine.speculator.scratch.chains == 6 and engine.speculator.scratch.per_chain == 2
-    assert engine.blocks.num_blocks == 40 - 12 and engine.runner.kv[0][0].shape[0] == 40
-    assert engine.runner.block_tables.shape[0] == 4 + 1 + 6
-    with pytest.raises(ValueError, match="leaves no KV pool"):
-        Engine(
-            EngineConfig(
-                model=str(tiny_target),
-                draft_model=str(dspark),
-                device="cpu",
-                num_kv_blocks=12,
-                spec_hedge=2,
-                spec_hedge_positions=(0, 1, 2),
-            )
-        )
-    off = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", num_kv_blocks=40))
-    assert off.speculator.scratch is None and off.blocks.num_blocks == 40
 
 
 def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
@@ -280,8 +234,7 @@ def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
             draft_model=str(dspark),
             device="cpu",
             trace=True,
-            spec_hedge=8,
-            spec_hedge_positions=POSITIONS,
+            levers={"hedge": 8, "hedge_positions": POSITIONS},
         )
     )
     params = SamplingParams(max_tokens=48, ignore_eos=True)
@@ -289,33 +242,3 @@ def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
     assert [o.token_ids for o in spec.generate(texts, params)] == want
     s = summarize_hedge(hedge_trace_rows(capsys.readouterr().err.splitlines()))
     assert s.wins > 0 and s.discards > 0
-
-
-def test_set_levers_turns_the_hedge_and_its_controller_on_and_off(tiny_target, dspark, plain, caplog, capsys):
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
-    want = [plain[tuple(p)][:b] for p, b in zip(PROMPTS, BUDGETS, strict=True)]
-    with caplog.at_level(logging.INFO, logger="engine.verify"):
-        cold = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu"))
-        cold.set_levers(hedge=8)  # no scratch was reserved at start
-        hot = Engine(
-            EngineConfig(
-                model=str(tiny_target),
-                draft_model=str(dspark),
-                device="cpu",
-                trace=True,
-                spec_hedge=2,
-                spec_hedge_positions=(0, 9),
-            )
-        )
-    said = " | ".join(r.getMessage() for r in caplog.records)
-    assert "no scratch KV was reserved" in said and "hedge positions [9] dropped" in said
-    assert cold.speculator.hedging is None
-    assert [o.token_ids for o in cold.generate(PROMPTS, params)] == want and cold.stats.hedge_chains == 0
-    assert hot.speculator.hedging.positions == (0,) and hot.speculator.scratch.chains == 2
-    hot.set_levers(hedge_auto=True)
-    assert hot.speculator.hedging.auto is not None and hot.speculator.hedging.auto.max_chains == 1
-    assert [o.token_ids for o in hot.generate(PROMPTS, params)] == want
-    hot.set_levers(hedge=0)
-    chains = hot.stats.hedge_chains
-    assert [o.token_ids for o in hot.generate(PROMPTS, params)] == want and hot.stats.hedge_chains == chains
-    capsys.readouterr()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.spec import draft_limit, round_drafts
+from engine.round import draft_limit, round_drafts
 from trace_tools import levers_trace_rows
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
@@ -28,7 +28,7 @@ def plain(tiny_target):
 
 def spec_engine(tiny_target, tiny_drafter, plain, corrupt_at: int | None, **levers) -> Engine:
     engine = Engine(
-        EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", trace=True, **levers)
+        EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", trace=True, levers=levers)
     )
     real_draft = engine.runner.draft
 
@@ -111,7 +111,7 @@ def test_stop_token_inside_the_accepted_run_ends_the_request_there(tiny_target, 
 
 
 def test_trim_keeps_spans_uniform_and_never_verifies_more(tiny_target, tiny_drafter, plain, capsys):
-    engine = spec_engine(tiny_target, tiny_drafter, plain, None, spec_max_drafts=2)
+    engine = spec_engine(tiny_target, tiny_drafter, plain, None, max_drafts=2)
     outs, rows = run(engine, capsys)
     assert max(r.verified_draft for r in rows) == 2
     for prompt, budget, out in zip(PROMPTS, BUDGETS, outs, strict=True):
@@ -119,7 +119,7 @@ def test_trim_keeps_spans_uniform_and_never_verifies_more(tiny_target, tiny_draf
 
 
 def test_gated_rounds_keep_the_capture_and_resume(tiny_target, tiny_drafter, plain, capsys):
-    engine = spec_engine(tiny_target, tiny_drafter, plain, None, spec_max_batch=3)
+    engine = spec_engine(tiny_target, tiny_drafter, plain, None, max_batch=3)
     outs, rows = run(engine, capsys)
     gated = {r.request for r in rows if r.gated}
     assert gated == {0, 1, 2, 3}
@@ -183,6 +183,6 @@ def test_steps_read_only_inputs_staged_for_their_requests(tiny_target, tiny_draf
         "limit": [3, 0, 5],
     }
     drafts = runner.draft(reqs)
-    _, rounds = runner.verify(reqs, drafts, 4)
+    _, rounds = runner.verify(reqs, drafts, 4, engine.rounds.accept)
     assert rounds.shape == (3, 2 * 4 + 2) and rounds[1, 0] == 0  # limit 0: nothing accepted
     assert rounds[:, 1:5].tolist() == drafts[:, :4].tolist()

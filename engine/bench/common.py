@@ -72,8 +72,7 @@ def make_engine(
         max_num_batched_tokens=max(8192, seq_tokens),
         kv_block_size=block,
         num_kv_blocks=blocks,
-        spec_max_batch=0,
-        spec_max_drafts=0,
+        levers={"max_batch": 0, "max_drafts": 0},
         trace=False,
     )
     return Engine(cfg)

@@ -69,7 +69,7 @@ def profile_costs(
 
             def fn(sub=sub, drafts=drafts, k=span - 1):
                 runner.stage(sub, [k] * len(sub))
-                return runner.verify(sub, drafts, k)
+                return runner.verify(sub, drafts, k, engine.rounds.accept)
         else:
 
             def fn(sub=sub):
@@ -77,7 +77,7 @@ def profile_costs(
                 return runner.draft(sub)
 
         samples = time_ms(fn, device, repeats, iters, warmup=2)  # the first call captures the graph
-        bucket = next((x for x in runner.buckets if x >= b), b) if runner.use_graphs else b  # padded rows
+        bucket = runner.graphs.rows(b)  # padded rows
         rows.append(
             {
                 "kind": kind,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.request import Request
+from engine.runner import ModelRunner
 
 
 def chain_blocks(span: int, block_size: int) -> int:
@@ -37,7 +38,7 @@ def copy_blocks(kv: list[tuple[torch.Tensor, torch.Tensor]], src: list[int], dst
 
 
 class ScratchKV:
-    def __init__(self, runner, first_block: int, chains: int, per_chain: int):
+    def __init__(self, runner: ModelRunner, first_block: int, chains: int, per_chain: int):
         self.runner, self.first, self.chains, self.per_chain = runner, first_block, chains, per_chain
         self.bs = runner.block_size
 
@@ -63,7 +64,7 @@ class ScratchKV:
                 src.append(r.blocks[first])
                 dst.append(mine[0])
         row0 = self.runner.chain_row0
-        self.runner.block_tables[row0 : row0 + len(owners)].copy_(tables)
+        self.runner.set_table_rows(row0, tables)
         copy_blocks(self.runner.kv, src, dst)
         return list(range(row0, row0 + len(owners)))
 

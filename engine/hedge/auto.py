@@ -1,10 +1,5 @@
-"""Hedged verify: which chains a round verifies, and the auto-hedge controller.
-
-A chain branches off a request's main Markov walk at a configured draft position p (the runner-up
-token there, then the walk continues) and is verified in the same target forward as the main
-chains; the chain that accepts most wins. `plan_chains` is the per-round selection (pure);
-`AutoHedge` picks how many branch positions (C) to use from measured committed tokens per second.
-"""
+"""The auto-hedge controller: how many branch positions (C) to use, from measured committed tokens
+per second in windows of rounds per C (SPEC 2.7)."""
 
 from __future__ import annotations
 
@@ -12,59 +7,9 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
-
-
-def effective_positions(configured: Sequence[int], drafts_per_round: int) -> tuple[int, ...]:
-    """Sorted, deduplicated branch positions the drafter can produce (p < drafts per round);
-    none configured means position 0."""
-    return tuple(sorted({p for p in (configured or (0,)) if p < drafts_per_round}))
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One request of the round: may it hedge (greedy), and how many drafts may it accept."""
-
-    greedy: bool
-    limit: int
-
-
-def plan_chains(
-    candidates: Sequence[Candidate],
-    positions: Sequence[int],
-    span: int,
-    cap: int,
-    knee: int,
-    slots: int,
-) -> list[tuple[int, int]]:
-    """(request index, position index) of every chain to verify this round, request-major.
-
-    positions: the branch positions in use this round (a prefix of the effective ones, all < the
-    round's k). A chain at p is worth verifying only when p < the request's limit (its acceptance
-    cannot exceed the limit otherwise). First come, first served among greedy requests, at most
-    `cap` requests; `knee` > 0 caps the round's total verify rows (main + chains) x span; `slots`
-    is how many chains the reserved scratch KV can hold."""
-    if not positions or cap <= 0 or span < 2:
-        return []
-    budget = slots
-    if knee:
-        budget = min(budget, knee // span - len(candidates))
-    chosen: list[tuple[int, int]] = []
-    hedged = 0
-    for i, c in enumerate(candidates):
-        if hedged == cap or budget <= 0:
-            break
-        if not c.greedy:
-            continue
-        mine = [j for j, p in enumerate(positions) if p < c.limit][:budget]
-        if mine:
-            chosen += [(i, j) for j in mine]
-            budget -= len(mine)
-            hedged += 1
-    return chosen
 
 
 class AutoHedge:

@@ -1,0 +1,85 @@
+"""CUDA graphs for uniform steps: one graph per (step kind, shape, batch bucket), replayed only for
+exactly the shape it was captured at; anything else runs eagerly.
+
+A step of n row groups is padded to the smallest bucket >= n; the caller says what padded rows hold
+(rows pointing at the null KV block). Inputs passed as `shared` are persistent bucket-sized buffers
+(the staged inputs, the draft graph's output): captured as they are, never padded or copied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(max_rows: int) -> list[int]:
+    sizes = [b for b in (1, 2, 4, 8) if b < max_rows] + list(range(16, max_rows, 8))
+    return sorted(set(sizes + [max_rows]))
+
+
+class CapturedStep:
+    """One captured step: static inputs are copied in, the graph replayed, static outputs read."""
+
+    def __init__(self, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor], pool):
+        self.inputs = inputs
+        fn(**inputs)  # compiles and autotunes kernels outside the capture
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn(**inputs)
+
+    def replay(self, **values: torch.Tensor) -> tuple:
+        for name, value in values.items():
+            static = self.inputs[name]
+            if value.data_ptr() != static.data_ptr():  # a buffer captured as is needs no copy
+                static.copy_(value, non_blocking=True)
+        self.graph.replay()
+        return self.outputs
+
+
+class StepGraphs:
+    def __init__(self, enabled: bool, buckets: list[int]):
+        self.enabled, self.buckets = enabled, buckets
+        self.captured: dict[tuple, CapturedStep] = {}
+        self._pool = torch.cuda.graph_pool_handle() if enabled else None
+
+    def bucket(self, n: int) -> int | None:
+        """The graph bucket a step of n row groups runs at (None: eager)."""
+        if not self.enabled:
+            return None
+        return next((b for b in self.buckets if b >= n), None)
+
+    def rows(self, n: int) -> int:
+        """Rows a step of n row groups runs at: its bucket, or n when eager."""
+        return self.bucket(n) or n
+
+    def run(
+        self,
+        key: tuple,
+        fn: Callable[..., tuple],
+        n: int,
+        values: dict[str, torch.Tensor],
+        pads: dict[str, int],
+        shared: frozenset[str] = frozenset(),
+    ) -> tuple:
+        """fn(**values) eagerly, or the graph captured for exactly (key, bucket(n))."""
+        bucket = self.bucket(n)
+        if bucket is None:
+            return fn(**values)
+        values = {k: v if k in shared or v.shape[0] == bucket else _pad(v, bucket, pads[k]) for k, v in values.items()}
+        key = (*key, bucket)
+        graph = self.captured.get(key)
+        if graph is None:
+            log.debug("capturing CUDA graph %s", key)
+            inputs = {k: v if k in shared else v.clone() for k, v in values.items()}
+            graph = self.captured[key] = CapturedStep(fn, inputs, self._pool)
+        return graph.replay(**values)
+
+
+def _pad(v: torch.Tensor, rows: int, value: int) -> torch.Tensor:
+    fill = torch.full((rows - v.shape[0], *v.shape[1:]), value, dtype=v.dtype, device=v.device)
+    return torch.cat([v, fill])

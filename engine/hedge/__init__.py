@@ -1,0 +1,8 @@
+"""Hedged verify and the auto-hedge controller (SPEC 2.7)."""
+
+from engine.hedge.auto import AutoHedge
+from engine.hedge.chains import Candidate, effective_positions, plan_chains
+from engine.hedge.hedger import Hedger
+from engine.hedge.scratch import ScratchKV, chain_blocks
+
+__all__ = ["AutoHedge", "Candidate", "Hedger", "ScratchKV", "chain_blocks", "effective_positions", "plan_chains"]

@@ -1,0 +1,204 @@
+"""The decode-side rounds, top to bottom (SPEC 2.4, 2.5): the one-token round and the speculative round.
+
+One-token round: each request's current token through the target (the plain decode step). A gated
+round (the batch is at or above MAX_BATCH) is the same step that keeps the capture: the forward
+stored each row's features as drafter context, so speculation resumes once the batch shrinks. A
+plain decode (no drafter, or a request not draft-ready) drops the drafter state and writes no trace.
+
+Speculative round, per request: k drafts enter the verify (MAX_DRAFTS trims them), a request may
+accept at most `draft_limit` of them (its budget), the target verifies [current, d1..dk] in one
+forward, n = the longest accepted prefix, commit d1..dn plus the target's token after dn (the bonus).
+Hedging hooks in at one place: it drafts chains, verifies them with the main spans, and picks the
+winner (engine/hedge/hedger.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+
+from engine.hedge import Hedger
+from engine.levers import Levers
+from engine.request import Request
+from engine.runner import ModelRunner, SpanResult
+from engine.sampler import sample_requests
+from engine.timing import PhaseTimer
+from engine.trace import log_round
+
+
+@dataclass
+class SpecStats:
+    """Counters of the speculative path; rounds count request-rounds (one per request per verify)."""
+
+    rounds: int = 0
+    gated_rounds: int = 0
+    draft_forwards: int = 0
+    drafts: int = 0
+    draft_tokens_verified: int = 0
+    draft_tokens_accepted: int = 0
+    committed_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    hedged_rounds: int = 0  # request-rounds that verified at least one chain
+    hedge_chains: int = 0  # chains verified
+    hedge_wins: int = 0  # request-rounds a chain won
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean committed tokens per speculating (non-gated) request-round."""
+        spec = self.rounds - self.gated_rounds
+        return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    verified_draft: int
+    accepted_draft: int
+    committed: int
+
+
+def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
+    """k: drafts entering a speculative round's verify, uniform across the batch (span = 1 + k);
+    max_drafts 0 = no trim."""
+    return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
+
+
+def draft_limit(k: int, remaining: int) -> int:
+    """Drafts a request may accept: its budget left minus the bonus token, so a round never
+    overshoots max_tokens."""
+    return max(0, min(k, remaining - 1))
+
+
+def accept_rows(accept_prefix, drafts: torch.Tensor, targets: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
+    """The accept rule, one for both forms: n = the longest prefix (<= limit) with d_{i+1} ==
+    targets[i]; rows [n, d1..dk, targets t0..tk]. Device form: inside the verify graph on the greedy
+    targets (every request greedy). Host form: `Rounds._accept_on_host`, on sampled targets."""
+    n = accept_prefix(drafts, targets, limits)
+    return torch.cat([n[:, None], drafts, targets], dim=1)
+
+
+def settle(req: Request, row: list[int], k: int, limit: int) -> RoundOutcome:
+    """Commit one request's accepted drafts plus the bonus from its accept row [n, d1..dk, t0..tk].
+    A stop token inside the run ends the request there; what follows is rolled back like a rejection."""
+    accepted, drafts, targets = row[0], row[1 : 1 + k], row[1 + k :]
+    if not 0 <= accepted <= limit <= k:
+        raise ValueError(f"{req.id}: accepted {accepted} outside [0, limit {limit}] of {k} drafts")
+    committed = req.advanced(drafts[:accepted], targets[accepted], keep_context=True)
+    return RoundOutcome(verified_draft=limit, accepted_draft=accepted, committed=committed)
+
+
+class Rounds:
+    def __init__(self, runner: ModelRunner, drafts_per_round: int, hedger: Hedger, levers: Levers, trace: bool):
+        self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
+        self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
+        self.stats = SpecStats()
+        self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
+        self.configure(levers)
+
+    def configure(self, levers: Levers) -> None:
+        self.levers = levers
+        self.hedger.configure(levers)
+
+    def pause(self) -> None:
+        """A prefill ran: no hedging sample."""
+        self.hedger.pause()
+
+    def _mark(self, phase: str) -> None:
+        if self.timer:
+            self.timer.mark(phase)
+
+    # -- the one-token round ---------------------------------------------------------------------------
+    def one_token(self, reqs: list[Request], gated: bool) -> None:
+        """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted)."""
+        self.runner.stage(reqs)
+        res = self.runner.decode(reqs)
+        self._mark("target")
+        tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
+        committed = [r.advanced([], token, keep_context=gated) for r, token in zip(reqs, tokens, strict=True)]
+        if not gated:
+            self.hedger.pause()
+            return
+        s = self.stats
+        s.rounds += len(reqs)
+        s.gated_rounds += len(reqs)
+        s.committed_tokens += sum(committed)
+        if self.trace:
+            for r, done in zip(reqs, committed, strict=True):
+                log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
+        self.hedger.gated()
+
+    # -- the speculative round -------------------------------------------------------------------------
+    def speculate(self, reqs: list[Request]) -> None:
+        runner = self.runner
+        k = round_drafts(self.per_round, self.levers.max_drafts)
+        limits = [draft_limit(k, r.remaining) for r in reqs]
+        self._store_pending_context(reqs)
+        runner.stage(reqs, limits)
+        plan = self.hedger.plan(reqs, limits, k)
+        if plan:
+            drafted = self.hedger.draft(reqs)
+            self._mark("draft")
+            res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
+            self._mark("target")
+        else:
+            drafts = runner.draft(reqs)
+            self._mark("draft")
+            res, device_rows = runner.verify(reqs, drafts, k, self.accept)
+            self._mark("target")
+            greedy = all(r.params.greedy for r in reqs)
+            rows = device_rows.tolist() if greedy else self._accept_on_host(res, drafts[:, :k], reqs, limits)
+            best = list(range(len(reqs)))
+        kv_before = [r.num_kv for r in reqs]
+        outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        hedged, wins = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k, self.trace) if plan else (0, 0)
+        if self.trace:
+            for r, o in zip(reqs, outcomes, strict=True):
+                log_round(r.id, False, o.verified_draft, o.accepted_draft, o.committed, r.draft_context_len, k)
+        self._count(outcomes, len(plan), hedged, wins)
+        self.hedger.tick(plan, sum(o.committed for o in outcomes))
+
+    def _store_pending_context(self, reqs: list[Request]) -> None:
+        """Rows a winning hedge chain handed over last round join the drafter's KV before it drafts."""
+        feats, positions, slots, owners = [], [], [], []
+        for r in reqs:
+            if r.ctx_pending:
+                span = range(r.draft_kv_len, r.num_kv)
+                feats += r.ctx_pending
+                positions += span
+                slots += self.runner.slots(r, span)
+                owners.append(r)
+        if feats:
+            self.runner.store_context(torch.cat(feats), positions, slots)
+            for r in owners:
+                r.context_flushed()
+
+    def _accept_on_host(
+        self, res: SpanResult, drafts: torch.Tensor, groups: list[Request], limits: list[int]
+    ) -> list[list[int]]:
+        """The accept rule on targets sampled per span row (greedy or seeded): rows on the host."""
+        k = drafts.shape[1]
+        targets = sample_requests(res.logits, res.greedy, groups, 1 + k).view(len(groups), 1 + k)
+        return self.accept(drafts, targets, self.runner.to_device(limits)).tolist()
+
+    def _count(self, outcomes: list[RoundOutcome], chains: int, hedged: int, wins: int) -> None:
+        s = self.stats
+        n = len(outcomes)
+        s.rounds += n
+        s.draft_forwards += 1
+        s.committed_tokens += sum(o.committed for o in outcomes)
+        s.hedged_rounds += hedged
+        s.hedge_chains += chains
+        s.hedge_wins += wins
+        s.drafts += n
+        s.draft_tokens_verified += sum(o.verified_draft for o in outcomes)
+        accepted = Counter(o.accepted_draft for o in outcomes)
+        s.draft_tokens_accepted += sum(a * c for a, c in accepted.items())
+        by_pos = s.accepted_by_position
+        if len(by_pos) < self.per_round:
+            by_pos += [0] * (self.per_round - len(by_pos))
+        more = 0  # request-rounds that accepted more than pos drafts
+        for pos in range(max(accepted, default=0) - 1, -1, -1):
+            more += accepted.get(pos + 1, 0)
+            by_pos[pos] += more
