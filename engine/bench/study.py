@@ -134,7 +134,7 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
 def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, table) -> list[dict]:
     """Per concurrency (ascending) and profile: run_sweep over the arms that differ there. The budget
     is split by the cost model's predicted time of a round, so every c gets its warm-up and >= 1 round."""
-    buckets = engines["spec"].runner.buckets
+    buckets = engines["spec"].runner.graphs.buckets
     weights = {}
     for c in args.concurrency:
         weights[c] = predicted_seconds(table, c, arms_at(arms, c), profiles, args, waves_for(c), buckets)
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompt_len=args.prompt_len,
         seconds=time.perf_counter() - t0,
     )
-    buckets = engines["spec"].runner.buckets
+    buckets = engines["spec"].runner.graphs.buckets
     costs = {"spec": profile_rows, "plain": plain_rows, "random": equality}
     write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, waves_for, buckets)
     return 0
