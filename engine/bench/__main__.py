@@ -12,6 +12,10 @@ COMMANDS = {
     "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
     "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
+    "study": (
+        "engine.bench.study",
+        "the 4B-geometry lever study: known-continuation target, modelled drafter, cost model",
+    ),
 }
 
 

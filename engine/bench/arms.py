@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 PLAIN, SPEC = "plain", "spec"
 NOISE_ARM = "plain#2"
+SPEC_NOISE_ARM = "spec#2"  # the speculative arms' own noise floor (acceptance varies with the prompts)
 _OPTION = re.compile(r"^(trim|gate)=([0-9]+)$")
 
 
@@ -49,15 +50,17 @@ def parse_arm(spec: str) -> Arm:
     return Arm(text, kind, trim=levers.get("trim", 0), gate=levers.get("gate", 0))
 
 
-def parse_arms(specs: Sequence[str], noise_arm: bool = False) -> list[Arm]:
-    """Arms in the given order; `plain` is added first when missing (every ratio is against it) and
-    `plain#2` last with noise_arm. Duplicate labels are an error."""
+def parse_arms(specs: Sequence[str], noise_arm: bool = False, spec_noise_arm: bool = False) -> list[Arm]:
+    """Arms in the given order; `plain` is added first when missing (every ratio is against it),
+    `plain#2` last with noise_arm and `spec` + `spec#2` with spec_noise_arm. Duplicate labels are an error."""
     arms = [parse_arm(s) for s in specs]
     labels = [a.label for a in arms]
     if PLAIN not in labels:
         arms.insert(0, parse_arm(PLAIN))
     if noise_arm and NOISE_ARM not in labels:
         arms.append(parse_arm(NOISE_ARM))
+    if spec_noise_arm:
+        arms += [parse_arm(a) for a in (SPEC, SPEC_NOISE_ARM) if a not in labels]
     seen: set[str] = set()
     for a in arms:
         if a.label in seen:

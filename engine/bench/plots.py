@@ -47,7 +47,8 @@ def sweep_plot(summary: Sequence[dict], arms: Sequence[str], path: Path, title: 
                 [s["ratio_max"] - m for m, s in zip(med, r, strict=True)],
             ]
             ax2.errorbar([s["concurrency"] for s in r], med, yerr=err, marker="o", capsize=3, label=arm, color=color)
-    floors = {s["concurrency"]: s["noise_floor"] for s in summary if s["noise_floor"] is not None}
+    base = [s for s in summary if s["arm"] == "plain" and s["noise_floor"] is not None]
+    floors = {s["concurrency"]: s["noise_floor"] for s in base}
     if floors:
         xs = sorted(floors)
         ax2.fill_between(

@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
-from engine.bench.arms import NOISE_ARM, PLAIN, verdict
+from engine.bench.arms import NOISE_ARM, PLAIN, SPEC, SPEC_NOISE_ARM, verdict
 
 
 def add_paired_ratios(rows: list[dict]) -> None:
@@ -18,15 +18,24 @@ def add_paired_ratios(rows: list[dict]) -> None:
         r["ratio_vs_plain"] = r["tok_s"] / base if base else None
 
 
-def noise_floors(rows: Sequence[dict], noise_arm: str = NOISE_ARM) -> dict[int, float]:
-    """Per concurrency: the largest |plain#2 / plain - 1| over rounds (the paired noise of two identical
-    arms); concurrencies without the noise arm are absent."""
+def noise_floors(rows: Sequence[dict], noise_arm: str = NOISE_ARM, base: str = PLAIN) -> dict[int, float]:
+    """Per concurrency: the largest |noise_arm / base - 1| over rounds (the paired noise of two identical
+    arms, from their ratios vs plain in the same round); concurrencies without both arms are absent."""
+    ratio = {(r["concurrency"], r["round"], r["arm"]): r.get("ratio_vs_plain") for r in rows}
     floors: dict[int, float] = {}
-    for r in rows:
-        if r["arm"] == noise_arm and r.get("ratio_vs_plain") is not None:
-            c = r["concurrency"]
-            floors[c] = max(floors.get(c, 0.0), abs(r["ratio_vs_plain"] - 1.0))
+    for (c, rnd, arm), value in ratio.items():
+        ref = ratio.get((c, rnd, base)) if base != PLAIN else 1.0
+        if arm == noise_arm and value is not None and ref:
+            floors[c] = max(floors.get(c, 0.0), abs(value / ref - 1.0))
     return floors
+
+
+def arm_floor(arm: str, c: int, plain: dict[int, float], spec: dict[int, float]) -> float | None:
+    """The noise a verdict is taken against: plain's for plain arms; for a speculative arm the larger
+    of plain's and spec#2's (a speculative arm's spread also carries the prompts' acceptance)."""
+    if arm.startswith(PLAIN) or c not in spec:
+        return plain.get(c)
+    return max(plain.get(c, 0.0), spec[c])
 
 
 def _pooled_hist(group: Sequence[dict]) -> list[int]:
@@ -39,7 +48,7 @@ def _pooled_hist(group: Sequence[dict]) -> list[int]:
 
 def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> list[dict]:
     """One dict per (concurrency, arm) in concurrency-then-arm order."""
-    floors = noise_floors(rows)
+    floors, spec_floors = noise_floors(rows), noise_floors(rows, SPEC_NOISE_ARM, SPEC)
     groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
     for r in rows:
         groups[(r["concurrency"], r["arm"])].append(r)
@@ -53,10 +62,10 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> li
             med = statistics.median(ratios) if ratios else None
             if arm == PLAIN:
                 call = "baseline"
-            elif arm == NOISE_ARM:
+            elif arm in (NOISE_ARM, SPEC_NOISE_ARM):
                 call = "noise"
             else:
-                call = verdict(med, floors.get(c), bar) if med is not None else "—"
+                call = verdict(med, arm_floor(arm, c, floors, spec_floors), bar) if med is not None else "—"
             rounds = sum(r["request_rounds"] for r in g)
             gated = sum(r["gated_rounds"] for r in g)
             spec_rounds = rounds - gated
@@ -71,7 +80,7 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> li
                     "ratio_median": med,
                     "ratio_min": min(ratios) if ratios else None,
                     "ratio_max": max(ratios) if ratios else None,
-                    "noise_floor": floors.get(c),
+                    "noise_floor": arm_floor(arm, c, floors, spec_floors),
                     "verdict": call,
                     "tokens_per_round": (
                         (sum(r["committed_tokens"] for r in g) - gated) / spec_rounds if spec_rounds else None
@@ -139,7 +148,8 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
     text = markdown_table(header, main) + "\n"
     text += (
         f"\nvs plain: median over rounds of the per-round paired ratio (same round, same concurrency); noise: the "
-        f"largest |plain#2/plain − 1| over rounds; verdict parity when |median − 1| ≤ max(noise, {100 * bar:.1f} %). "
+        f"largest |plain#2/plain − 1| over rounds (speculative arms, with spec#2: the larger of that and "
+        f"|spec#2/spec − 1|); verdict parity when |median − 1| ≤ max(noise, {100 * bar:.1f} %). "
         "τ: committed tokens per speculating request-round (accepted drafts + 1).\n"
     )
     if acc:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from engine.bench.arms import Arm, parse_arms, round_order
+from engine.bench.arms import SPEC, SPEC_NOISE_ARM, Arm, parse_arms, round_order
 from engine.bench.common import (
     add_device_args,
     drafter_block,
@@ -137,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     p.add_argument("--arms", nargs="+", default=["plain", "spec", "spec+trim=4", "spec+trim=8"])
     p.add_argument("--noise-arm", action="store_true", help="add plain#2, the paired noise floor")
+    p.add_argument("--spec-noise-arm", action="store_true", help="add spec#2, the speculative arms' noise floor")
     p.add_argument("--rounds", type=int, default=8, help="measured rounds per concurrency (+1 warm-up)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--waves", type=int, default=2, help="requests per round = waves x concurrency")
@@ -174,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
     try:
-        arms = parse_arms(args.arms, args.noise_arm)
+        arms = parse_arms(args.arms, args.noise_arm, args.spec_noise_arm)
     except ValueError as err:
         raise SystemExit(f"--arms: {err}") from None
     if args.rounds < 1 or args.waves < 1 or min(args.concurrency) < 1:
@@ -223,6 +224,7 @@ def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trim
             **meta,
             "arms": arms,
             "noise_floors": noise_floors(rows),
+            "spec_noise_floors": noise_floors(rows, SPEC_NOISE_ARM, SPEC),
             "trimmed_rounds": trimmed,
             "parity_bar": bar,
             "plot": plotted,

@@ -1,0 +1,240 @@
+"""The lever study on the Qwen3-4B geometry (bench-only): the known-continuation target and the
+modelled drafter (real forwards, modelled first wrong draft), one device run end to end.
+
+    python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
+
+Stages: build the pair on the device; the cost profile (verify per (batch, span), drafter per batch)
+and the same plain step on random 4B weights; the echo check (every greedy step repeats the last
+prompt token); the lossless check (every arm's output equals the target's greedy continuation); the
+sweep per concurrency and profile; τ observed vs modelled; the cost model's prediction beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.bench.arms import Arm, parse_arms
+from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.costmodel import CostTable
+from engine.bench.geometry import random_pair
+from engine.bench.known_pair import echo_failures, known_pair
+from engine.bench.meta import run_meta
+from engine.bench.modelled import ModelledDrafter, parse_profile
+from engine.bench.profile import prefill_requests, profile_costs
+from engine.bench.report import write_csv
+from engine.bench.study_report import arm_drafts, predicted_seconds, write_study
+from engine.bench.sweep import run_sweep
+from engine.config import SamplingParams
+from engine.engine import Engine
+from engine.models.config import DFlashConfig
+
+log = logging.getLogger(__name__)
+
+ARMS = ["plain", "spec", "spec+trim=2", "spec+trim=4", "spec+trim=8", "spec+gate=32", "spec+gate=64", "spec+gate=128"]
+CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--geometry", default="4b", help="4b (the study) or a fixture recipe's shapes: tiny, small")
+    p.add_argument("--profiles", nargs="+", default=["code", "chat"], help="code, chat, measured:<pair dir>")
+    p.add_argument("--concurrency", type=int, nargs="+", default=CONCURRENCY)
+    p.add_argument("--arms", nargs="+", default=ARMS, help="plain#2 and spec#2 are always added")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds per (c, profile), + 1 warm-up")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=16, help="random prompts of this many tokens")
+    p.add_argument("--echo-steps", type=int, default=256, help="greedy steps of the echo check")
+    p.add_argument("--echo-batch", type=int, default=64)
+    p.add_argument("--profile-budget-s", type=float, default=120.0, help="the cost profile's share")
+    p.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="the whole study's wall budget: the sweep gets what is left after the profiles and checks "
+        "(minus --reserve-s); >= 1 round per (c, profile) always runs",
+    )
+    p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parity-bar", type=float, default=0.02)
+    add_device_args(p)
+    return p
+
+
+def waves_for(c: int) -> int:
+    """Two waves at small c (more prompts per round where a round is cheap), one above."""
+    return 2 if c <= 16 else 1
+
+
+def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
+    """A gate over the concurrency never trips: that arm is spec itself, measured by spec and spec#2."""
+    return [a for a in arms if not a.gate or a.gate <= c]
+
+
+def measure_costs(engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float) -> list[dict]:
+    """Profile rows (graph replays at `context` tokens per request) on an idle engine, which is left
+    idle again with its graphs captured (the sweep replays the same ones)."""
+    reqs = prefill_requests(engine, max(batches), context, max(spans) + 1)
+    rows = profile_costs(engine, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s)
+    while engine.has_unfinished():  # the profile's requests run out their few tokens
+        engine.step()
+    return rows
+
+
+def _profile_csv(spec: list[dict], plain: list[dict], random: list[dict]) -> list[dict]:
+    named = [("known+drafter", spec), ("known plain", plain), ("random plain", random)]
+    return [{"engine": name, **r} for name, rows in named for r in rows]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def echo_check(engine: Engine, prompts: list[list[int]], steps: int) -> dict:
+    """Plain greedy decode of the prompts: every output token must be its prompt's last token."""
+    outs = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
+    bad = echo_failures(prompts, [o.token_ids for o in outs])
+    return {"prompts": len(prompts), "steps": steps, "failures": bad}
+
+
+def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]], steps: int) -> list[dict]:
+    """Every speculative arm's greedy outputs against the known continuation (= plain greedy, which
+    the echo check proves): the target verifies every round, so a mismatch is an engine bug."""
+    rows = []
+    for arm in arms:
+        if arm.is_plain or "#" in arm.label:
+            continue
+        engine.set_levers(max_batch=arm.gate, max_drafts=arm.trim)
+        before = engine.stats.committed_tokens
+        outs = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
+        bad = echo_failures(prompts, [o.token_ids for o in outs])
+        rows.append(
+            {
+                "arm": arm.label,
+                "requests": len(prompts),
+                "compared_tokens": sum(len(o.token_ids) for o in outs),
+                "round_tokens": engine.stats.committed_tokens - before,
+                "mismatches": len(bad),
+                "first": bad[:3],
+            }
+        )
+    engine.set_levers(max_batch=0, max_drafts=0)
+    return rows
+
+
+def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, table) -> list[dict]:
+    """Per concurrency (ascending) and profile: run_sweep over the arms that differ there. The budget
+    is split by the cost model's predicted time of a round, so every c gets its warm-up and >= 1 round."""
+    buckets = engines["spec"].runner.graphs.buckets
+    weights = {}
+    for c in args.concurrency:
+        weights[c] = predicted_seconds(table, c, arms_at(arms, c), profiles, args, waves_for(c), buckets)
+    start, rows = time.perf_counter(), []
+    for i, c in enumerate(args.concurrency):
+        for profile in profiles:
+            drafter.set_profile(profile)
+            budget = None
+            if args.time_budget_s is not None:
+                left = args.sweep_budget_s - (time.perf_counter() - start)
+                later = sum(weights[x] for x in args.concurrency[i:])
+                budget = max(0.0, left * weights[c] / later / len(profiles))
+                least = weights[c] / len(profiles) * 2 / (args.rounds + 1)  # warm-up + one round, predicted
+                if budget < least:
+                    log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f needed)", c, profile.name, left, least)
+                    continue
+            got, _ = run_sweep(
+                engines,
+                arms_at(arms, c),
+                prompts,
+                [c],
+                args.rounds,
+                args.new_tokens,
+                waves_for(c),
+                budget,
+                progress=False,
+            )
+            rows += [{"profile": profile.name, **r} for r in got]
+            write_csv(args.out / "sweep.csv", rows)  # a run cut short keeps what it measured
+            log.info("c=%d %s: %d rows, %.0f s so far", c, profile.name, len(got), time.perf_counter() - start)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        profiles = [parse_profile(p) for p in args.profiles]
+        arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
+        raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype, device)
+    meta = run_meta("study", device, list(argv) if argv is not None else None)
+    t0 = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, drafter_ckpt = known_pair(args.geometry, device, dtype, args.seed)
+    batches = sorted(set(args.concurrency) | {1})
+    per_round = DFlashConfig.from_dict(drafter_ckpt.config).drafts_per_round
+    profiles = [p.first(per_round) for p in profiles]
+    spans = sorted({1, args.prompt_len} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})
+
+    context = args.prompt_len + args.new_tokens // 2
+    seq_tokens = args.prompt_len + max(args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1)
+    max_c = max(args.concurrency)
+
+    def engine_of(target, drafter=None) -> Engine:
+        headroom = per_round + 1 if drafter is not None else 0
+        return make_engine(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=headroom)
+
+    random_target, _ = random_pair(args.geometry, device, dtype, seed=args.seed)
+    equality = measure_costs(engine_of(random_target), batches, [1], context, args.profile_budget_s / 3)
+    del random_target
+    _free(device)
+    engines = {"plain": engine_of(target)}
+    plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
+    engines["spec"] = engine_of(target, drafter_ckpt)
+    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
+    table = CostTable.from_rows(profile_rows, plain_rows)
+    write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, equality))
+    log.info("profiles done at %.0f s", time.perf_counter() - t0)
+
+    vocab = engines["plain"].target_cfg.geometry.vocab_size
+    prompts = random_prompts(4 * max_c * max(args.rounds + 1, 4), args.prompt_len, vocab, args.seed + 1)
+    echo = echo_check(engines["plain"], prompts[: args.echo_batch], args.echo_steps)
+    drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
+    lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
+    mismatches = [r["mismatches"] for r in lossless]
+    log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
+
+    if args.time_budget_s is not None:
+        args.sweep_budget_s = max(0.0, args.time_budget_s - (time.perf_counter() - t0) - args.reserve_s)
+        log.info("sweep budget %.0f s", args.sweep_budget_s)
+    rows = sweep_all(engines, drafter, profiles, arms, prompts, args, table)
+    meta.update(
+        geometry=args.geometry,
+        target=target.name,
+        drafter=drafter_ckpt.name,
+        profiles={p.name: list(p.conditional) for p in profiles},
+        new_tokens=args.new_tokens,
+        prompt_len=args.prompt_len,
+        seconds=time.perf_counter() - t0,
+    )
+    buckets = engines["spec"].runner.graphs.buckets
+    costs = {"spec": profile_rows, "plain": plain_rows, "random": equality}
+    write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, waves_for, buckets)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,206 @@
+"""The study's tables: τ observed vs modelled, the cost model's prediction beside each measured arm,
+the best arm per concurrency and profile, the echo / lossless / step-time checks, the seed's L20 rows."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, parse_arm
+from engine.bench.costmodel import CostTable, committed_pmf, expected_committed, truncated_tau
+from engine.bench.costsim import simulate_closed_loop
+from engine.bench.meta import meta_lines
+from engine.bench.modelled import AcceptanceProfile
+from engine.bench.plots import sweep_plot
+from engine.bench.profile import mark_over, profile_markdown
+from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
+from engine.bench.summary import summarize
+
+TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
+PREDICTION_BAR = 0.10
+
+log = logging.getLogger(__name__)
+
+L20 = """The seed's L20 study (one L20, Qwen3-4B, DFlash block 7, 64 ShareGPT prompts, 128 output tokens):
+
+| | c32 | c64 |
+|---|---:|---:|
+| plain decode | 1,974 tok/s | 3,263 tok/s |
+| DFlash, no lever | −6.5 % | −35 % |
+| DFlash + trim K=4 | +2 % | −26 % |
+| DFlash + gate | −5.8 % | −5.5 % |
+"""
+
+MODELLED = """**What is modelled and what is real.** Modelled: where the first wrong draft falls. Each
+request-round draws it from the profile's per-position conditional acceptance (seeded); the drafts
+before it are the known continuation, the one at it is a wrong token. Real: every forward (the
+Qwen3-4B-geometry target, bf16, 36 layers; the z-lab DFlash-4B-shaped drafter's block forward every
+round, its proposals then overwritten in place), every byte read and written, the verification and
+acceptance on the device, the KV and the scheduling. The target's weights are chosen so its greedy
+continuation is known (each step repeats the last prompt token); its step time is the random 4B
+weights' (table below), so the costs are the geometry's.
+"""
+
+
+def arm_drafts(arm: Arm, per_round: int) -> int | None:
+    """Drafts a speculative arm verifies per round (None for plain)."""
+    if arm.is_plain:
+        return None
+    return min(arm.trim, per_round) if arm.trim else per_round
+
+
+def predict(
+    table: CostTable, c: int, arm: Arm, profile: AcceptanceProfile, args, waves: int, buckets: Sequence[int]
+) -> float | None:
+    """The cost model's tok/s for one arm-run of the sweep; None where the table lacks a point
+    (a profile cut short by its time budget)."""
+    try:
+        return simulate_closed_loop(
+            table,
+            c,
+            waves * c,
+            args.new_tokens,
+            lambda n: table.verify_ms(n, args.prompt_len) + table.host_ms(n),
+            arm_drafts(arm, len(profile.conditional)),
+            profile.conditional,
+            arm.gate,
+            buckets,
+            seed=args.seed,
+        )
+    except ValueError as err:
+        log.warning("no prediction for %s at c=%d: %s", arm.label, c, err)
+        return None
+
+
+def predicted_seconds(table, c: int, arms, profiles, args, waves: int, buckets: Sequence[int]) -> float:
+    """Predicted wall of one (c, every profile) sweep: warm-up + measured rounds of every arm."""
+    total = 0.0
+    for profile in profiles:
+        for arm in arms:
+            tok_s = predict(table, c, arm, profile, args, waves, buckets)
+            total += waves * c * args.new_tokens / tok_s if tok_s else 1.0
+    return total * (args.rounds + 1)
+
+
+def tau_model(profile: AcceptanceProfile, drafts: int, new_tokens: int, rounds: int) -> tuple[float, float]:
+    """(τ the model gives over a request's rounds, its standard error over `rounds` request-rounds)."""
+    pmf = committed_pmf(profile.conditional, drafts)
+    mean = expected_committed(profile.conditional, drafts)
+    var = sum(p * (n + 1) ** 2 for n, p in enumerate(pmf)) - mean**2
+    return truncated_tau(profile.conditional, drafts, new_tokens - 1), math.sqrt(var / max(rounds, 1))
+
+
+def annotate(summary: list[dict], profile: AcceptanceProfile, table, args, waves_for, buckets) -> None:
+    """Add predicted tok/s (and its ratio to the measured median) and τ modelled vs observed."""
+    plain_pred: dict[int, float] = {}
+    for s in summary:
+        arm, c = parse_arm(s["arm"]), s["concurrency"]
+        s["profile"] = profile.name
+        s["predicted_tok_s"] = predict(table, c, arm, profile, args, waves_for(c), buckets)
+        pred = s["predicted_tok_s"]
+        s["predicted_vs_measured"] = pred / s["tok_s"] if pred and s["tok_s"] else None
+        if s["arm"] == PLAIN:
+            plain_pred[c] = pred
+        s["predicted_ratio"] = pred / plain_pred[c] if pred and plain_pred.get(c) else None
+        drafts, hist = arm_drafts(arm, len(profile.conditional)), s["accept_hist"]
+        if drafts is None or not sum(hist or [0]) or (arm.gate and c >= arm.gate):
+            s["tau_model"] = s["tau_se"] = s["tau_agrees"] = None
+            continue
+        s["tau_model"], s["tau_se"] = tau_model(profile, drafts, args.new_tokens, sum(hist))
+        s["tau_agrees"] = abs(s["tokens_per_round"] - s["tau_model"]) <= TAU_SIGMAS * s["tau_se"] + 1e-9
+
+
+def best_arms(summary: Sequence[dict]) -> list[list]:
+    """Per c: the measured best arm (median tok/s; noise arms excluded) and the predicted best."""
+    out = []
+    for c in sorted({s["concurrency"] for s in summary}):
+        cand = [s for s in summary if s["concurrency"] == c and s["arm"] not in (NOISE_ARM, SPEC_NOISE_ARM)]
+        meas = max(cand, key=lambda s: s["tok_s"])
+        pred = max(cand, key=lambda s: s["predicted_tok_s"] or 0.0)
+        out.append([c, meas["arm"], pct(meas["ratio_median"]) if meas["arm"] != PLAIN else "—", meas["verdict"]])
+        out[-1] += [pred["arm"], pct(pred["predicted_ratio"]) if pred["arm"] != PLAIN else "—"]
+    return out
+
+
+def profile_table(summary: Sequence[dict]) -> str:
+    rows = []
+    for s in summary:
+        noise = "—" if s["noise_floor"] is None else f"±{100 * s['noise_floor']:.1f} %"
+        tau = "—"
+        if s.get("tau_model") is not None:
+            mark = "" if s["tau_agrees"] else " ✗"
+            tau = f"{s['tokens_per_round']:.2f} / {s['tau_model']:.2f} ± {s['tau_se']:.2f}{mark}"
+        elif s["tokens_per_round"] is not None:
+            tau = f"{s['tokens_per_round']:.2f} / —"
+        gap = s["predicted_vs_measured"]
+        rows.append(
+            [
+                s["concurrency"],
+                s["arm"],
+                fmt(s["tok_s"], 0),
+                "—" if s["arm"] == PLAIN else pct(s["ratio_median"]),
+                "—" if s["arm"] == PLAIN else f"{pct(s['ratio_min'])} … {pct(s['ratio_max'])}",
+                noise,
+                s["verdict"],
+                tau,
+                fmt(s["predicted_tok_s"], 0),
+                "—" if gap is None else f"{pct(gap)}{'' if abs(gap - 1) <= PREDICTION_BAR else ' ✗'}",
+                s["rounds"],
+            ]
+        )
+    header = ["c", "arm", "tok/s", "vs plain", "round range", "noise", "verdict", "τ obs / model ± se"]
+    return markdown_table([*header, "predicted tok/s", "pred vs meas", "rounds"], rows) + "\n"
+
+
+def checks_markdown(costs: dict[str, list[dict]], echo: dict, lossless: list[dict]) -> str:
+    equality = costs["random"]
+    known = {r["batch"]: r["ms"] for r in costs["plain"] if r["kind"] == "verify" and r["span"] == 1}
+    rows = [
+        [b, fmt(r["ms"], 3), fmt(known.get(b), 3), pct(known[b] / r["ms"]) if b in known else "—"]
+        for b, r in sorted((r["batch"], r) for r in equality)
+    ]
+    text = "Plain step (one-row span per request, graph replay, ms): known-continuation vs random 4B weights\n\n"
+    text += markdown_table(["batch", "random (std 0.02)", "known", "known vs random"], rows) + "\n\n"
+    verdict = "every" if not echo["failures"] else f"{len(echo['failures'])} failures:"
+    text += f"Echo check: {echo['prompts']} prompts, {echo['steps']} greedy steps each: {verdict} output token "
+    text += "is its prompt's last token.\n\n" if not echo["failures"] else f"{echo['failures'][:5]}\n\n"
+    text += "Lossless check (modelled drafter, each arm's greedy outputs against the known continuation):\n\n"
+    text += markdown_table(
+        ["arm", "requests", "compared tokens", "mismatches"],
+        [[r["arm"], r["requests"], r["compared_tokens"], r["mismatches"]] for r in lossless],
+    )
+    return text + "\n"
+
+
+def write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, waves_for, buckets) -> None:
+    """study.md, study.json, sweep.csv, summary.csv and one sweep PNG per profile under args.out
+    (profile.csv is written by the study as soon as it is measured)."""
+    profile_rows = costs["spec"]
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    labels = [a.label for a in arms]
+    title = "# The lever study: Qwen3-4B geometry, known continuation, modelled drafter"
+    summaries, text = [], [f"{title}\n\n{meta_lines(meta)}\n"]
+    text += [MODELLED, "\n", checks_markdown(costs, echo, lossless), "\n"]
+    for profile in profiles:
+        mine = [r for r in rows if r["profile"] == profile.name]
+        summary = summarize(mine, labels, args.parity_bar)
+        annotate(summary, profile, table, args, waves_for, buckets)
+        summaries += summary
+        cond = ", ".join(f"{a:.3f}" for a in profile.conditional)
+        text.append(f"## Profile `{profile.name}` (conditional acceptance by position: {cond})\n\n")
+        text.append(profile_table(summary))
+        text.append(f"\nBest arm per c (`{profile.name}`):\n\n")
+        header = ["c", "measured best", "vs plain", "verdict", "predicted best", "predicted vs plain"]
+        text.append(markdown_table(header, best_arms(summary)) + "\n\n")
+        png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
+        sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
+    mark_over(profile_rows, 1.2)
+    text += [L20, "\n## The cost profile (known-continuation target + DFlash-4B drafter)\n\n"]
+    text.append(profile_markdown(profile_rows, 1.2))
+    write_csv(out / "sweep.csv", rows)
+    write_csv(out / "summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summaries])
+    (out / "study.md").write_text("".join(text))
+    write_json(out / "study.json", {**meta, "echo": echo, "lossless": lossless, "summary": summaries})
+    print("".join(text))

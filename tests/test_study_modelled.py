@@ -1,0 +1,104 @@
+"""The modelled drafter: acceptance profiles, and the engine's rounds accepting where the model says
+while the target still verifies (outputs stay the known continuation)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.bench.common import random_prompts
+from engine.bench.costmodel import expected_committed
+from engine.bench.known_pair import echo_failures, known_pair
+from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# The eval block of a fixture manifest as engine/fixture/build.py writes it (small-f7c930c, first 4).
+EVAL = {"block_size": 16, "tau": 4.33, "acceptance_by_position": [0.6757, 0.4907, 0.3827, 0.2894], "rounds": 704}
+
+
+def test_linear_profiles_run_from_position_1_to_15():
+    code, chat = parse_profile("code"), parse_profile("chat")
+    assert len(code.conditional) == 15
+    assert (code.conditional[0], code.conditional[-1]) == (0.87, 0.78)
+    assert (chat.conditional[0], chat.conditional[-1]) == (0.72, 0.63)
+    assert code.conditional[7] == pytest.approx((0.87 + 0.78) / 2)
+    assert code.unconditional()[1] == pytest.approx(code.conditional[0] * code.conditional[1])
+    assert code.first(4).conditional == code.conditional[:4]
+    with pytest.raises(ValueError, match="covers 15"):
+        code.first(16)
+
+
+def test_measured_profile_from_a_pair_manifest(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"recipe": "small", "eval": EVAL}))
+    got = parse_profile(f"measured:{tmp_path}")
+    assert got.name == f"measured:{tmp_path.name}"
+    assert got.unconditional() == pytest.approx(EVAL["acceptance_by_position"])
+    assert parse_profile(f"measured:{tmp_path / 'manifest.json'}").conditional == got.conditional
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [("math", "expected one of"), ("measured:", "expected one of"), ("measured:/nonexistent", "no manifest")],
+)
+def test_bad_profile_names_are_refused(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_profile(spec)
+
+
+def test_malformed_manifests_are_refused(tmp_path):
+    path = tmp_path / "manifest.json"
+    for body in ("{", json.dumps({"eval": {}}), json.dumps({"eval": {"acceptance_by_position": [1.5]}})):
+        path.write_text(body)
+        with pytest.raises(ValueError, match="acceptance_by_position"):
+            parse_profile(f"measured:{path}")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        AcceptanceProfile("bad", (0.5, 1.2))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    target, drafter = known_pair("tiny", torch.device("cpu"), torch.float32, seed=0)
+    cfg = EngineConfig(model=target, draft_model=drafter, device="cpu", max_num_seqs=4, max_model_len=96, trace=False)
+    return Engine(cfg)
+
+
+def _run(engine, profile: AcceptanceProfile, tokens: int, seed: int = 0) -> tuple[float, list]:
+    modelled = ModelledDrafter(engine, profile, seed=seed).install()
+    try:
+        before = engine.stats.committed_tokens, engine.stats.rounds
+        prompts = random_prompts(4, 6, engine.target_cfg.geometry.vocab_size, seed=seed)
+        outs = engine.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    finally:
+        modelled.uninstall()
+    committed, rounds = engine.stats.committed_tokens - before[0], engine.stats.rounds - before[1]
+    return committed / rounds, echo_failures(prompts, [o.token_ids for o in outs])
+
+
+def test_every_draft_accepted_or_none_and_the_output_is_the_continuation(engine):
+    d = engine.drafts_per_round
+    tau, bad = _run(engine, AcceptanceProfile("all", (1.0,) * d), 1 + 4 * (d + 1))
+    assert (tau, bad) == (d + 1, [])  # four full rounds per request after the prefill's token
+    tau, bad = _run(engine, AcceptanceProfile("none", (0.0,) * d), 9)
+    assert (tau, bad) == (1.0, [])
+
+
+def test_acceptance_follows_the_profile(engine):
+    profile = AcceptanceProfile("half", (0.5,) * engine.drafts_per_round)
+    tau, bad = _run(engine, profile, 81, seed=4)
+    assert bad == []
+    assert tau == pytest.approx(expected_committed(profile.conditional, engine.drafts_per_round), abs=0.35)
+    assert "draft" not in engine.runner.__dict__  # uninstalled: the class method again
+
+
+def test_the_wrapper_needs_a_drafter_and_an_even_vocabulary(engine):
+    no_drafter = SimpleNamespace(target_cfg=engine.target_cfg, drafter=None)
+    with pytest.raises(ValueError, match="no drafter"):
+        ModelledDrafter(no_drafter, parse_profile("code"))
+    odd = SimpleNamespace(geometry=SimpleNamespace(vocab_size=4095))
+    with pytest.raises(ValueError, match="even vocabulary"):
+        ModelledDrafter(SimpleNamespace(target_cfg=odd, drafter=engine.drafter), parse_profile("code"))
