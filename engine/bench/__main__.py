@@ -14,7 +14,7 @@ COMMANDS = {
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
     "study": (
         "engine.bench.study",
-        "the 4B-geometry lever study: known-continuation target, modelled drafter, cost model",
+        "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
 }
 
