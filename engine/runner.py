@@ -112,6 +112,11 @@ class ModelRunner:
             self._staged_copied.record()
         self._staged_for = reqs
 
+    def reset(self) -> None:
+        """Forget the staged step and the last drafts after a failed step (the next step restages)."""
+        self._staged_for = None
+        self._last_drafts = None
+
     def _check_staged(self, reqs: list[Request]) -> None:
         if self._staged_for is not reqs and self._staged_for != reqs:
             raise RuntimeError("stage(reqs) must run before a decode, draft or verify of the same requests")
@@ -146,12 +151,13 @@ class ModelRunner:
 
     # -- target ------------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Whole prompts, eagerly. Returns logits and argmax at each prompt's last row, and feature
-        rows for every prompt row when a drafter is loaded (also stored as its context)."""
+        """Whole prompts (`prefill_ids`: prompt + committed output after a preemption), eagerly.
+        Returns logits and argmax at each prompt's last row, and feature rows for every prompt row
+        when a drafter is loaded (also stored as its context)."""
         ids, positions, slots, starts = [], [], [], [0]
         for r in reqs:
-            n = len(r.prompt_ids)
-            ids += r.prompt_ids
+            n = len(r.prefill_ids)
+            ids += r.prefill_ids
             positions += range(n)
             slots += self.slots(r, range(n))
             starts.append(starts[-1] + n)
@@ -160,9 +166,9 @@ class ModelRunner:
         meta = AttnMeta(
             slot_mapping,
             self.block_tables.index_select(0, rows),
-            self.to_device([len(r.prompt_ids) for r in reqs], torch.int32),
+            self.to_device([len(r.prefill_ids) for r in reqs], torch.int32),
             self.to_device(starts, torch.int32),
-            max(len(r.prompt_ids) for r in reqs),
+            max(len(r.prefill_ids) for r in reqs),
             causal=True,
         )
         features = self._features(len(ids))
