@@ -1,4 +1,4 @@
-"""python -m engine.bench {sweep,profile,decode,steps} [options]; each subcommand's --help lists its options."""
+"""python -m engine.bench {sweep,profile,decode,steps,preempt} [options]; each subcommand's --help lists its options."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ COMMANDS = {
     "profile": "engine.bench.profile",
     "decode": "engine.bench.decode",
     "steps": "engine.bench.steps",
+    "preempt": "engine.bench.preempt",
 }
 
 
@@ -21,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
             "  sweep    lever arms interleaved under closed-loop load (paired ratios, noise floor)\n"
             "  profile  verify/draft forward cost vs rows (batch x span)\n"
             "  decode   Qwen3-4B-geometry decode vs the HF peer and the measured roofline\n"
-            "  steps    torch.profiler over engine steps: device-busy vs wall, top kernels and host ops",
+            "  steps    torch.profiler over engine steps: device-busy vs wall, top kernels and host ops\n"
+            "  preempt  KV under pressure: preemption by recompute vs whole-budget reservation",
             file=sys.stderr,
         )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
