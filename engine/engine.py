@@ -198,11 +198,8 @@ class Engine:
 
     def _advance(self) -> list[Request]:
         """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
-
-        A fault attributed to requests (RequestFailure) finishes exactly those as `error`; the step
-        left the others' state untouched, so they simply run it again. Any other exception cannot be
-        attributed (a device fault, a bug in a shared forward): every running request finishes as
-        `error` and the engine resets its step state; waiting requests are served afterwards."""
+        A RequestFailure finishes exactly its requests as `error` (the others run the step again); any
+        other exception finishes every running request (docs/architecture.md, Failures)."""
         step = self.scheduler.schedule()
         if step is None:
             if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
