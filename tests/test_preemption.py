@@ -13,6 +13,7 @@ from engine.config import SamplingParams as SP
 from engine.kv_cache import BlockManager
 from engine.request import Request, Status
 from engine.scheduler import Plan, Scheduler
+from tests.checkpoints import make_dspark_drafter
 from tests.engine_checks import assert_idle
 
 # Block size 4: prompts of 3, 4, 5, 8 and 12 tokens start on, before and after block boundaries.
@@ -123,3 +124,15 @@ def test_growth_preempts_the_youngest_and_requeues_it_at_the_front():
     assert b.status is Status.WAITING and b.blocks == [] and b.num_kv == 0 and b.slot == -1
     assert list(s.waiting) == [b, late] and len(b.output_ids) == 5
     assert b.prefill_ids == [1] * 3 + [9] * 4  # prompt + output without the current token
+
+
+def test_hedged_rounds_under_pressure_equal_a_roomy_run(tiny_target, tmp_path, roomy):
+    """Hedge chains verify into scratch KV reserved outside the pool: the pool alone runs dry."""
+    drafter = tmp_path / "dspark"
+    make_dspark_drafter(drafter, layout="deepspec", block_size=5)
+    engine = tight(tiny_target, drafter, blocks=16 + 12, hedge=2, hedge_positions=(0, 1))
+    assert engine.scheduler.blocks.capacity < 16  # the scratch came out of num_kv_blocks, not the pool
+    outs = engine.generate(PROMPTS, _params())
+    assert [o.token_ids for o in outs] == roomy
+    assert engine.preemptions > 0 and engine.stats.hedge_chains > 0
+    assert_idle(engine)
