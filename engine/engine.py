@@ -224,8 +224,8 @@ class Engine:
         return step.reqs
 
     def _run(self, step: Step) -> None:
-        for r in step.grown:
-            self.runner.assign_blocks(r)
+        if step.grown:
+            self.runner.assign_blocks(step.grown)
         if self.timer:
             self.timer.start()
         if step.plan is Plan.PREFILL:
@@ -266,7 +266,7 @@ class Engine:
         self.scheduler.add(req)
         self.scheduler.schedule()
         try:
-            self.runner.assign_blocks(req)
+            self.runner.assign_blocks([req])
             logits, _, _ = self.runner.prefill([req])
         finally:
             req.finish(Finish.LENGTH)

@@ -124,10 +124,12 @@ class ModelRunner:
     def field(self, name: str, m: int) -> torch.Tensor:
         return self.staged[STAGED.index(name), :m]
 
-    def assign_blocks(self, req: Request) -> None:
-        row = torch.zeros(self.block_tables.shape[1], dtype=torch.int32)
-        row[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
-        self.block_tables[req.slot].copy_(row)
+    def assign_blocks(self, reqs: Sequence[Request]) -> None:
+        """The requests' block-table rows from their block lists, in one host -> device copy."""
+        rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            rows[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        self.block_tables.index_copy_(0, self.to_device([r.slot for r in reqs]), rows.to(self.device))
 
     def set_table_rows(self, first: int, tables: torch.Tensor) -> None:
         """Block-table rows first.. (the hedge chains' rows) from host tables."""

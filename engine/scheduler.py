@@ -139,7 +139,7 @@ class Scheduler:
         the blocks of its prefill, and one round of growth stays free for every running request."""
         admitted: list[Request] = []
         tokens = 0
-        ahead = sum(self._shortfall(r, self.round_rows) for r in self.running)
+        ahead = sum(self._shortfall(r, self.round_rows) for r in self.running) if self.waiting else 0
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             req = self.waiting[0]
             n = len(req.prefill_ids)
@@ -160,6 +160,13 @@ class Scheduler:
     def _grow(self, decode: list[Request], rows: int, grown: list[Request]) -> bool:
         """Blocks for a step writing `rows` rows per request, oldest first, preempting the youngest
         running request while the pool is short. False: someone was preempted (re-plan the step)."""
+        needs = [self._shortfall(r, rows) for r in decode]
+        if sum(needs) <= self.blocks.num_free:  # the common case: no preemption, no ordering
+            for req, need in zip(decode, needs, strict=True):
+                if need:
+                    req.grew(self.blocks.allocate(need))
+                    grown.append(req)
+            return True
         clean = True
         for req in sorted(decode, key=lambda r: r.index):
             if req not in self.running:
