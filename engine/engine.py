@@ -16,11 +16,11 @@ from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
 from engine.memory import plan_kv_blocks
-from engine.request import Finish, Request, RequestOutput
+from engine.request import Finish, Request, RequestFailure, RequestOutput
 from engine.round import Rounds, SpecStats
 from engine.runner import ModelRunner
 from engine.sampler import sample_requests
-from engine.scheduler import Plan, Scheduler
+from engine.scheduler import Plan, Scheduler, Step
 from engine.startup import load_models, max_model_len, resolve_device
 from engine.stopping import StopStrings
 from engine.timing import PhaseTimer
@@ -86,6 +86,7 @@ class Engine:
             max_batch=self.levers.max_batch,
             max_model_len=self.max_model_len,
             vocab_size=self.target_cfg.geometry.vocab_size,
+            round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
         )
         self._next_index = 0
         self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
@@ -114,6 +115,11 @@ class Engine:
     @property
     def stats(self) -> SpecStats:
         return self.rounds.stats
+
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted (blocks freed, re-prefilled later) because the KV pool ran dry."""
+        return self.scheduler.preemptions
 
     @property
     def timer(self) -> PhaseTimer | None:
@@ -193,11 +199,7 @@ class Engine:
         mine = [self._requests[self.add_request(p, sp)] for p, sp in zip(prompts, params, strict=True)]
         bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
         while not all(r.finished for r in mine):
-            touched = self._advance()
-            if not touched:
-                bar.close()
-                raise RuntimeError("generate(): its requests are unfinished but no step made progress")
-            for r in touched:
+            for r in self._advance() or self._no_progress():
                 self._unreported[r.id] = r
             done = sum(r.finished for r in mine)
             if done > bar.n:
@@ -208,25 +210,58 @@ class Engine:
         return [self._report(r) for r in mine]
 
     def _advance(self) -> list[Request]:
-        """One scheduled step; finished requests give back their KV at once. Returns the touched ones."""
-        scheduled = self.scheduler.schedule()
-        if scheduled is None:
+        """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
+        A RequestFailure finishes exactly its requests as `error` (the others run the step again); any
+        other exception finishes every running request (docs/architecture.md, Failures)."""
+        step = self.scheduler.schedule()
+        if step is None:
+            if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
+                raise RuntimeError(f"no step can run with requests waiting: {self.scheduler.describe()}")
             return []
-        plan, reqs = scheduled
-        if self.timer:
-            self.timer.start()
-        if plan is Plan.PREFILL:
-            self._prefill(reqs)
-        elif plan is Plan.SPECULATIVE:
-            self.rounds.speculate(reqs)
-        else:
-            self.rounds.one_token(reqs, gated=plan is Plan.GATED)
-        if self.timer:
-            self.timer.finish(plan.value, len(reqs))
-        for r in reqs:
+        try:
+            self._run(step)
+        except RequestFailure as err:
+            log.warning("%s step: %s", step.plan.value, err)
+            for r, why in err.failed.items():
+                r.failed(why)
+            if step.plan is Plan.PREFILL:  # the others' prefills are dropped: they prefill again
+                for r in step.reqs:
+                    if not r.finished:
+                        self.scheduler.requeue(r)
+        except Exception as err:
+            log.exception("%s step of %d request(s) failed", step.plan.value, len(step.reqs))
+            return self._fail_running(f"{step.plan.value} step failed: {type(err).__name__}: {err}")
+        for r in step.reqs:
             if r.finished:
                 self.scheduler.release(r)
-        return reqs
+        return step.reqs
+
+    def _run(self, step: Step) -> None:
+        if step.grown:
+            self.runner.assign_blocks(step.grown)
+        if self.timer:
+            self.timer.start()
+        if step.plan is Plan.PREFILL:
+            self._prefill(step.reqs)
+        elif step.plan is Plan.SPECULATIVE:
+            self.rounds.speculate(step.reqs)
+        else:
+            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED)
+        if self.timer:
+            self.timer.finish(step.plan.value, len(step.reqs))
+
+    def _fail_running(self, message: str) -> list[Request]:
+        """Finish every running request as `error` and free its KV; the runner forgets the step."""
+        failed = list(self.scheduler.running)
+        for r in failed:
+            r.failed(message)
+            self.scheduler.release(r)
+        self.runner.reset()
+        self.rounds.pause()
+        return failed
+
+    def _no_progress(self) -> list[Request]:
+        raise RuntimeError(f"generate(): its requests are unfinished but no step ran: {self.scheduler.describe()}")
 
     def _report(self, req: Request) -> RequestOutput:
         if req.finished:
@@ -244,7 +279,7 @@ class Engine:
         self.scheduler.add(req)
         self.scheduler.schedule()
         try:
-            self.runner.assign_blocks(req)
+            self.runner.assign_blocks([req])
             logits, _, _ = self.runner.prefill([req])
         finally:
             req.finish(Finish.LENGTH)
@@ -253,14 +288,16 @@ class Engine:
 
     # -- steps -------------------------------------------------------------------------------------
     def _prefill(self, reqs: list[Request]) -> None:
-        for r in reqs:
-            self.runner.assign_blocks(r)
+        """Prompts, and preempted requests' prompt + output (they keep their current token: no sample)."""
         logits, greedy, _ = self.runner.prefill(reqs)
-        tokens = sample_requests(logits, greedy, reqs, 1).tolist()
+        fresh = [i for i, r in enumerate(reqs) if not r.output_ids]
+        if len(fresh) < len(reqs):
+            logits, greedy = logits[fresh], greedy[fresh]
+        sampled = iter(sample_requests(logits, greedy, [reqs[i] for i in fresh], 1).tolist() if fresh else [])
         stored = self.drafter is not None  # the prefill stored every prompt row as drafter context
-        for r, token in zip(reqs, tokens, strict=True):
-            r.prefilled(token, context_stored=stored and r.params.speculate)
-        record_logprobs(reqs, logits, 1, [1] * len(reqs))
+        for r in reqs:
+            r.prefilled(None if r.output_ids else next(sampled), context_stored=stored and r.params.speculate)
+        record_logprobs([reqs[i] for i in fresh], logits, 1, [1] * len(fresh))
         self.rounds.pause()
 
     def _decode(self, ids: list[int]) -> str:

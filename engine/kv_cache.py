@@ -1,7 +1,8 @@
 """Paged KV blocks: the block manager and the cache tensors.
 
-Reserve-on-admit: a request receives, at admission, every block its prompt, its budget and the
-drafter's headroom can touch, so a running request never runs out of KV and nothing is preempted.
+Blocks are taken as tokens are produced (engine/scheduler.py): the prefill's at admission, then
+before each step the rows it can write; when the pool runs dry the scheduler preempts the youngest
+running request. Hedge scratch blocks lie outside this pool (engine/hedge/scratch.py).
 Block 0 is never handed out: padded rows of a captured step point at it.
 """
 

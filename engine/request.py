@@ -35,6 +35,16 @@ class Finish(str, Enum):
     LENGTH = "length"  # max_tokens reached
     REJECTED = "rejected"  # refused at admission; `error` says why
     ABORT = "abort"  # Engine.abort: the caller gave up on it
+    ERROR = "error"  # a fault while serving it; `error` holds the message
+
+
+class RequestFailure(Exception):
+    """A fault attributed to particular requests (e.g. a sampling distribution with NaN): they finish
+    as `error`, and the step's other requests, whose state it left untouched, run it again."""
+
+    def __init__(self, failed: dict[Request, str]):
+        super().__init__("; ".join(f"{r.id}: {why}" for r, why in failed.items()))
+        self.failed = failed
 
 
 @dataclass(eq=False)
@@ -65,6 +75,12 @@ class Request:
         return f"req-{self.index}"
 
     @property
+    def prefill_ids(self) -> list[int]:
+        """What a (re-)prefill writes: the prompt, and after a preemption the committed output too,
+        except the current token (the next step's input)."""
+        return self.prompt_ids + self.output_ids[:-1]
+
+    @property
     def current_token(self) -> int:
         """The last sampled token: next step's input, its K/V not yet written."""
         return self.output_ids[-1]
@@ -86,18 +102,30 @@ class Request:
     def admitted(self, slot: int, blocks: list[int]) -> None:
         self.slot, self.blocks, self.status = slot, blocks, Status.RUNNING
 
+    def grew(self, blocks: list[int]) -> None:
+        """More KV blocks, taken before a step writes past the held ones."""
+        self.blocks = self.blocks + blocks
+
     def released(self) -> tuple[int, list[int]]:
         """Give back the block-table slot and the KV blocks (slot -1 and [] when none were held)."""
         slot, blocks = self.slot, self.blocks
         self.slot, self.blocks = -1, []
         return slot, blocks
 
-    def prefilled(self, token: int, context_stored: bool) -> None:
-        """The prompt's K/V (and, with a drafter, its context rows) are written; `token` is sampled."""
-        self.num_kv = len(self.prompt_ids)
+    def prefilled(self, token: int | None, context_stored: bool) -> None:
+        """The K/V of `prefill_ids` (and, with a drafter, their context rows) are written; `token` is
+        the sampled first output, None when resuming after a preemption (the current token stays)."""
+        self.num_kv = len(self.prefill_ids)
         if context_stored:
             self.ctx_pending, self.draft_kv_len, self.draft_ready = [], self.num_kv, True
-        self._commit([token])
+        if token is not None:
+            self._commit([token])
+
+    def preempted(self) -> None:
+        """Blocks and slot handed back (`released`): waiting again, committed tokens kept; its K/V and
+        drafter context are rebuilt by a re-prefill of `prefill_ids`."""
+        self.status, self.num_kv = Status.WAITING, 0
+        self.drop_draft_state()
 
     def advanced(self, accepted: list[int], bonus: int, keep_context: bool) -> int:
         """A round committed `accepted` drafts plus the target's `bonus` token (a one-token round has
@@ -132,6 +160,9 @@ class Request:
         self.finish_reason = reason
         self.error = error
         self.drop_draft_state()
+
+    def failed(self, message: str) -> None:
+        self.finish(Finish.ERROR, message)
 
     def drop_draft_state(self) -> None:
         self.draft_ready = False

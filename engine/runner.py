@@ -112,6 +112,11 @@ class ModelRunner:
             self._staged_copied.record()
         self._staged_for = reqs
 
+    def reset(self) -> None:
+        """Forget the staged step and the last drafts after a failed step (the next step restages)."""
+        self._staged_for = None
+        self._last_drafts = None
+
     def _check_staged(self, reqs: list[Request]) -> None:
         if self._staged_for is not reqs and self._staged_for != reqs:
             raise RuntimeError("stage(reqs) must run before a decode, draft or verify of the same requests")
@@ -119,10 +124,12 @@ class ModelRunner:
     def field(self, name: str, m: int) -> torch.Tensor:
         return self.staged[STAGED.index(name), :m]
 
-    def assign_blocks(self, req: Request) -> None:
-        row = torch.zeros(self.block_tables.shape[1], dtype=torch.int32)
-        row[: len(req.blocks)] = torch.tensor(req.blocks, dtype=torch.int32)
-        self.block_tables[req.slot].copy_(row)
+    def assign_blocks(self, reqs: Sequence[Request]) -> None:
+        """The requests' block-table rows from their block lists, in one host -> device copy."""
+        rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32)
+        for i, r in enumerate(reqs):
+            rows[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        self.block_tables.index_copy_(0, self.to_device([r.slot for r in reqs]), rows.to(self.device))
 
     def set_table_rows(self, first: int, tables: torch.Tensor) -> None:
         """Block-table rows first.. (the hedge chains' rows) from host tables."""
@@ -146,12 +153,13 @@ class ModelRunner:
 
     # -- target ------------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Whole prompts, eagerly. Returns logits and argmax at each prompt's last row, and feature
-        rows for every prompt row when a drafter is loaded (also stored as its context)."""
+        """Whole prompts (`prefill_ids`: prompt + committed output after a preemption), eagerly.
+        Returns logits and argmax at each prompt's last row, and feature rows for every prompt row
+        when a drafter is loaded (also stored as its context)."""
         ids, positions, slots, starts = [], [], [], [0]
         for r in reqs:
-            n = len(r.prompt_ids)
-            ids += r.prompt_ids
+            n = len(r.prefill_ids)
+            ids += r.prefill_ids
             positions += range(n)
             slots += self.slots(r, range(n))
             starts.append(starts[-1] + n)
@@ -160,9 +168,9 @@ class ModelRunner:
         meta = AttnMeta(
             slot_mapping,
             self.block_tables.index_select(0, rows),
-            self.to_device([len(r.prompt_ids) for r in reqs], torch.int32),
+            self.to_device([len(r.prefill_ids) for r in reqs], torch.int32),
             self.to_device(starts, torch.int32),
-            max(len(r.prompt_ids) for r in reqs),
+            max(len(r.prefill_ids) for r in reqs),
             causal=True,
         )
         features = self._features(len(ids))

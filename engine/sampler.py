@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.config import SamplingParams
-from engine.request import Request
+from engine.request import Request, RequestFailure
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -22,24 +22,49 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return x.softmax(dim=-1)
 
 
+class BadRows(ValueError):
+    """Sampled rows whose distribution is not one (NaN or inf after temperature, top-k and top-p)."""
+
+    def __init__(self, rows: list[int]):
+        super().__init__(f"rows {rows} have no valid sampling distribution")
+        self.rows = rows
+
+
 def sample_rows(
     logits: torch.Tensor,
     greedy_tokens: torch.Tensor,
     row_params: list[SamplingParams],
     row_generators: list[torch.Generator | None],
 ) -> torch.Tensor:
-    """One token per row: the greedy argmax where temperature is 0, else a seeded sample."""
+    """One token per row: the greedy argmax where temperature is 0, else a seeded sample. Every
+    sampled row's distribution is checked before any is drawn (BadRows), so a failure consumes no
+    generator."""
     if all(p.greedy for p in row_params):
         return greedy_tokens
     out = greedy_tokens.clone()
-    for i, (params, gen) in enumerate(zip(row_params, row_generators, strict=True)):
-        if not params.greedy:
-            out[i] = torch.multinomial(filtered_probs(logits[i], params), 1, generator=gen)[0]
+    rows = [i for i, p in enumerate(row_params) if not p.greedy]
+    probs = [filtered_probs(logits[i], row_params[i]) for i in rows]
+    bad = (~torch.isfinite(torch.stack(probs)).all(dim=-1)).nonzero().flatten().tolist()
+    if bad:
+        raise BadRows([rows[j] for j in bad])
+    for i, p in zip(rows, probs, strict=True):
+        out[i] = torch.multinomial(p, 1, generator=row_generators[i])[0]
     return out
 
 
 def sample_requests(logits: torch.Tensor, greedy: torch.Tensor, reqs: list[Request], rows_each: int) -> torch.Tensor:
-    """`sample_rows` over `rows_each` consecutive logit rows per request, each with its own params."""
+    """`sample_rows` over `rows_each` consecutive logit rows per request, each with its own params;
+    a request whose rows cannot be sampled is named in a RequestFailure."""
     params = [r.params for r in reqs for _ in range(rows_each)]
     gens = [r.generator for r in reqs for _ in range(rows_each)]
-    return sample_rows(logits, greedy, params, gens)
+    try:
+        return sample_rows(logits, greedy, params, gens)
+    except BadRows as err:
+        culprits = dict.fromkeys(reqs[row // rows_each] for row in err.rows)
+        raise RequestFailure(
+            {r: f"cannot sample: the distribution is NaN or inf ({_describe(r.params)})" for r in culprits}
+        ) from err
+
+
+def _describe(p: SamplingParams) -> str:
+    return f"temperature={p.temperature}, top_k={p.top_k}, top_p={p.top_p}"

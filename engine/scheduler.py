@@ -1,8 +1,20 @@
-"""Admission (waiting -> running by KV capacity) and the per-step plan decision."""
+"""Admission (waiting -> running on the prompt), KV growth and preemption, and the per-step plan.
+
+KV blocks are taken as tokens are produced: a request is admitted with the blocks of what its prefill
+writes, and before each decode-side step every request of the step takes the blocks that step can
+write (a speculative round: the verify span and the drafter's block ahead of `num_kv`; a one-token
+step: one row). When the pool runs dry the youngest running request is preempted: its blocks and
+slot are freed, its committed tokens kept, and it waits at the front of the queue to be re-prefilled
+on prompt + output. Admission keeps one round of growth free for every running request, so a
+request admitted now is not preempted by the next step; the oldest request always fits (a request
+whose prompt, budget and headroom exceed the pool is rejected up front), so every decode step
+commits tokens.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.kv_cache import BlockManager
@@ -32,6 +44,13 @@ def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: 
     return Plan.SPECULATIVE
 
 
+@dataclass
+class Step:
+    plan: Plan
+    reqs: list[Request]
+    grown: list[Request] = field(default_factory=list)  # requests whose block lists changed: new table rows
+
+
 class Scheduler:
     def __init__(
         self,
@@ -43,6 +62,7 @@ class Scheduler:
         max_batch: int,
         max_model_len: int,
         vocab_size: int,
+        round_rows: int = 1,
     ):
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
@@ -51,6 +71,9 @@ class Scheduler:
         self.has_drafter = has_drafter
         self.max_batch = max_batch
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
+        self.round_rows = round_rows  # rows past num_kv a speculative round writes (span, drafter block)
+        self.reserve_budget = False  # True: admit with the whole budget reserved, never preempt (benchmarks)
+        self.preemptions = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._free_slots = list(range(max_num_seqs - 1, -1, -1))
@@ -86,31 +109,94 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def describe(self) -> str:
+        free, cap = self.blocks.num_free, self.blocks.capacity
+        return f"{len(self.waiting)} waiting, {len(self.running)} running, {free} of {cap} KV blocks free"
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[Plan, list[Request]] | None:
+    def schedule(self) -> Step | None:
+        admitted = self._admit()
+        if admitted:
+            return Step(Plan.PREFILL, admitted, admitted)
+        grown: list[Request] = []
+        while True:
+            decode = [r for r in self.running if r.output_ids]
+            if not decode:
+                return None
+            plan = decide_plan(len(decode), self.has_drafter, all(r.draft_ready for r in decode), self.max_batch)
+            if self._grow(decode, self.round_rows if plan is Plan.SPECULATIVE else 1, grown):
+                return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
+
+    def _shortfall(self, req: Request, rows: int) -> int:
+        """Blocks `req` still needs for a step writing `rows` rows past its K/V (after its prefill)."""
+        kv = req.num_kv or len(req.prefill_ids)
+        return max(0, self.blocks.blocks_for(kv + rows) - len(req.blocks))
+
+    def _admit(self) -> list[Request]:
+        """Waiting requests in order while a slot, the token budget and the pool allow: each takes
+        the blocks of its prefill, and one round of growth stays free for every running request."""
         admitted: list[Request] = []
         tokens = 0
+        ahead = sum(self._shortfall(r, self.round_rows) for r in self.running) if self.waiting else 0
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             req = self.waiting[0]
-            need = self.blocks_needed(req)
-            if not self.blocks.can_allocate(need):
+            n = len(req.prefill_ids)
+            if admitted and tokens + n > self.max_num_batched_tokens:
                 break
-            if admitted and tokens + len(req.prompt_ids) > self.max_num_batched_tokens:
+            take = self.blocks_needed(req) if self.reserve_budget else self.blocks.blocks_for(n)
+            more = max(0, self.blocks.blocks_for(n + self.round_rows) - take)
+            if not self.blocks.can_allocate(take + more + ahead):
                 break
             self.waiting.popleft()
-            req.admitted(self._free_slots.pop(), self.blocks.allocate(need))
+            req.admitted(self._free_slots.pop(), self.blocks.allocate(take))
             admitted.append(req)
-            tokens += len(req.prompt_ids)
-        if admitted:
-            self.running.extend(admitted)
-            return Plan.PREFILL, admitted
-        decode = [r for r in self.running if r.output_ids]
-        if not decode:
-            return None
-        all_ready = all(r.draft_ready for r in decode)
-        return decide_plan(len(decode), self.has_drafter, all_ready, self.max_batch), decode
+            tokens += n
+            ahead += more
+        self.running.extend(admitted)
+        return admitted
+
+    def _grow(self, decode: list[Request], rows: int, grown: list[Request]) -> bool:
+        """Blocks for a step writing `rows` rows per request, oldest first, preempting the youngest
+        running request while the pool is short. False: someone was preempted (re-plan the step)."""
+        needs = [self._shortfall(r, rows) for r in decode]
+        if sum(needs) <= self.blocks.num_free:  # the common case: no preemption, no ordering
+            for req, need in zip(decode, needs, strict=True):
+                if need:
+                    req.grew(self.blocks.allocate(need))
+                    grown.append(req)
+            return True
+        clean = True
+        for req in sorted(decode, key=lambda r: r.index):
+            if req not in self.running:
+                continue
+            need = self._shortfall(req, rows)
+            while need > self.blocks.num_free:
+                victim = max(self.running, key=lambda r: r.index)
+                self.preempt(victim)
+                clean = False
+                if victim is req:
+                    break
+            if need and req in self.running:
+                req.grew(self.blocks.allocate(need))
+                grown.append(req)
+        return clean
+
+    def preempt(self, req: Request) -> None:
+        """Free a running request's blocks and slot; it waits at the front, its tokens kept."""
+        self.requeue(req)
+        self.preemptions += 1
+
+    def requeue(self, req: Request) -> None:
+        self.running.remove(req)
+        self._give_back(req)
+        req.preempted()
+        self.waiting.appendleft(req)
 
     def release(self, req: Request) -> None:
         """Drop a finished request from the queues and take back its blocks and slot."""
@@ -118,6 +204,9 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+        self._give_back(req)
+
+    def _give_back(self, req: Request) -> None:
         slot, blocks = req.released()
         if blocks:
             self.blocks.free(blocks)

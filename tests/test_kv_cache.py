@@ -45,15 +45,21 @@ def test_no_leak_after_every_request_finishes(tiny_target):
     assert sorted(engine.scheduler._free_slots) == [0, 1]
 
 
-def test_admission_waits_for_capacity_instead_of_failing(tiny_target):
-    # 11 usable blocks of 4 rows: each request reserves ceil((9 + 8) / 4) = 5 -> two at a time.
+@pytest.mark.parametrize("reserve", [False, True], ids=["on-prompt", "reserve-budget"])
+def test_admission_waits_for_capacity_instead_of_failing(tiny_target, reserve):
+    # 11 usable blocks of 4 rows. On the prompt each request takes ceil(9 / 4) = 3 (all three fit;
+    # growing to ceil((9 + 8) / 4) = 5 each later preempts); reserving the budget takes 5 -> two at a time.
     engine = Engine(
         EngineConfig(model=str(tiny_target), device="cpu", max_num_seqs=4, num_kv_blocks=12, kv_block_size=4)
     )
+    engine.scheduler.reserve_budget = reserve
     for _ in range(3):
         engine.add_request([1] * 9, SamplingParams(max_tokens=8, ignore_eos=True))
     engine.step()
-    assert len(engine.scheduler.running) == 2 and len(engine.scheduler.waiting) == 1
+    assert len(engine.scheduler.running) == (2 if reserve else 3)
+    outs = []
     while engine.has_unfinished():
-        engine.step()
+        outs += [o for o in engine.step() if o.finished]
+    assert [len(o.token_ids) for o in outs] == [8, 8, 8] and len({tuple(o.token_ids) for o in outs}) == 1
+    assert (engine.preemptions == 0) == reserve
     assert engine.blocks.num_free == engine.blocks.capacity

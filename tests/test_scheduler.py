@@ -41,29 +41,33 @@ def _req(i: int, prompt_len: int, max_tokens: int) -> Request:
 
 def _scheduler(num_blocks=9, block_size=4, max_num_seqs=4, tokens=64, headroom=0, drafter=False, max_batch=0):
     blocks = BlockManager(num_blocks, block_size)
-    return Scheduler(blocks, max_num_seqs, tokens, headroom, drafter, max_batch, max_model_len=4096, vocab_size=64)
+    rows = max(headroom, 1)
+    return Scheduler(blocks, max_num_seqs, tokens, headroom, drafter, max_batch, 4096, 64, round_rows=rows)
 
 
 def test_prefill_first_then_decode_plan():
     s = _scheduler()
     a = _req(0, 4, 4)
     s.add(a)
-    assert s.schedule() == (Plan.PREFILL, [a])
+    step = s.schedule()
+    assert (step.plan, step.reqs) == (Plan.PREFILL, [a])
     a.prefilled(7, context_stored=False)
     s.add(_req(1, 4, 4))
-    assert s.schedule()[0] is Plan.PREFILL  # a pending prompt takes priority
+    assert s.schedule().plan is Plan.PREFILL  # a pending prompt takes priority
     s.running[1].prefilled(8, context_stored=False)
-    plan, reqs = s.schedule()
+    step = s.schedule()
+    plan, reqs = step.plan, step.reqs
     assert plan is Plan.DECODE and len(reqs) == 2
 
 
-def test_admission_by_kv_capacity_is_fifo_and_reserves_headroom():
+def test_reserve_budget_admission_is_fifo_and_reserves_headroom():
     s = _scheduler(num_blocks=9, block_size=4, headroom=4)  # 8 usable blocks
+    s.reserve_budget = True
     big, small = _req(0, 10, 10), _req(1, 1, 1)  # (10 + 10 + 4) / 4 = 6 blocks; (1 + 1 + 4) / 4 = 2
     s.add(big)
     s.add(_req(2, 10, 10))
     s.add(small)
-    assert s.schedule()[1] == [big] and len(big.blocks) == 6
+    assert s.schedule().reqs == [big] and len(big.blocks) == 6
     assert list(s.waiting)[0].index == 2  # head-of-line waits: no overtaking by the small one
     s.release(big)
     assert s.blocks.num_free == 8 and big.slot == -1
@@ -73,18 +77,18 @@ def test_token_budget_splits_prefills():
     s = _scheduler(num_blocks=40, tokens=8)
     for i in range(3):
         s.add(_req(i, 5, 2))
-    assert len(s.schedule()[1]) == 1
-    assert len(s.schedule()[1]) == 1
+    assert len(s.schedule().reqs) == 1
+    assert len(s.schedule().reqs) == 1
 
 
 def test_max_num_seqs_limits_admission():
     s = _scheduler(num_blocks=40, max_num_seqs=2)
     for i in range(3):
         s.add(_req(i, 2, 2))
-    assert len(s.schedule()[1]) == 2
+    assert len(s.schedule().reqs) == 2
     for r in s.running:
         r.prefilled(1, context_stored=False)
-    assert s.schedule()[0] is Plan.DECODE and len(s.waiting) == 1
+    assert s.schedule().plan is Plan.DECODE and len(s.waiting) == 1
 
 
 def test_gate_and_not_ready_from_request_state():
@@ -94,8 +98,8 @@ def test_gate_and_not_ready_from_request_state():
     s.schedule()
     for r in s.running:
         r.prefilled(1, context_stored=True)
-    assert s.schedule()[0] is Plan.GATED
+    assert s.schedule().plan is Plan.GATED
     s.release(s.running[0])
-    assert s.schedule()[0] is Plan.SPECULATIVE
+    assert s.schedule().plan is Plan.SPECULATIVE
     s.running[0].drop_draft_state()
-    assert s.schedule()[0] is Plan.DECODE
+    assert s.schedule().plan is Plan.DECODE

@@ -1,0 +1,181 @@
+"""KV policy under pressure: admission on the prompt with preemption by recompute vs reserving every
+request's whole budget at admission, on one engine, runs interleaved round by round.
+
+    python -m engine.bench preempt --recipe small --out DIR --concurrency 64 --new-tokens 1024 \
+        --pool-requests 16 --rounds 3
+
+The KV pool holds --pool-requests full-length sequences (longest prompt + new tokens + the drafter's
+headroom); --concurrency requests stay in flight (closed loop, greedy, EOS ignored). Reservation can
+run only pool-requests at once; preemption runs as many as the blocks already produced allow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.bench.common import add_device_args, drafter_block, load_prompts, resolve_device, setup_logging
+from engine.bench.load import closed_loop, plan_counts
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.report import fmt, markdown_table, write_csv, write_json
+from engine.bench.sweep import weights_of
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.scheduler import Plan
+
+log = logging.getLogger(__name__)
+
+ARMS = ("reserve", "preempt")
+BLOCK = 16
+
+
+def pool_engine(target: Path, drafter: Path | None, args: argparse.Namespace, seq_tokens: int) -> Engine:
+    """max_num_seqs = concurrency, and a KV pool of exactly pool_requests full-length sequences."""
+    headroom = drafter_block(drafter) if drafter else 0
+    per_seq = -(-(seq_tokens + headroom) // BLOCK)
+    device = resolve_device(args.device)
+    cfg = EngineConfig(
+        model=str(target),
+        draft_model=None if drafter is None else str(drafter),
+        device=device.type,
+        dtype=args.dtype,
+        backend=args.backend,
+        cuda_graphs=not args.no_cuda_graphs,
+        max_num_seqs=args.concurrency,
+        max_model_len=seq_tokens + headroom + 1,
+        max_num_batched_tokens=max(8192, seq_tokens),
+        kv_block_size=BLOCK,
+        num_kv_blocks=args.pool_requests * per_seq + 1,  # + the null block
+        levers={"max_batch": 0, "max_drafts": 0, "hedge": 0},
+        trace=False,
+    )
+    return Engine(cfg)
+
+
+def run_arm(engine: Engine, arm: str, prompts: Sequence[Sequence[int]], args: argparse.Namespace, first: int) -> dict:
+    engine.scheduler.reserve_budget = arm == "reserve"
+    before = engine.preemptions
+    res = closed_loop(engine, prompts, args.concurrency, args.requests, args.new_tokens, first=first)
+    decode = [s.batch for s in res.steps if s.plan != Plan.PREFILL.value]
+    plans = plan_counts(res.steps)
+    return {
+        "arm": arm,
+        "requests": res.requests,
+        "output_tokens": res.output_tokens,
+        "wall_s": res.wall_s,
+        "tok_s": res.tok_s,
+        "mean_decode_batch": statistics.fmean(decode) if decode else 0.0,
+        "max_decode_batch": max(decode, default=0),
+        "preemptions": engine.preemptions - before,
+        "prefill_steps": plans.get(Plan.PREFILL.value, 0),
+        "decode_side_steps": len(decode),
+        "committed_tokens": res.stats.committed_tokens,
+    }
+
+
+def run_bench(engine: Engine, prompts: Sequence[Sequence[int]], args: argparse.Namespace) -> list[dict]:
+    """One warm-up round (discarded), then `rounds` rounds; round r starts with arm r mod 2 and both
+    arms of a round get the same prompts."""
+    rows = []
+    for r in range(args.rounds + 1):
+        order = ARMS if r % 2 == 0 else ARMS[::-1]
+        for slot, arm in enumerate(order):
+            row = run_arm(engine, arm, prompts, args, first=r * args.requests)
+            log.info("round %d %s: %.1f tok/s, %d preemptions", r, arm, row["tok_s"], row["preemptions"])
+            if r:
+                rows.append({"round": r, "slot": slot, **row})
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Medians per arm, and the median of the per-round preempt / reserve throughput ratio."""
+    by_round = {(r["round"], r["arm"]): r for r in rows}
+    rounds = sorted({r["round"] for r in rows})
+    ratios = [by_round[(n, "preempt")]["tok_s"] / by_round[(n, "reserve")]["tok_s"] for n in rounds]
+    out = []
+    for arm in ARMS:
+        mine = [r for r in rows if r["arm"] == arm]
+        tok_s = [r["tok_s"] for r in mine]
+        out.append(
+            {
+                "arm": arm,
+                "rounds": len(mine),
+                "tok_s_median": statistics.median(tok_s),
+                "tok_s_min": min(tok_s),
+                "tok_s_max": max(tok_s),
+                "mean_decode_batch": statistics.median(r["mean_decode_batch"] for r in mine),
+                "preemptions": statistics.median(r["preemptions"] for r in mine),
+                "ratio_vs_reserve": statistics.median(ratios) if arm == "preempt" else 1.0,
+            }
+        )
+    return out
+
+
+def table(summary: list[dict]) -> str:
+    header = ["arm", "tok/s median", "min..max", "mean decode batch", "preemptions / run", "vs reserve"]
+    rows = [
+        [
+            s["arm"],
+            fmt(s["tok_s_median"]),
+            f"{fmt(s['tok_s_min'])}..{fmt(s['tok_s_max'])}",
+            fmt(s["mean_decode_batch"]),
+            fmt(s["preemptions"], 0),
+            f"{s['ratio_vs_reserve']:.3f}x",
+        ]
+        for s in summary
+    ]
+    return markdown_table(header, rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench preempt", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", type=Path)
+    p.add_argument("--drafter", type=Path, help="speculate (omit for a plain target)")
+    p.add_argument("--recipe", help="fixture recipe (e.g. small): the cached pair")
+    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--concurrency", type=int, default=64, help="requests in flight (and max_num_seqs)")
+    p.add_argument("--requests", type=int, default=None, help="requests per run (default: the concurrency)")
+    p.add_argument("--new-tokens", type=int, default=1024)
+    p.add_argument("--pool-requests", type=int, default=16, help="full-length sequences the KV pool holds")
+    p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds (+1 warm-up), both arms each")
+    add_device_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    args.requests = args.requests or args.concurrency
+    for name in ("concurrency", "requests", "new_tokens", "pool_requests", "rounds"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    device = resolve_device(args.device)
+    target, drafter, prompt_path = weights_of(args, device)
+    prompts = load_prompts(prompt_path, target, args.max_prompt_len)
+    engine = pool_engine(target, drafter, args, max(len(p) for p in prompts) + args.new_tokens)
+    rows = run_bench(engine, prompts, args)
+    summary = summarize(rows)
+    meta = run_meta("preempt", device, list(argv) if argv is not None else None)
+    meta.update(target=str(target), drafter=str(drafter), pool_blocks=engine.scheduler.blocks.capacity)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "preempt.csv", rows)
+    write_csv(args.out / "preempt_summary.csv", summary)
+    write_json(args.out / "preempt.json", {**meta, "summary": summary})
+    setting = (
+        f"- c={args.concurrency}, {args.requests} requests/run, {args.new_tokens} new tokens, KV pool "
+        f"{meta['pool_blocks']} blocks of {BLOCK} (~{args.pool_requests} full-length requests), {args.rounds} rounds\n"
+    )
+    md = table(summary)
+    (args.out / "preempt.md").write_text(f"# KV: preemption vs reservation\n\n{meta_lines(meta)}{setting}\n{md}\n")
+    print(md)
+    print(f"wrote {args.out}/preempt.csv, preempt_summary.csv, preempt.md, preempt.json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
