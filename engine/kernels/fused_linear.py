@@ -1,8 +1,8 @@
 """Fused projections: the MLP's SwiGLU + down (`silu_mul_linear`) and a residual add + RMSNorm folded
 into the projection that consumes it (`add_rms_norm_linear`).
 
-Both run linear.py's Triton GEMM with a prologue (`SWIGLU` / `NORM`), which forms each K tile of the
-activation in registers; the kernel and its prologue helpers live in linear.py (see there why)."""
+Both run gemm.py's Triton GEMM with a prologue (`SWIGLU` / `NORM`), which forms each K tile of the
+activation in registers; the kernel and its prologue helpers live in gemm.py (see there why)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from engine.kernels import tuning
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from engine.kernels.gemm import launch
 from engine.kernels.linear import (
     as_rows,
     dispatch_config,
-    launch,
     linear,
     linear_batch_invariant,
     linear_batch_invariant_ref,
