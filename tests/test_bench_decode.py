@@ -4,8 +4,8 @@ geometries against the real module layouts, and the bench end to end on CPU (eng
 from __future__ import annotations
 
 import json
-import time
 import math
+import time
 
 import pytest
 import torch

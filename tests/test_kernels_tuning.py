@@ -106,7 +106,7 @@ def test_tuned_fallback(tmp_path):
     assert t.device == "partly-gpu" and t.m_max == 8 and t.fused_m_max == tuning.DEFAULT_FUSED_M_MAX
     assert t.linear == {(64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good)}}
     assert t.silu_mul_linear == {(10, 20): {4: SkinnyConfig(*good)}}
-    assert t.add_rms_norm_linear == {} and t.norm_m_max == 0  # a section the file lacks is empty
+    assert t.add_rms_norm_linear == {} and t.norm_m_max == tuning.DEFAULT_NORM_M_MAX  # a missing section: empty
 
 
 def test_tables_for_device(monkeypatch):

@@ -23,12 +23,11 @@ def _swiglu(gate, up):
 
 
 @jit
-def _add_rms(x, r, rstd, nw):
-    """One tile of rms_norm(x + r) * nw given the row's rstd, rounded as add_rms_norm_ref rounds:
-    the sum in the input dtype, the normalised value cast back to it, the weight product in it."""
+def _add_scale(x, r, nw):
+    """One tile of the NORM prologue: (s, s * nw) with s = x + r, both rounded to the input dtype as
+    add_rms_norm_ref rounds the sum; the row's 1/rms is applied to the accumulator at the end."""
     s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    y = (s.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
-    return (nw.to(tl.float32) * y).to(x.dtype)
+    return s, (s.to(tl.float32) * nw.to(tl.float32)).to(x.dtype)
 
 
 @jit(do_not_specialize=["M"])
@@ -36,6 +35,8 @@ def _linear_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
+    p_ptr,
+    lock_ptr,
     M,
     N,
     K,
@@ -54,6 +55,7 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SWIGLU: tl.constexpr,
@@ -61,9 +63,11 @@ def _linear_kernel(
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
-    NORM y = rms_norm(x + r) * nw @ W^T: every program first sums the squares of its rows' whole
-    x + r (the program with pid_n == pid_k == 0 also stores x + r to s), then normalises each K
-    tile in registers."""
+    NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
+    sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
+    with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p; with FIXUP the
+    last split to finish a tile (a counter in lock_ptr, reset after) sums them in split order into y,
+    else _splitk_reduce_kernel does."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -73,108 +77,99 @@ def _linear_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk0 = tl.arange(0, BLOCK_K)
+    writer = pid_n == 0
     if BLOCK_M == 1:
         # GEMV (grid M == M): elementwise FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction at the end.
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        if NORM:
-            r_row = r_ptr + pid_m.to(tl.int64) * stride_rm
-            s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
-            writer = (pid_n == 0) & (pid_k == 0)
-            ss1 = tl.zeros([BLOCK_K], tl.float32)
-            for k in range(0, K, BLOCK_K):
-                rk = k + rk0
-                km = rk < K
-                s = (
-                    tl.load(x_row + rk, mask=km, other=0.0).to(tl.float32)
-                    + tl.load(r_row + rk, mask=km, other=0.0).to(tl.float32)
-                ).to(x_ptr.dtype.element_ty)
-                tl.store(s_row + rk, s, mask=km & writer)
-                sf = s.to(tl.float32)
-                ss1 += sf * sf
-            rstd1 = tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
+        r_row = r_ptr + pid_m.to(tl.int64) * stride_rm
+        s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
+        ss1 = tl.zeros([BLOCK_K], tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
+            k_ok = rk < k_hi
             if EVEN_K:
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
                 x = tl.load(x_row + rk)
                 if SWIGLU:
                     x = _swiglu(x, tl.load(x_row + up_off + rk))
                 if NORM:
-                    x = _add_rms(x, tl.load(r_row + rk), rstd1, tl.load(nw_ptr + rk))
-            else:
-                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
-                x = tl.load(x_row + rk, mask=rk < k_hi, other=0.0)
-                if SWIGLU:  # masked lanes: silu(0) * 0 = 0
-                    x = _swiglu(x, tl.load(x_row + up_off + rk, mask=rk < k_hi, other=0.0))
-                if NORM:  # masked lanes: nw = 0
-                    x = _add_rms(
-                        x,
-                        tl.load(r_row + rk, mask=rk < k_hi, other=0.0),
-                        rstd1,
-                        tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0),
-                    )
+                    s, x = _add_scale(x, tl.load(r_row + rk), tl.load(nw_ptr + rk))
+            else:  # masked lanes: silu(0) * 0 = 0; x = r = 0 adds nothing to the sum of squares
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(x_row + rk, mask=k_ok, other=0.0)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_row + up_off + rk, mask=k_ok, other=0.0))
+                if NORM:
+                    r = tl.load(r_row + rk, mask=k_ok, other=0.0)
+                    s, x = _add_scale(x, r, tl.load(nw_ptr + rk, mask=k_ok, other=0.0))
+            if NORM:
+                tl.store(s_row + rk, s, mask=k_ok & writer)
+                ss1 += s.to(tl.float32) * s.to(tl.float32)
             acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
         acc1 = tl.sum(acc2, axis=1)
+        if NORM:
+            acc1 = acc1 * tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
         if not SPLIT:
             tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + rn, acc1.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
-            tl.store(y_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
+            tl.store(p_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
+            if FIXUP:
+                tile = pid_m * tl.num_programs(0) + pid_n
+                tl.debug_barrier()  # every thread's partial is issued before the counter moves
+                if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+                    tot = tl.zeros([BLOCK_N], tl.float32)
+                    for sk in range(0, tl.num_programs(2)):
+                        part = p_ptr + (sk * M + pid_m).to(tl.int64) * N + rn
+                        tot += tl.load(part, mask=n_ok, other=0.0, cache_modifier=".cg")
+                    dst = y_ptr + pid_m.to(tl.int64) * stride_ym + rn
+                    tl.store(dst, tot.to(y_ptr.dtype.element_ty), mask=n_ok)
+                    tl.atomic_xchg(lock_ptr + tile, 0)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
         x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
-        if NORM:
-            r_rows = r_ptr + rm.to(tl.int64)[:, None] * stride_rm
-            s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
-            writer = (pid_n == 0) & (pid_k == 0)
-            ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-            for k in range(0, K, BLOCK_K):
-                rk = k + rk0
-                msk = m_ok[:, None] & (rk < K)[None, :]
-                s = (
-                    tl.load(x_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
-                    + tl.load(r_rows + rk[None, :], mask=msk, other=0.0).to(tl.float32)
-                ).to(x_ptr.dtype.element_ty)
-                tl.store(s_rows + rk[None, :], s, mask=msk & writer)
-                sf = s.to(tl.float32)
-                ss += sf * sf
-            rstd = tl.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
+        r_rows = r_ptr + rm.to(tl.int64)[:, None] * stride_rm
+        s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
+        ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
+            k_ok = (rk < k_hi)[None, :]
             if EVEN_K:
-                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None], other=0.0)
+                xm = m_ok[:, None]
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
-                if SWIGLU:
-                    x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None], other=0.0))
-                if NORM:
-                    x = _add_rms(
-                        x,
-                        tl.load(r_rows + rk[None, :], mask=m_ok[:, None], other=0.0),
-                        rstd,
-                        tl.load(nw_ptr + rk)[None, :],
-                    )
             else:
-                k_ok = (rk < k_hi)[None, :]
-                x = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0)
+                xm = m_ok[:, None] & k_ok
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
-                if SWIGLU:
-                    x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0))
-                if NORM:
-                    x = _add_rms(
-                        x,
-                        tl.load(r_rows + rk[None, :], mask=m_ok[:, None] & k_ok, other=0.0),
-                        rstd,
-                        tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0),
-                    )
+            x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
+            if SWIGLU:
+                x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0))
+            if NORM:
+                r = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
+                s, x = _add_scale(x, r, tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
+                tl.store(s_rows + rk[None, :], s, mask=xm & writer)
+                ss += s.to(tl.float32) * s.to(tl.float32)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if NORM:
+            acc = acc * tl.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
             dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
             tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
-        else:  # fp32 partials [SPLIT_K, M, N], summed in a fixed order by _splitk_reduce_kernel
-            tl.store(y_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
+        else:
+            tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
+            if FIXUP:
+                tile = pid_m * tl.num_programs(0) + pid_n
+                tl.debug_barrier()
+                if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+                    tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                    for sk in range(0, tl.num_programs(2)):
+                        part = p_ptr + (sk * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
+                        tot += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+                    dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+                    tl.store(dst, tot.to(y_ptr.dtype.element_ty), mask=mask)
+                    tl.atomic_xchg(lock_ptr + tile, 0)
 
 
 @jit
@@ -187,24 +182,49 @@ def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, 
     tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
-    """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue."""
+# Split-K counters, one per output tile, zeroed once per device and left zeroed by every launch (the
+# last split resets its tile's). Launches that share them run one at a time on the engine's stream.
+LOCK_SLOTS = 1 << 16
+_locks: dict[torch.device, torch.Tensor] = {}
+
+
+def split_locks(device: torch.device, tiles: int) -> torch.Tensor | None:
+    """The device's counters, or None where the in-kernel fixup cannot run: too many tiles, or a
+    first use during CUDA-graph capture (the zeroing would only happen inside the graph)."""
+    locks = _locks.get(device)
+    if locks is None:
+        if tiles > LOCK_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return None
+        locks = _locks[device] = torch.zeros(LOCK_SLOTS, dtype=torch.int32, device=device)
+    return locks if tiles <= LOCK_SLOTS else None
+
+
+def launch(
+    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None, fixup: bool = True
+) -> torch.Tensor:
+    """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
+    (split_k 1 only). fixup: a split-K launch sums its partials in the kernel where it can (else, or
+    with fixup=False, a second reduce launch does; the result is the same bits either way)."""
     m = x.shape[0]
     n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return y
     assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
+    assert norm is None or cfg.split_k == 1, "the NORM prologue needs whole rows: split_k 1"
     # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    even_k = k % cfg.block_k == 0
-    out = y if cfg.split_k == 1 else torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
+    split = cfg.split_k > 1
+    parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
+    locks = split_locks(x.device, grid[0] * grid[1]) if split and fixup else None
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     _linear_kernel[grid](
         x,
         weight,
-        out,
+        y,
+        parts,
+        locks if locks is not None else y,
         m,
         n,
         k,
@@ -222,17 +242,18 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: boo
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
-        SPLIT=cfg.split_k > 1,
-        EVEN_K=even_k,
+        SPLIT=split,
+        FIXUP=locks is not None,
+        EVEN_K=k % cfg.block_k == 0,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         SWIGLU=swiglu,
         NORM=norm is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
+    if split and locks is None:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](
-            out, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4
+            parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4
         )
     return y
