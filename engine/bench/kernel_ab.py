@@ -30,6 +30,7 @@ from engine.kernels import attention, fused_linear, gemm, linear, norm
 
 log = logging.getLogger(__name__)
 EPS = 1e-6
+ATTN_CTX = 256
 
 
 @contextmanager
@@ -101,7 +102,7 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
         yield "o", m, lambda m=m: proj_case(h, q_size, m, False)
         yield "SwiGLU→down", m, lambda m=m: proj_case(h, inter, m, True)
     for b in (1, 8, 64):
-        yield "attention ctx 256", b, lambda b=b: attention_case(b, 256)
+        yield f"attention ctx {ATTN_CTX}", b, lambda b=b: attention_case(b, ATTN_CTX)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

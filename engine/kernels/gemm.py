@@ -131,7 +131,7 @@ def _linear_kernel(
         x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
         r_rows = r_ptr + rm.to(tl.int64)[:, None] * stride_rm
         s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
-        ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        ss = tl.zeros([BLOCK_M], tl.float32)  # per-row sums: a [BLOCK_M, BLOCK_K] fp32 tile costs registers
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
@@ -149,10 +149,10 @@ def _linear_kernel(
                 r = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
                 s, x = _add_scale(x, r, tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
                 tl.store(s_rows + rk[None, :], s, mask=xm & writer)
-                ss += s.to(tl.float32) * s.to(tl.float32)
+                ss += tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=1)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
         if NORM:
-            acc = acc * tl.rsqrt(tl.sum(ss, axis=1) / K + eps)[:, None]
+            acc = acc * tl.rsqrt(ss / K + eps)[:, None]
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
             dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
