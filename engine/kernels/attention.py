@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from engine.kernels._triton import cdiv, next_pow2
+from engine.kernels._triton import cdiv, next_pow2, pdl
 from engine.kernels.attention_kernels import paged_attn_kernel, paged_attn_reduce_kernel
 
 
@@ -189,6 +189,7 @@ def paged_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
         num_stages=2,
+        **pdl(q.device),
     )
     if splits > 1:
         paged_attn_reduce_kernel[(num_tokens, num_heads)](
@@ -203,5 +204,6 @@ def paged_attention(
             D=head_dim,
             NUM_SPLITS=splits,
             num_warps=4,
+            **pdl(q.device),
         )
     return out

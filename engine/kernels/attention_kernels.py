@@ -42,7 +42,11 @@ def paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // HKV
     kvh = pid % HKV
@@ -131,7 +135,11 @@ def paged_attn_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     if t >= tl.load(qsl_ptr + num_seqs):  # rows past the last span were never written

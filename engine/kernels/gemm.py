@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import cdiv, jit
+from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -60,6 +60,7 @@ def _linear_kernel(
     PRECISION: tl.constexpr,
     SWIGLU: tl.constexpr,
     NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
@@ -68,6 +69,9 @@ def _linear_kernel(
     with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p; with FIXUP the
     last split to finish a tile (a counter in lock_ptr, reset after) sums them in split order into y,
     else _splitk_reduce_kernel does."""
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -173,7 +177,10 @@ def _linear_kernel(
 
 
 @jit
-def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = idx < M * N
     acc = tl.zeros([BLOCK], tl.float32)
@@ -249,11 +256,12 @@ def launch(
         SWIGLU=swiglu,
         NORM=norm is not None,
         num_warps=cfg.num_warps,
+        **pdl(x.device),
         num_stages=cfg.num_stages,
     )
     if split and locks is None:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](
-            parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4
+            parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4, **pdl(x.device)
         )
     return y
