@@ -146,43 +146,11 @@ def peer_compiled(raw: Sequence[dict]) -> str:
     return ("compiled" if all(r["compiled"] for r in rows) else "NOT compiled on this device") + f"; warm-ups {warm}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    setup_logging(args.verbose)
-    if args.prompt_len < 1 or args.new_tokens < 2 or args.repeats < 1 or min(args.concurrency) < 1:
-        raise SystemExit("need --prompt-len >= 1, --new-tokens >= 2, --repeats >= 1, concurrency >= 1")
-    device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype, device)
-    config = target_config(args.geometry)
-    peer_conc = (args.peer_concurrency or args.concurrency) if args.peer else []
+def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float, float], raw, failures, agree) -> str:
+    """Write decode_runs.csv, decode_summary.csv, decode.md and decode.json from the runs so far;
+    returns the notes and the table."""
+    bw, rate = ceilings
     P, N = args.prompt_len, args.new_tokens
-
-    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)
-    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
-    model = build_hf_model(config, device, dtype, args.std, args.seed)
-    engine = make_engine(
-        as_checkpoint(model, config, f"random-{args.geometry}"),
-        None,
-        args,
-        device,
-        max_num_seqs=max(args.concurrency),
-        seq_tokens=P + N,
-    )
-    prompts = random_prompts(max([*args.concurrency, *peer_conc]), P, config["vocab_size"], args.seed)
-
-    raw: list[dict] = []
-    for c in args.concurrency:
-        engine_run(engine, prompts, c, N)  # warm-up: graph capture and Triton compiles stay out
-        for rep in range(args.repeats):
-            raw.append({"impl": "pegaspec", "concurrency": c, "repeat": rep, **engine_run(engine, prompts, c, N)})
-        log.info("engine c=%d: %.0f tok/s", c, statistics.median(r["tok_s"] for r in raw[-args.repeats :]))
-    agree = None
-    failures: list[dict] = []
-    for mode in args.peer_modes if args.peer else []:
-        failures += peer_runs(model, prompts, peer_conc, N, mode, args.peer_repeats, args.peer_warmup_cap_s, raw)
-    if args.peer and args.check_tokens:
-        agree = agreement(engine, model, prompts[0], min(N, args.check_tokens), device)
-
     summary = summarize(raw, config, args.concurrency, P, N, bw, rate, dtype.itemsize)
     meta = run_meta("decode", device, list(argv) if argv is not None else None)
     hw = {
@@ -224,7 +192,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             "summary": summary,
         },
     )
-    print(notes + "\n" + table)
+    return notes + "\n" + table
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.prompt_len < 1 or args.new_tokens < 2 or args.repeats < 1 or min(args.concurrency) < 1:
+        raise SystemExit("need --prompt-len >= 1, --new-tokens >= 2, --repeats >= 1, concurrency >= 1")
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype, device)
+    config = target_config(args.geometry)
+    peer_conc = (args.peer_concurrency or args.concurrency) if args.peer else []
+    P, N = args.prompt_len, args.new_tokens
+
+    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)
+    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
+    model = build_hf_model(config, device, dtype, args.std, args.seed)
+    engine = make_engine(
+        as_checkpoint(model, config, f"random-{args.geometry}"),
+        None,
+        args,
+        device,
+        max_num_seqs=max(args.concurrency),
+        seq_tokens=P + N,
+    )
+    prompts = random_prompts(max([*args.concurrency, *peer_conc]), P, config["vocab_size"], args.seed)
+
+    raw: list[dict] = []
+    for c in args.concurrency:
+        engine_run(engine, prompts, c, N)  # warm-up: graph capture and Triton compiles stay out
+        for rep in range(args.repeats):
+            raw.append({"impl": "pegaspec", "concurrency": c, "repeat": rep, **engine_run(engine, prompts, c, N)})
+        log.info("engine c=%d: %.0f tok/s", c, statistics.median(r["tok_s"] for r in raw[-args.repeats :]))
+    failures: list[dict] = []
+    report = lambda agree=None: write_report(args, argv, config, device, dtype, (bw, rate), raw, failures, agree)  # noqa: E731
+    report()  # the engine's figures are on disk before the peer starts (its compilation may run long)
+    for mode in args.peer_modes if args.peer else []:
+        failures += peer_runs(model, prompts, peer_conc, N, mode, args.peer_repeats, args.peer_warmup_cap_s, raw)
+        report()
+    agree = None
+    if args.peer and args.check_tokens:
+        agree = agreement(engine, model, prompts[0], min(N, args.check_tokens), device)
+    print(report(agree))
     print(f"wrote {args.out}/decode_runs.csv, decode_summary.csv, decode.md, decode.json")
     return 0
 
