@@ -7,23 +7,17 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab
-from engine.kernels import _triton, attention, fused_linear, gemm
+from engine.kernels import _triton, attention, fused_linear
 from tests.kernel_helpers import CUDA, randn
 
 
 def test_before_restores_the_current_dispatch():
-    saved = gemm.LOCK_SLOTS, attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
+    saved = attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
     with kernel_ab.before():
         assert not _triton.PDL
         assert fused_linear.add_rms_norm_linear_config(1, 64, 64) is None
-        assert gemm.split_locks(torch.device("cpu"), 1) is None  # the reduce launch serves split-K
         assert attention.attention_config(64, 8, 4, 1, 512, torch.device("cpu"), False)[2] == attention.DECODE_BLOCK_N
-    assert (
-        gemm.LOCK_SLOTS,
-        attention.DECODE_WIDE_BLOCK_N,
-        fused_linear.add_rms_norm_linear_config,
-        _triton.PDL,
-    ) == saved
+    assert (attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL) == saved
     assert attention.attention_config(64, 8, 4, 1, 512, torch.device("cpu"), False)[2] == attention.DECODE_WIDE_BLOCK_N
 
 

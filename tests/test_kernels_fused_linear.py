@@ -177,13 +177,15 @@ def test_add_rms_norm_linear_dispatch(monkeypatch):
             assert torch.equal(summed.reshape(-1, k), ref_sum)
             assert rel_err(y.reshape(-1, n), ref) < TOL[torch.float32]
 
-    use_tables(monkeypatch, tuning.DEFAULT)  # fused at the projection's own (unsplit) config
-    for shape, m in [((1, k), 1), ((2, 2, k), 4), ((16, k), 16)]:
-        check(shape, linear.default_skinny_config(m, n, k))
-    check((17, k), None)  # cuBLAS serves the projection: the unfused pair
+    use_tables(monkeypatch, tuning.DEFAULT)  # fused at the projection's own (unsplit) config, one row
+    check((1, k), linear.default_skinny_config(1, n, k))
+    check((2, 2, k), None)  # above norm_m_max (1 by default): the unfused pair
     check((0, k), None)
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=16))
+    check((16, k), linear.default_skinny_config(16, n, k))
+    check((17, k), None)  # cuBLAS serves the projection: the unfused pair
     split = SkinnyConfig(16, 16, 32, 2, 4, 1)
-    use_tables(monkeypatch, TunedTables("test", linear={(n, k): {2: split}}))
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=16, linear={(n, k): {2: split}}))
     check((2, k), None)  # the projection splits K: the unfused pair
     cfgs = {1: SkinnyConfig(1, 16, 32, 1, 4, 1), 4: SkinnyConfig(16, 16, 32, 1, 4, 2), 8: split}
     use_tables(monkeypatch, TunedTables("test", add_rms_norm_linear={(n, k): cfgs}))

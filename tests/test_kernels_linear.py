@@ -6,13 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import gemm, linear, tuning
+from engine.kernels import linear, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 from tests.kernel_helpers import (
     DTYPES,
-    QWEN3_4B,
     TOL,
-    capture_graph,
     gpu,
     poison_empty,  # noqa: F401 (autouse: every torch.empty is poisoned)
     randn,
@@ -72,41 +70,6 @@ def test_linear_dispatch(monkeypatch):
     assert torch.equal(linear.linear(x, w), linear.linear_ref(x, w))
 
 
-SPLIT_CASES = [
-    (1, 40, 1000, SkinnyConfig(1, 32, 128, 4, 4, 2), False),  # GEMV, ragged N and K
-    (3, 64, 200, SkinnyConfig(16, 32, 64, 2, 4, 2), False),  # dot path
-    (40, 72, 128, SkinnyConfig(16, 32, 32, 4, 4, 2), False),  # several M tiles, ragged N
-    (1, 24, 96, SkinnyConfig(1, 16, 32, 2, 4, 1), True),  # SwiGLU prologue, GEMV
-    (5, 24, 96, SkinnyConfig(16, 16, 32, 4, 4, 1), True),  # SwiGLU prologue, dot path
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("m,n,k,cfg,swiglu", SPLIT_CASES)
-def test_split_k_fixup(dtype, m, n, k, cfg, swiglu):
-    """The last split of a tile sums the partials in the kernel, in split order: the same bits as the
-    reduce launch, and the device's counters are left zeroed for the next launch."""
-    torch.manual_seed(10)
-    x, w = randn(m, 2 * k if swiglu else k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
-    two_launch = gemm.launch(x, w, cfg, swiglu=swiglu, fixup=False)
-    for _ in range(2):  # the second launch finds the counters the first one reset
-        assert torch.equal(gemm.launch(x, w, cfg, swiglu=swiglu), two_launch)
-    assert not gemm.split_locks(x.device, 1).any()
-    if not swiglu:
-        assert rel_err(two_launch, linear.linear_ref(x.float(), w.float())) < TOL[dtype]
-
-
-def test_split_k_fixup_falls_back_past_the_counters(monkeypatch):
-    """More output tiles than counters: the reduce launch serves, with the same result."""
-    torch.manual_seed(11)
-    x, w = randn(3, 200), randn(64, 200, scale=0.1)
-    cfg = SkinnyConfig(16, 16, 32, 2, 4, 1)  # 4 N tiles
-    ref = gemm.launch(x, w, cfg, fixup=False)
-    monkeypatch.setattr(gemm, "LOCK_SLOTS", 3)
-    assert gemm.split_locks(x.device, 4) is None and gemm.split_locks(x.device, 3) is not None
-    assert torch.equal(gemm.launch(x, w, cfg), ref)
-
-
 @pytest.mark.usefixtures("row_invariant_dot")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_batch_invariant(dtype):
@@ -133,28 +96,3 @@ def test_gpu_linear_batch_invariant_bitexact(n, k):
     for rows in (1, 7, 16, 33):
         assert torch.equal(linear.linear_batch_invariant(x[:rows], w), full[:rows]), rows
     assert torch.equal(linear.linear_batch_invariant(x[9:10], w), full[9:10])
-
-
-@gpu
-@pytest.mark.parametrize("n,k", [(QWEN3_4B["hidden"], QWEN3_4B["hq"] * QWEN3_4B["d"]), (QWEN3_4B["hidden"], 9728)])
-def test_gpu_split_k_fixup_4b(n, k):
-    """The in-kernel split-K fixup on the o and down shapes (bf16): bit-identical to the reduce launch
-    over repeated launches (a race would move bits between runs), eager and replayed from a graph."""
-    torch.manual_seed(17)
-    bf = torch.bfloat16
-    w = randn(n, k, dtype=bf, scale=0.05)
-    for m, cfg in [(1, SkinnyConfig(1, 16, 256, 4, 4, 2)), (1, SkinnyConfig(1, 8, 512, 8, 4, 1))] + [
-        (m, SkinnyConfig(16, 32, 128, s, 4, 3)) for m, s in ((2, 8), (8, 4), (16, 2))
-    ]:
-        x = randn(m, k, dtype=bf)
-        ref = gemm.launch(x, w, cfg, fixup=False)
-        assert rel_err(ref, linear.linear_ref(x.float(), w.float())) < TOL[bf]
-        for _ in range(20):
-            assert torch.equal(gemm.launch(x, w, cfg), ref), (m, cfg)
-        graph, out = capture_graph(lambda x=x, cfg=cfg: gemm.launch(x, w, cfg))
-        for _ in range(3):
-            x.copy_(randn(m, k, dtype=bf))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(out, gemm.launch(x, w, cfg, fixup=False)), (m, cfg)
-    assert not gemm.split_locks(w.device, 1).any()

@@ -5,7 +5,7 @@ dispatches it on this device, in one process (GPU only):
 
 - norm→q|k|v, norm→gate|up: add_rms_norm + the projection (before) vs `add_rms_norm_linear` (after:
   the one-pass norm prologue wherever the Triton projection runs unsplit).
-- o, SwiGLU→down: split-K with the reduce launch (before) vs the in-kernel fixup (after).
+- o, SwiGLU→down: the same kernels, launched plainly (before) vs with PDL (after).
 - attention decode (batch x context 256): 32-key tiles (before) vs 64 where the grid needs no split.
 - every Triton kernel of a layer: launched plainly (before) vs with programmatic dependent launch.
 
@@ -27,7 +27,7 @@ import torch
 from engine.bench import kernel_cases as cases
 from engine.bench.kernel_timing import Timer, copy_bandwidth, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import _triton, attention, fused_linear, gemm, linear, norm
+from engine.kernels import _triton, attention, fused_linear, linear, norm
 
 log = logging.getLogger(__name__)
 EPS = 1e-6
@@ -36,14 +36,14 @@ ATTN_CTX = 256
 
 @contextmanager
 def before() -> Iterator[None]:
-    """The previous dispatch: no split-K fixup, no norm prologue, 32-key decode tiles, no PDL."""
-    saved = gemm.LOCK_SLOTS, attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
-    gemm.LOCK_SLOTS, attention.DECODE_WIDE_BLOCK_N, _triton.PDL = 0, attention.DECODE_BLOCK_N, False
+    """The previous dispatch: no norm prologue, 32-key decode tiles, no PDL."""
+    saved = attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
+    attention.DECODE_WIDE_BLOCK_N, _triton.PDL = attention.DECODE_BLOCK_N, False
     fused_linear.add_rms_norm_linear_config = lambda *a, **k: None
     try:
         yield
     finally:
-        gemm.LOCK_SLOTS, attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL = saved
+        attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL = saved
 
 
 def norm_case(n: int, k: int, m: int):

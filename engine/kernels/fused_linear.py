@@ -56,8 +56,8 @@ def add_rms_norm_linear_batch_invariant_ref(
 def add_rms_norm_linear_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
     """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve. A
     shape listed in the table's add_rms_norm_linear section uses its buckets; any other runs fused at
-    the projection's own skinny config up to `norm_m_max` rows. Never a split-K config: the one-pass
-    prologue needs whole rows."""
+    the projection's own skinny config up to `norm_m_max` rows (1 by default: the GEMV). Never a
+    split-K config: the one-pass prologue needs whole rows."""
     t = tables or tuning.DEFAULT
     if (n, k) in t.add_rms_norm_linear:
         cfg = table_config(t.add_rms_norm_linear, m, n, k, 0)

@@ -36,7 +36,6 @@ def _linear_kernel(
     w_ptr,
     y_ptr,
     p_ptr,
-    lock_ptr,
     M,
     N,
     K,
@@ -55,7 +54,6 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
-    FIXUP: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SWIGLU: tl.constexpr,
@@ -66,9 +64,8 @@ def _linear_kernel(
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
     NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
     sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
-    with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p; with FIXUP the
-    last split to finish a tile (a counter in lock_ptr, reset after) sums them in split order into y,
-    else _splitk_reduce_kernel does."""
+    with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
+    split order by _splitk_reduce_kernel."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -118,17 +115,6 @@ def _linear_kernel(
             tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + rn, acc1.to(y_ptr.dtype.element_ty), mask=n_ok)
         else:
             tl.store(p_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
-            if FIXUP:
-                tile = pid_m * tl.num_programs(0) + pid_n
-                tl.debug_barrier()  # every thread's partial is issued before the counter moves
-                if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-                    tot = tl.zeros([BLOCK_N], tl.float32)
-                    for sk in range(0, tl.num_programs(2)):
-                        part = p_ptr + (sk * M + pid_m).to(tl.int64) * N + rn
-                        tot += tl.load(part, mask=n_ok, other=0.0, cache_modifier=".cg")
-                    dst = y_ptr + pid_m.to(tl.int64) * stride_ym + rn
-                    tl.store(dst, tot.to(y_ptr.dtype.element_ty), mask=n_ok)
-                    tl.atomic_xchg(lock_ptr + tile, 0)
     else:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         m_ok = rm < M
@@ -163,17 +149,6 @@ def _linear_kernel(
             tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:
             tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
-            if FIXUP:
-                tile = pid_m * tl.num_programs(0) + pid_n
-                tl.debug_barrier()
-                if tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-                    tot = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                    for sk in range(0, tl.num_programs(2)):
-                        part = p_ptr + (sk * M + rm.to(tl.int64))[:, None] * N + rn[None, :]
-                        tot += tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
-                    dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
-                    tl.store(dst, tot.to(y_ptr.dtype.element_ty), mask=mask)
-                    tl.atomic_xchg(lock_ptr + tile, 0)
 
 
 @jit
@@ -189,29 +164,9 @@ def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, 
     tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-# Split-K counters, one per output tile, zeroed once per device and left zeroed by every launch (the
-# last split resets its tile's). Launches that share them run one at a time on the engine's stream.
-LOCK_SLOTS = 1 << 16
-_locks: dict[torch.device, torch.Tensor] = {}
-
-
-def split_locks(device: torch.device, tiles: int) -> torch.Tensor | None:
-    """The device's counters, or None where the in-kernel fixup cannot run: too many tiles, or a
-    first use during CUDA-graph capture (the zeroing would only happen inside the graph)."""
-    locks = _locks.get(device)
-    if locks is None:
-        if tiles > LOCK_SLOTS or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return None
-        locks = _locks[device] = torch.zeros(LOCK_SLOTS, dtype=torch.int32, device=device)
-    return locks if tiles <= LOCK_SLOTS else None
-
-
-def launch(
-    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None, fixup: bool = True
-) -> torch.Tensor:
+def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
-    (split_k 1 only). fixup: a split-K launch sums its partials in the kernel where it can (else, or
-    with fixup=False, a second reduce launch does; the result is the same bits either way)."""
+    (split_k 1 only)."""
     m = x.shape[0]
     n, k = weight.shape
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -224,14 +179,12 @@ def launch(
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     split = cfg.split_k > 1
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
-    locks = split_locks(x.device, grid[0] * grid[1]) if split and fixup else None
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     _linear_kernel[grid](
         x,
         weight,
         y,
         parts,
-        locks if locks is not None else y,
         m,
         n,
         k,
@@ -250,7 +203,6 @@ def launch(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT=split,
-        FIXUP=locks is not None,
         EVEN_K=k % cfg.block_k == 0,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         SWIGLU=swiglu,
@@ -259,7 +211,7 @@ def launch(
         **pdl(x.device),
         num_stages=cfg.num_stages,
     )
-    if split and locks is None:
+    if split:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](
             parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4, **pdl(x.device)

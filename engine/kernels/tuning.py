@@ -46,9 +46,10 @@ DEFAULT_M_MAX = 16
 # relative to the weight stream; beyond a few rows only a measurement can say it still hides.
 DEFAULT_FUSED_M_MAX = 4
 # Shapes not listed in the add_rms_norm_linear section get the one-pass add + RMSNorm prologue at
-# their projection's skinny config (where it has no split-K) up to this many rows: the prologue adds
-# only L2 reads of the rows beside the weight stream and saves the norm's launch and round trip.
-DEFAULT_NORM_M_MAX = 128
+# their projection's skinny config (where it has no split-K) up to this many rows. One row (the GEMV)
+# only: on the H200 it saved 1.3-2 us per projection there, while the tl.dot path with the prologue
+# ran gate|up 4x slower at 8-64 rows (kernel_ab, 2026-11-30).
+DEFAULT_NORM_M_MAX = 1
 
 
 class SkinnyConfig(NamedTuple):
