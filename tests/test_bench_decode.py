@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -110,11 +111,15 @@ def test_decode_bench_end_to_end_on_cpu(tmp_path, capsys):
     assert sorted((r["impl"], r["concurrency"]) for r in runs) == [
         ("hf", "1"),
         ("hf", "2"),
+        ("hf-eager", "1"),
+        ("hf-eager", "2"),
         ("pegaspec", "1"),
         ("pegaspec", "2"),
     ]
     for r in runs:
         assert int(r["output_tokens"]) == 3 * int(r["concurrency"]) and float(r["tok_s"]) > 0
+        if r["impl"] == "hf":  # transformers compiles on a GPU only: on CPU the default is eager too
+            assert r["compiled"] == "False" and float(r["warmup_s"]) > 0
         if r["impl"] == "pegaspec":
             assert int(r["decode_steps"]) == 2 and float(r["step_ms"]) > 0  # 3 tokens: a prefill + 2 decodes
     meta = json.loads((tmp_path / "decode.json").read_text())
@@ -122,9 +127,32 @@ def test_decode_bench_end_to_end_on_cpu(tmp_path, capsys):
     assert meta["agreement"]["logits_rel_err"] < 1e-4  # and the same logits: the weights were handed over intact
     assert meta["hw"]["kv_bytes_per_token"] == 6 * 2 * 2 * 64 * 4  # tiny recipe geometry in fp32
     for s in meta["summary"]:
-        assert s["vs_peer"] == pytest.approx(s["tok_s"] / s["peer_tok_s"])
+        assert s["vs_peer"] == pytest.approx(s["tok_s"] / s["peer_tok_s"]) and s["peer_eager_tok_s"] > 0
         assert s["bw_fraction"] > 0 and s["floor_fraction"] > 0
-    assert "| c | tok/s | HF tok/s |" in capsys.readouterr().out
+    assert meta["peer_failures"] == []
+    out = capsys.readouterr().out
+    assert "| c | tok/s | HF tok/s | vs HF | HF eager tok/s |" in out and "NOT compiled on this device" in out
+
+
+def test_decode_bench_reports_a_peer_warmup_past_its_cap(tmp_path, monkeypatch):
+    def slow(*args):
+        time.sleep(5)
+
+    monkeypatch.setattr(decode, "time_hf_generate", slow)
+    argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "1", "2"]
+    argv += ["--prompt-len", "4", "--new-tokens", "2", "--repeats", "1", "--copy-mib", "8", "--gemm-n", "64"]
+    argv += ["--peer-modes", "compiled", "--peer-warmup-cap-s", "0.2", "--check-tokens", "0"]
+    assert decode.main(argv) == 0
+    meta = json.loads((tmp_path / "decode.json").read_text())
+    (failure,) = meta["peer_failures"]  # the first shape's failure ends the mode
+    assert (failure["mode"], failure["concurrency"]) == ("compiled", 1) and "exceeded" in failure["error"]
+    assert meta["summary"][0]["peer_tok_s"] is None
+    assert "warm-up failed" in (tmp_path / "decode.md").read_text()
+
+
+def test_decode_bench_refuses_an_unknown_peer_mode(tmp_path):
+    with pytest.raises(SystemExit):
+        decode.main(["--out", str(tmp_path), "--peer-modes", "fast"])
 
 
 def test_decode_bench_without_peer(tmp_path):

@@ -113,7 +113,7 @@ def test_ops_silu_mul_linear():
     x, w = randn(5, 2 * 48), randn(32, 48)
     for inv in (False, True):
         ops = get_ops("torch", batch_invariant=inv)
-        assert torch.equal(ops.silu_mul_linear(x, w), ops.linear(ops.silu_and_mul(x), w))
+        assert torch.equal(ops.silu_mul_linear(x, w), ops.linear(activation.silu_and_mul_ref(x), w))
     assert get_ops("torch").silu_mul_linear is fused_linear.silu_mul_linear_ref
 
 
@@ -123,10 +123,10 @@ def test_ops_silu_mul_linear():
 NORM_CASES = [
     # m, n, k (weight [n, k], rows [m, k]), config
     (1, 48, 200, SkinnyConfig(1, 16, 64, 1, 4, 2)),  # GEMV, K ragged against BLOCK_K
-    (1, 40, 256, SkinnyConfig(1, 32, 64, 4, 4, 1)),  # GEMV, split-K: only split 0 of N tile 0 writes the sum
-    (3, 64, 200, SkinnyConfig(16, 32, 64, 2, 4, 2)),  # dot path, split-K, ragged K
+    (1, 40, 256, SkinnyConfig(1, 16, 64, 1, 4, 1)),  # GEMV, 3 N tiles: only N tile 0 writes the sum
+    (3, 64, 200, SkinnyConfig(16, 32, 64, 1, 4, 2)),  # dot path, ragged K
     (16, 72, 160, SkinnyConfig(16, 32, 64, 1, 4, 2)),  # dot path, a full M tile, ragged N and K
-    (20, 64, 128, SkinnyConfig(16, 32, 64, 2, 4, 2)),  # two M tiles (the second one ragged), split-K
+    (20, 64, 128, SkinnyConfig(16, 32, 64, 1, 4, 2)),  # two M tiles (the second one ragged)
     (3, 50, 96, None),  # the default heuristic's config
 ]
 
@@ -143,11 +143,18 @@ def test_add_rms_norm_linear(dtype, m, n, k, cfg):
     assert y.shape == (m, n) and y.dtype == dtype and summed.shape == (m, k)
     assert torch.equal(summed, ref_sum), "the residual sum is elementwise: it must match exactly"
     assert rel_err(y, ref) < TOL[dtype]
-    # Against the unfused Triton pair at the same config: the only difference is the order of the
-    # sum of squares (tiles of BLOCK_K vs one row-wide block), so it agrees to the dtype's tolerance.
+    # Against the unfused Triton pair at the same config: the differences are the order of the sum of
+    # squares and where 1/rms is applied (to the accumulator, not to each element before the weight
+    # product), so it agrees to the dtype's tolerance.
     normed, summed2 = norm.add_rms_norm(x, r, nw, 1e-6)
     assert torch.equal(summed, summed2)
     assert rel_err(y, linear.linear_with_config(normed, w, cfg)) < TOL[dtype]
+
+
+def test_add_rms_norm_linear_refuses_split_k():
+    x, cfg = randn(1, 64), SkinnyConfig(1, 8, 32, 2, 4, 1)
+    with pytest.raises(ValueError, match="split_k 1"):
+        fused_linear.add_rms_norm_linear_with_config(x, x, randn(64), 1e-6, randn(8, 64), cfg)
 
 
 def test_add_rms_norm_linear_dispatch(monkeypatch):
@@ -170,19 +177,26 @@ def test_add_rms_norm_linear_dispatch(monkeypatch):
             assert torch.equal(summed.reshape(-1, k), ref_sum)
             assert rel_err(y.reshape(-1, n), ref) < TOL[torch.float32]
 
-    use_tables(monkeypatch, tuning.DEFAULT)  # never fused unless a table lists the shape
-    for shape in [(1, k), (2, 2, k), (16, k), (0, k)]:
-        check(shape, None)
-    cfgs = {1: SkinnyConfig(1, 16, 32, 2, 4, 1), 4: SkinnyConfig(16, 16, 32, 2, 4, 2)}
+    use_tables(monkeypatch, tuning.DEFAULT)  # fused at the projection's own (unsplit) config, one row
+    check((1, k), linear.default_skinny_config(1, n, k))
+    check((2, 2, k), None)  # above norm_m_max (1 by default): the unfused pair
+    check((0, k), None)
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=16))
+    check((16, k), linear.default_skinny_config(16, n, k))
+    check((17, k), None)  # cuBLAS serves the projection: the unfused pair
+    split = SkinnyConfig(16, 16, 32, 2, 4, 1)
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=16, linear={(n, k): {2: split}}))
+    check((2, k), None)  # the projection splits K: the unfused pair
+    cfgs = {1: SkinnyConfig(1, 16, 32, 1, 4, 1), 4: SkinnyConfig(16, 16, 32, 1, 4, 2), 8: split}
     use_tables(monkeypatch, TunedTables("test", add_rms_norm_linear={(n, k): cfgs}))
     check((1, k), cfgs[1])
     check((2, k), None)  # bucket 2 missing: the unfused pair
     check((3, k), cfgs[4])
     check((2, 2, k), cfgs[4])
-    check((5, k), None)
-    use_tables(monkeypatch, TunedTables("test", norm_m_max=4))  # a file may turn it on for untuned shapes
-    check((3, k), linear.default_skinny_config(3, n, k))
-    check((5, k), None)
+    check((5, k), None)  # a split-K entry is not used
+    use_tables(monkeypatch, TunedTables("test", norm_m_max=2))  # a file may cap it for untuned shapes
+    check((2, k), linear.default_skinny_config(2, n, k))
+    check((3, k), None)
 
 
 @pytest.mark.usefixtures("row_invariant_dot")
@@ -211,6 +225,10 @@ def test_ops_add_rms_norm_linear():
         y, summed2 = ops.add_rms_norm_linear(x, r, nw, 1e-6, w)
         assert torch.equal(y, ops.linear(normed, w)) and torch.equal(summed, summed2)
     assert get_ops("torch").add_rms_norm_linear is fused_linear.add_rms_norm_linear_ref
+
+
+def unsplit(m: int, n: int, k: int) -> SkinnyConfig:
+    return linear.default_skinny_config(m, n, k)._replace(split_k=1)
 
 
 # --- GPU only -----------------------------------------------------------------------------------
@@ -258,14 +276,14 @@ def test_gpu_add_rms_norm_linear_4b(n):
     for m in (1, 2, 3, 4, 8, 16):
         x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
         ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
-        cfg = fused_linear.add_rms_norm_linear_config(m, n, k, t) or linear.default_skinny_config(m, n, k)
+        cfg = fused_linear.add_rms_norm_linear_config(m, n, k, t) or unsplit(m, n, k)
         y, summed = fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
         assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], (m, cfg)
         y, summed = fused_linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
         assert torch.equal(summed, ref_sum) and rel_err(y, ref) < TOL[bf], m
     for m in (1, 4):
         x, r = randn(m, k, dtype=bf, scale=2.0), randn(m, k, dtype=bf)
-        cfg = linear.default_skinny_config(m, n, k)
+        cfg = unsplit(m, n, k)
         run = lambda x=x, r=r, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg)
         graph, (y, summed) = capture_graph(run)
         for _ in range(2):

@@ -2,7 +2,11 @@
 our engine vs the HF transformers peer on the same weights, against the measured roofline.
 
     python -m engine.bench.decode --out DIR [--concurrency 1 8 16 32 64] [--prompt-len 128]
-        [--new-tokens 128] [--peer/--no-peer]
+        [--new-tokens 128] [--peer/--no-peer] [--peer-modes compiled eager] [--peer-warmup-cap-s 240]
+
+The peer is `generate` with a static cache, as a user runs it (transformers' default compilation,
+excluded from the timing by a warm-up call per concurrency) and eager as a second row. A warm-up that
+fails or runs past its cap is reported (decode.json "peer_failures", the notes), not hidden.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,7 +27,16 @@ from engine.bench.geometry import GEOMETRIES, target_config
 from engine.bench.hw import copy_bandwidth, gemm_rate
 from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
-from engine.bench.peer import as_checkpoint, build_hf_model, hf_generate, time_hf_generate
+from engine.bench.peer import (
+    PEER_MODES,
+    PeerTimeout,
+    as_checkpoint,
+    build_hf_model,
+    compiled,
+    deadline,
+    hf_generate,
+    time_hf_generate,
+)
 from engine.bench.report import write_csv, write_json
 from engine.config import SamplingParams
 from engine.scheduler import Plan
@@ -50,6 +64,41 @@ def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int
     }
 
 
+def peer_runs(
+    model, prompts, concurrency: Sequence[int], new_tokens: int, mode: str, repeats: int, cap_s: float, raw: list
+) -> list[dict]:
+    """Time the peer in one mode at each concurrency (rows appended to raw, impl "hf" compiled or
+    "hf-eager"); returns the warm-ups that failed or ran past cap_s. A failed compiled warm-up ends that
+    mode: the next shape would recompile under the same cap."""
+    impl = "hf" if mode == "compiled" else "hf-eager"
+    for c in concurrency:
+        ids = torch.tensor(prompts[:c], device=model.device)
+        t0 = time.perf_counter()
+        try:
+            with deadline(cap_s):
+                time_hf_generate(model, ids, new_tokens, mode)  # warm-up: compilation, static cache, graphs
+        except (PeerTimeout, RuntimeError, torch.cuda.OutOfMemoryError) as e:  # dynamo/inductor raise RuntimeErrors
+            log.warning("peer %s c=%d warm-up failed after %.0f s: %s", mode, c, time.perf_counter() - t0, e)
+            return [{"mode": mode, "concurrency": c, "after_s": time.perf_counter() - t0, "error": str(e)[:300]}]
+        warmup_s = time.perf_counter() - t0
+        for rep in range(repeats):
+            wall = time_hf_generate(model, ids, new_tokens, mode)
+            raw.append(
+                {
+                    "impl": impl,
+                    "concurrency": c,
+                    "repeat": rep,
+                    "wall_s": wall,
+                    "tok_s": c * new_tokens / wall,
+                    "output_tokens": c * new_tokens,
+                    "warmup_s": warmup_s,
+                    "compiled": compiled(model) if mode == "compiled" else False,
+                }
+            )
+        log.info("peer %s c=%d: %.0f tok/s (warm-up %.0f s)", mode, c, raw[-1]["tok_s"], warmup_s)
+    return []
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -60,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True, help="time the HF peer too")
     p.add_argument("--peer-concurrency", type=int, nargs="+", default=None, help="default: --concurrency")
     p.add_argument("--peer-repeats", type=int, default=3)
+    p.add_argument("--peer-modes", nargs="+", choices=PEER_MODES, default=list(PEER_MODES))
+    p.add_argument(
+        "--peer-warmup-cap-s", type=float, default=240.0, help="cap on a peer warm-up (compilation) call; 0: none"
+    )
     p.add_argument("--geometry", default="4b", choices=GEOMETRIES, help="4b; tiny/small for quick checks")
     p.add_argument("--std", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
@@ -80,9 +133,66 @@ def agreement(engine, model, prompt: Sequence[int], tokens: int, device: torch.d
         theirs_logits = model(input_ids=ids).logits[0, -1].float()
     rel = ((ours_logits - theirs_logits).norm() / theirs_logits.norm()).item()
     ours = engine.generate([list(prompt)], SamplingParams(max_tokens=tokens, ignore_eos=True))[0].token_ids
-    theirs = hf_generate(model, ids, tokens)[0].tolist()
+    theirs = hf_generate(model, ids, tokens, "eager")[0].tolist()  # eager: no compile for this shape
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
     return {"logits_rel_err": rel, "tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
+
+
+def peer_compiled(raw: Sequence[dict]) -> str:
+    rows = [r for r in raw if r["impl"] == "hf"]
+    if not rows:
+        return "not run"
+    warm = ", ".join(f"c={r['concurrency']} {r['warmup_s']:.0f} s" for r in rows if r["repeat"] == 0)
+    return ("compiled" if all(r["compiled"] for r in rows) else "NOT compiled on this device") + f"; warm-ups {warm}"
+
+
+def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float, float], raw, failures, agree) -> str:
+    """Write decode_runs.csv, decode_summary.csv, decode.md and decode.json from the runs so far;
+    returns the notes and the table."""
+    bw, rate = ceilings
+    P, N = args.prompt_len, args.new_tokens
+    summary = summarize(raw, config, args.concurrency, P, N, bw, rate, dtype.itemsize)
+    meta = run_meta("decode", device, list(argv) if argv is not None else None)
+    hw = {
+        "copy_bandwidth_Bps": bw,
+        "gemm_flops": rate,
+        "dtype": str(dtype).removeprefix("torch."),
+        "weight_bytes": roofline.weight_bytes(config, dtype.itemsize),
+        "kv_bytes_per_token": roofline.kv_bytes_per_token(config, dtype.itemsize),
+    }
+    notes = (
+        f"- measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {hw['dtype']} GEMM {rate / 1e12:.1f} TFLOP/s "
+        f"(n={args.gemm_n}); weights {hw['weight_bytes'] / 1e9:.3f} GB (tied head once), KV "
+        f"{hw['kv_bytes_per_token']:,} B/token\n"
+        f"- prompts {P} random tokens, {N} new tokens, greedy, EOS ignored; peer: transformers generate, "
+        f"static cache; 'HF' = its default compilation ({peer_compiled(raw)}), 'HF eager' = disable_compile\n"
+    )
+    for f in failures:
+        notes += f"- peer {f['mode']} c={f['concurrency']}: warm-up failed after {f['after_s']:.0f} s: {f['error']}\n"
+    if agree:
+        notes += (
+            f"- engine vs peer on the first prompt: last-position logits rel. L2 error "
+            f"{agree['logits_rel_err']:.2e}; greedy tokens agree {agree['agree_prefix']}/{agree['tokens']}\n"
+        )
+    table = decode_markdown(summary)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "decode_runs.csv", raw)
+    write_csv(args.out / "decode_summary.csv", summary)
+    (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")
+    write_json(
+        args.out / "decode.json",
+        {
+            **meta,
+            "geometry": config,
+            "hw": hw,
+            "prompt_len": P,
+            "new_tokens": N,
+            "agreement": agree,
+            "peer_failures": failures,
+            "summary": summary,
+        },
+    )
+    return notes + "\n" + table
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,65 +225,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rep in range(args.repeats):
             raw.append({"impl": "pegaspec", "concurrency": c, "repeat": rep, **engine_run(engine, prompts, c, N)})
         log.info("engine c=%d: %.0f tok/s", c, statistics.median(r["tok_s"] for r in raw[-args.repeats :]))
+    failures: list[dict] = []
+    report = lambda agree=None: write_report(args, argv, config, device, dtype, (bw, rate), raw, failures, agree)  # noqa: E731
+    report()  # the engine's figures are on disk before the peer starts (its compilation may run long)
+    for mode in args.peer_modes if args.peer else []:
+        failures += peer_runs(model, prompts, peer_conc, N, mode, args.peer_repeats, args.peer_warmup_cap_s, raw)
+        report()
     agree = None
-    for c in peer_conc:
-        ids = torch.tensor(prompts[:c], device=device)
-        time_hf_generate(model, ids, N)  # warm-up: the static cache for this batch
-        for rep in range(args.peer_repeats):
-            wall = time_hf_generate(model, ids, N)
-            raw.append(
-                {
-                    "impl": "hf",
-                    "concurrency": c,
-                    "repeat": rep,
-                    "wall_s": wall,
-                    "tok_s": c * N / wall,
-                    "output_tokens": c * N,
-                }
-            )
-        log.info("peer c=%d: %.0f tok/s", c, raw[-1]["tok_s"])
     if args.peer and args.check_tokens:
         agree = agreement(engine, model, prompts[0], min(N, args.check_tokens), device)
-
-    summary = summarize(raw, config, args.concurrency, P, N, bw, rate, dtype.itemsize)
-    meta = run_meta("decode", device, list(argv) if argv is not None else None)
-    hw = {
-        "copy_bandwidth_Bps": bw,
-        "gemm_flops": rate,
-        "dtype": str(dtype).removeprefix("torch."),
-        "weight_bytes": roofline.weight_bytes(config, dtype.itemsize),
-        "kv_bytes_per_token": roofline.kv_bytes_per_token(config, dtype.itemsize),
-    }
-    notes = (
-        f"- measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {hw['dtype']} GEMM {rate / 1e12:.1f} TFLOP/s "
-        f"(n={args.gemm_n}); weights {hw['weight_bytes'] / 1e9:.3f} GB (tied head once), KV "
-        f"{hw['kv_bytes_per_token']:,} B/token\n"
-        f"- prompts {P} random tokens, {N} new tokens, greedy, EOS ignored; peer: transformers generate, "
-        f"static cache, no torch.compile\n"
-    )
-    if agree:
-        notes += (
-            f"- engine vs peer on the first prompt: last-position logits rel. L2 error "
-            f"{agree['logits_rel_err']:.2e}; greedy tokens agree {agree['agree_prefix']}/{agree['tokens']}\n"
-        )
-    table = decode_markdown(summary)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_csv(args.out / "decode_runs.csv", raw)
-    write_csv(args.out / "decode_summary.csv", summary)
-    (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")
-    write_json(
-        args.out / "decode.json",
-        {
-            **meta,
-            "geometry": config,
-            "hw": hw,
-            "prompt_len": P,
-            "new_tokens": N,
-            "agreement": agree,
-            "summary": summary,
-        },
-    )
-    print(notes + "\n" + table)
+    print(report(agree))
     print(f"wrote {args.out}/decode_runs.csv, decode_summary.csv, decode.md, decode.json")
     return 0
 

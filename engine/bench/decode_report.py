@@ -55,6 +55,7 @@ def summarize(
     for c in concurrency:
         ours = [r for r in raw if r["impl"] == "pegaspec" and r["concurrency"] == c]
         peer = [r for r in raw if r["impl"] == "hf" and r["concurrency"] == c]
+        eager = [r for r in raw if r["impl"] == "hf-eager" and r["concurrency"] == c]
         tok_s, peer_tok_s, step_ms, wall = (
             med(ours, "tok_s"),
             med(peer, "tok_s"),
@@ -67,6 +68,7 @@ def summarize(
                 "tok_s": tok_s,
                 "peer_tok_s": peer_tok_s,
                 "vs_peer": tok_s / peer_tok_s if peer_tok_s else None,
+                "peer_eager_tok_s": med(eager, "tok_s"),
                 "step_ms": step_ms,
                 "target_ms": med(ours, "target_ms"),
                 "wall_s": wall,
@@ -86,6 +88,7 @@ def decode_markdown(summary: Sequence[dict]) -> str:
             fmt(s["tok_s"], 0),
             fmt(s["peer_tok_s"], 0),
             "—" if s["vs_peer"] is None else f"{s['vs_peer']:.2f}x",
+            fmt(s["peer_eager_tok_s"], 0),
             fmt(s["step_ms"], 3),
             fmt(s["target_ms"], 3),
             fmt(s["step_gb"], 2),
@@ -101,6 +104,7 @@ def decode_markdown(summary: Sequence[dict]) -> str:
         "tok/s",
         "HF tok/s",
         "vs HF",
+        "HF eager tok/s",
         "step ms",
         "device ms",
         "GB/step",

@@ -185,7 +185,9 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                         ),
                     )
                 )
-            cands = list(dict.fromkeys(top + [fused_linear.add_rms_norm_linear_config(m, n, k, current)]))
+            # the one-pass prologue needs whole rows: the linear's best tilings without split-K
+            unsplit = [cfg._replace(split_k=1) for cfg in top]
+            cands = list(dict.fromkeys(unsplit + [fused_linear.add_rms_norm_linear_config(m, n, k, current)]))
             paths = [(name, cfg, fn, f"{name} N={n} K={k} M={m}") for name, cfg, fn in unfused]
             paths += [
                 (

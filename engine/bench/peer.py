@@ -1,10 +1,12 @@
 """The HF transformers peer: the same random weights in a Qwen3ForCausalLM, greedy `generate` with a
-static cache and no torch.compile (disable_compile: transformers otherwise auto-compiles the forward
-whenever the cache is static)."""
+static cache, as a user runs it: with transformers' default compilation (it auto-compiles the decode
+forward whenever the cache is static and the device is a GPU), or eager (`disable_compile`)."""
 
 from __future__ import annotations
 
+import signal
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -46,8 +48,43 @@ def as_checkpoint(model, config: dict, name: str) -> Checkpoint:
     return Checkpoint(name, dict(config), tensors=dict(model.state_dict()))
 
 
-def hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy continuation ids [c, new_tokens] of equal-length prompts [c, P]; raises if it stopped early."""
+PEER_MODES = ("compiled", "eager")
+
+
+class PeerTimeout(RuntimeError):
+    """A peer call (in practice its first-call compilation) ran past its cap."""
+
+
+@contextmanager
+def deadline(seconds: float | None):
+    """Raise PeerTimeout in the main thread once `seconds` have passed (None: no cap; SIGALRM, so Unix
+    and the main thread only)."""
+    if not seconds:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise PeerTimeout(f"exceeded {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def compiled(model) -> bool:
+    """Did generate compile the forward (transformers keeps the compiled call on the model)?"""
+    return hasattr(model, "_compiled_call")
+
+
+def hf_generate(model, prompts: torch.Tensor, new_tokens: int, mode: str = "eager") -> torch.Tensor:
+    """Greedy continuation ids [c, new_tokens] of equal-length prompts [c, P]; raises if it stopped early.
+    mode "compiled" leaves transformers' default compilation on (it compiles on a GPU only)."""
+    if mode not in PEER_MODES:
+        raise ValueError(f"unknown peer mode {mode!r}; expected one of {PEER_MODES}")
     with torch.inference_mode():
         out = model.generate(
             input_ids=prompts,
@@ -55,7 +92,7 @@ def hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
             do_sample=False,
             max_new_tokens=new_tokens,
             cache_implementation="static",
-            disable_compile=True,
+            disable_compile=mode == "eager",
             pad_token_id=0,
         )
     got = out.shape[1] - prompts.shape[1]
@@ -64,10 +101,10 @@ def hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
     return out[:, prompts.shape[1] :]
 
 
-def time_hf_generate(model, prompts: torch.Tensor, new_tokens: int) -> float:
+def time_hf_generate(model, prompts: torch.Tensor, new_tokens: int, mode: str = "eager") -> float:
     """Wall seconds of one generate call (prefill included), synchronized at both ends."""
     sync(prompts.device)
     t0 = time.perf_counter()
-    hf_generate(model, prompts, new_tokens)
+    hf_generate(model, prompts, new_tokens, mode)
     sync(prompts.device)
     return time.perf_counter() - t0

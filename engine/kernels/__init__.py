@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from engine.kernels.activation import silu_and_mul_ref
 from engine.kernels.attention import paged_attention_ref
 from engine.kernels.fused_linear import (
     add_rms_norm_linear_batch_invariant_ref,
@@ -31,7 +30,6 @@ class Ops:
     qk_norm_rope_store: Callable
     paged_attention: Callable
     linear: Callable
-    silu_and_mul: Callable
     silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
     argmax: Callable
     accept_prefix: Callable
@@ -46,7 +44,6 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         qk_norm_rope_store=qk_norm_rope_store_ref,
         paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,
-        silu_and_mul=silu_and_mul_ref,
         silu_mul_linear=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
         argmax=argmax_ref,
         accept_prefix=accept_prefix_ref,

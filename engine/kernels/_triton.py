@@ -11,10 +11,14 @@ Under the interpreter, `bind` also patches two triton 3.6 interpreter problems (
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import os
 import sys
 import threading
 from typing import Any
+
+import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 _lock = threading.Lock()
@@ -26,6 +30,29 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
+
+
+# Programmatic dependent launch (sm90+): a kernel launched with it may start while the previous one
+# drains; it waits (griddepcontrol.wait) before touching memory, then lets the next one launch. The
+# kernels that take a PDL constexpr do both first thing. kernel_ab switches it off for its "before".
+PDL = True
+
+
+@functools.lru_cache(maxsize=8)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl(device: torch.device) -> dict:
+    """Launch options of the PDL-aware kernels: {"PDL": True, "launch_pdl": True} on an sm90+ GPU
+    with PDL on, else {"PDL": False} (the interpreter runs no griddepcontrol)."""
+    on = (
+        PDL
+        and device.type == "cuda"
+        and os.environ.get("TRITON_INTERPRET", "0") != "1"
+        and _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+    )
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 def require_triton() -> None:

@@ -1,8 +1,8 @@
 """Fused projections: the MLP's SwiGLU + down (`silu_mul_linear`) and a residual add + RMSNorm folded
 into the projection that consumes it (`add_rms_norm_linear`).
 
-Both run linear.py's Triton GEMM with a prologue (`SWIGLU` / `NORM`), which forms each K tile of the
-activation in registers; the kernel and its prologue helpers live in linear.py (see there why)."""
+Both run gemm.py's Triton GEMM with a prologue (`SWIGLU` / `NORM`), which forms each K tile of the
+activation in registers; the kernel and its prologue helpers live in gemm.py (see there why)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from engine.kernels import tuning
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
+from engine.kernels.gemm import launch
 from engine.kernels.linear import (
     as_rows,
     dispatch_config,
-    launch,
     linear,
     linear_batch_invariant,
     linear_batch_invariant_ref,
@@ -54,10 +54,16 @@ def add_rms_norm_linear_batch_invariant_ref(
 
 
 def add_rms_norm_linear_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
-    """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve:
-    only shapes and M buckets the device's table lists (`norm_m_max` is 0 unless a file sets it)."""
+    """The fused add + RMSNorm + projection config, or None where add_rms_norm + `linear` serve. A
+    shape listed in the table's add_rms_norm_linear section uses its buckets; any other runs fused at
+    the projection's own skinny config up to `norm_m_max` rows (1 by default: the GEMV). Never a
+    split-K config: the one-pass prologue needs whole rows."""
     t = tables or tuning.DEFAULT
-    return table_config(t.add_rms_norm_linear, m, n, k, t.norm_m_max)
+    if (n, k) in t.add_rms_norm_linear:
+        cfg = table_config(t.add_rms_norm_linear, m, n, k, 0)
+    else:
+        cfg = skinny_config(m, n, k, t) if m <= t.norm_m_max else None
+    return cfg if cfg is not None and cfg.split_k == 1 else None
 
 
 def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | None = None) -> SkinnyConfig | None:
@@ -90,6 +96,8 @@ def add_rms_norm_linear_with_config(
     reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype."""
     assert x.shape == residual.shape and x.shape[1] == weight.shape[1] == norm_weight.shape[0], (x.shape, weight.shape)
     assert len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) == 1 and norm_weight.stride(0) == 1
+    if cfg.split_k != 1:
+        raise ValueError(f"the add + RMSNorm prologue needs whole rows: split_k 1, got {cfg}")
     summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return launch(x, weight, cfg, norm=(residual, norm_weight, summed, float(eps))), summed
 

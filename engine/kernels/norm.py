@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import jit, next_pow2
+from engine.kernels._triton import jit, next_pow2, pdl
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -41,7 +41,11 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -86,6 +90,7 @@ def _norm_launch(x2, r2, weight, out, summed, eps: float) -> None:
         HAS_RESIDUAL=has_res,
         BLOCK=block,
         num_warps=num_warps,
+        **pdl(x2.device),
     )
 
 

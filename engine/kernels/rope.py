@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import cdiv, jit, next_pow2
+from engine.kernels._triton import cdiv, jit, next_pow2, pdl
 from engine.kernels.norm import rms_norm_ref
 
 
@@ -118,7 +118,11 @@ def _qk_norm_rope_store_kernel(
     D: tl.constexpr,
     HB: tl.constexpr,
     HAS_Q: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     d = tl.arange(0, D)
@@ -213,5 +217,6 @@ def qk_norm_rope_store(
         HB=hb,
         HAS_Q=q is not None,
         num_warps=4,
+        **pdl(k.device),
     )
     return q_out

@@ -7,7 +7,6 @@ from functools import partial
 
 from engine.kernels import Ops
 from engine.kernels._triton import require_triton
-from engine.kernels.activation import silu_and_mul
 from engine.kernels.attention import paged_attention
 from engine.kernels.fused_linear import (
     add_rms_norm_linear,
@@ -33,7 +32,6 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         qk_norm_rope_store=qk_norm_rope_store,
         paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,
-        silu_and_mul=silu_and_mul,
         silu_mul_linear=silu_mul_linear_batch_invariant if batch_invariant else silu_mul_linear,
         argmax=argmax,
         accept_prefix=accept_prefix,

@@ -18,8 +18,8 @@ next power of two of the row count):
 `linear` and `add_rms_norm_linear` shapes are "NxK" of the weight; `silu_mul_linear` shapes are
 "NxI" of the down weight [N, I] (its input is the [M, 2I] gate|up). For a listed shape a missing
 bucket means the kernel loses there (cuBLAS / the unfused pair serves it); an unlisted shape uses
-the default heuristic up to the section's `m_max` rows (0 for add_rms_norm_linear: the norm
-prologue runs only where a sweep measured it faster). A section missing from a file is empty. A
+the default heuristic up to the section's `m_max` rows (add_rms_norm_linear: the projection's own
+config, where it has no split-K). A section missing from a file is empty. A
 malformed entry is dropped with a warning (so its bucket falls back to cuBLAS / the unfused pair),
 a malformed file is ignored with a warning: bad tuning data costs speed, never results.
 """
@@ -45,9 +45,11 @@ DEFAULT_M_MAX = 16
 # above. Each N tile recomputes silu over its K range, so the exp/div work grows with M / BLOCK_N
 # relative to the weight stream; beyond a few rows only a measurement can say it still hides.
 DEFAULT_FUSED_M_MAX = 4
-# Untuned shapes never get the add + RMSNorm prologue: every program re-reads whole rows (from L2)
-# to recompute their RMS, a cost only a measurement can weigh against the launch it saves.
-DEFAULT_NORM_M_MAX = 0
+# Shapes not listed in the add_rms_norm_linear section get the one-pass add + RMSNorm prologue at
+# their projection's skinny config (where it has no split-K) up to this many rows. One row (the GEMV)
+# only: on the H200 it saved 1.3-2 us per projection there, while the tl.dot path with the prologue
+# ran gate|up 4x slower at 8-64 rows (kernel_ab, 2026-11-30).
+DEFAULT_NORM_M_MAX = 1
 
 
 class SkinnyConfig(NamedTuple):

@@ -1,0 +1,219 @@
+"""The skinny-M Triton GEMM behind every projection (linear.py dispatches to it): y = x @ W^T with
+optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
+for a residual add + RMSNorm before q|k|v and gate|up), and the deterministic split-K reduce. The
+prologue helpers live here because the lazy triton binding resolves a kernel's helpers in its module."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels._triton import cdiv, jit, pdl
+from engine.kernels.tuning import SkinnyConfig
+
+tl = None  # triton.language, bound by _triton.bind at the first launch
+
+
+@jit
+def _swiglu(gate, up):
+    """silu(gate) * up, rounded as silu_and_mul_ref (and _silu_and_mul_kernel) round: silu in the
+    input dtype, then the product in the input dtype."""
+    g = gate.to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    return (act * up.to(tl.float32)).to(gate.dtype)
+
+
+@jit
+def _add_scale(x, r, nw):
+    """One tile of the NORM prologue: (s, s * nw) with s = x + r, both rounded to the input dtype as
+    add_rms_norm_ref rounds the sum; the row's 1/rms is applied to the accumulator at the end."""
+    s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+    return s, (s.to(tl.float32) * nw.to(tl.float32)).to(x.dtype)
+
+
+@jit(do_not_specialize=["M"])
+def _linear_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    p_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    k_per_split,
+    up_off,
+    r_ptr,
+    nw_ptr,
+    s_ptr,
+    stride_rm,
+    stride_sm,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    NORM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
+    activation is formed per K tile in registers from the gate and up tiles, never stored; or with
+    NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
+    sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
+    with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
+    split order by _splitk_reduce_kernel."""
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rk0 = tl.arange(0, BLOCK_K)
+    writer = pid_n == 0
+    if BLOCK_M == 1:
+        # GEMV (grid M == M): elementwise FMAs into a [BLOCK_N, BLOCK_K] tile, one reduction at the end.
+        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
+        r_row = r_ptr + pid_m.to(tl.int64) * stride_rm
+        s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
+        ss1 = tl.zeros([BLOCK_K], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            rk = k + rk0
+            k_ok = rk < k_hi
+            if EVEN_K:
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+                x = tl.load(x_row + rk)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_row + up_off + rk))
+                if NORM:
+                    s, x = _add_scale(x, tl.load(r_row + rk), tl.load(nw_ptr + rk))
+            else:  # masked lanes: silu(0) * 0 = 0; x = r = 0 adds nothing to the sum of squares
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                x = tl.load(x_row + rk, mask=k_ok, other=0.0)
+                if SWIGLU:
+                    x = _swiglu(x, tl.load(x_row + up_off + rk, mask=k_ok, other=0.0))
+                if NORM:
+                    r = tl.load(r_row + rk, mask=k_ok, other=0.0)
+                    s, x = _add_scale(x, r, tl.load(nw_ptr + rk, mask=k_ok, other=0.0))
+            if NORM:
+                tl.store(s_row + rk, s, mask=k_ok & writer)
+                ss1 += s.to(tl.float32) * s.to(tl.float32)
+            acc2 += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        acc1 = tl.sum(acc2, axis=1)
+        if NORM:
+            acc1 = acc1 * tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
+        if not SPLIT:
+            tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + rn, acc1.to(y_ptr.dtype.element_ty), mask=n_ok)
+        else:
+            tl.store(p_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
+    else:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_ok = rm < M
+        x_rows = x_ptr + rm.to(tl.int64)[:, None] * stride_xm
+        r_rows = r_ptr + rm.to(tl.int64)[:, None] * stride_rm
+        s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
+        ss = tl.zeros([BLOCK_M], tl.float32)  # per-row sums: a [BLOCK_M, BLOCK_K] fp32 tile costs registers
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            rk = k + rk0
+            k_ok = (rk < k_hi)[None, :]
+            if EVEN_K:
+                xm = m_ok[:, None]
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+            else:
+                xm = m_ok[:, None] & k_ok
+                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
+            x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
+            if SWIGLU:
+                x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0))
+            if NORM:
+                r = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
+                s, x = _add_scale(x, r, tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
+                tl.store(s_rows + rk[None, :], s, mask=xm & writer)
+                ss += tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=1)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+        if NORM:
+            acc = acc * tl.rsqrt(ss / K + eps)[:, None]
+        mask = m_ok[:, None] & n_ok[None, :]
+        if not SPLIT:
+            dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+            tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+@jit
+def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = idx < M * N
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(p_ptr + s * M * N + idx, mask=ok, other=0.0)
+    tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
+    """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
+    (split_k 1 only)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return y
+    assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
+    assert norm is None or cfg.split_k == 1, "the NORM prologue needs whole rows: split_k 1"
+    # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
+    k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
+    split = cfg.split_k > 1
+    parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
+    r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
+    _linear_kernel[grid](
+        x,
+        weight,
+        y,
+        parts,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        k_per_split,
+        k if swiglu else 0,
+        r,
+        nw,
+        summed,
+        r.stride(0),
+        summed.stride(0),
+        eps,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT=split,
+        EVEN_K=k % cfg.block_k == 0,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SWIGLU=swiglu,
+        NORM=norm is not None,
+        num_warps=cfg.num_warps,
+        **pdl(x.device),
+        num_stages=cfg.num_stages,
+    )
+    if split:
+        block = 1024
+        _splitk_reduce_kernel[(cdiv(m * n, block),)](
+            parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4, **pdl(x.device)
+        )
+    return y
