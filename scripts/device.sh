@@ -24,6 +24,11 @@ run_gpu_tests() {
   python3 -m pytest tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
     tests/test_draft_context.py -q -rs -n 3 -p no:cacheprovider
 }
+stage suite 240 "the whole suite (CPU tests, GPU tests, gates) on the device; the gate's record in logs/levers-gate-h200.md"
+run_suite() {
+  PEGAINFER_REQUIRE_SPEC_GATE=1 python3 -m pytest tests gates -n 8 -q -rs -p no:cacheprovider \
+    --run-record="$LOG/levers-gate-h200.md"
+}
 stage gates 150 "the levers gate on the shipped pair, its run record in logs/levers-gate-h200.md"
 run_gates() { python3 -m pytest gates -n 4 -q -p no:cacheprovider --run-record="$LOG/levers-gate-h200.md"; }
 stage tiny-build 270 "the tiny recipe into \$PAIRS/tiny, packed as \$OUT/tiny.tar (install it by hand)"
@@ -40,7 +45,7 @@ run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max
 stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
 run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
-run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2; }
+run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"
 run_profile() { python3 -m engine.bench profile --geometry 4b --out "$LOG/profile" --time-budget-s 75; }
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
@@ -66,6 +71,19 @@ run_sweep() {
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
 }
+TINY=engine/fixture/data/tiny
+stage preempt 90 "KV pressure on the shipped tiny pair: preemption by recompute vs whole-budget reservation (c=64, 1,024 tokens)"
+run_preempt() {
+  python3 -m engine.bench preempt --target $TINY/target --drafter $TINY/drafter --prompts $TINY/prompts.jsonl \
+    --out "$LOG/preempt" --concurrency 64 --new-tokens 1024 --pool-requests 16 --rounds 3
+}
+stage serve-load 120 "open-loop Poisson load on servers of the tiny pair (plain, spec, gate); needs starlette+uvicorn"
+run_serve_load() {
+  python3 -m engine.bench serve-load --target $TINY/target --drafter $TINY/drafter --out "$LOG/serve-load" \
+    --rates 4 16 64 --arms plain spec spec+gate=16 --repeats 2 --duration-s 6 --max-tokens 128
+}
+stage study 480 "the 4B-geometry lever study (known-continuation target, modelled drafter, cost model)"
+run_study() { python3 -m engine.bench study --out "$LOG/study" --time-budget-s 420 --profile-budget-s 90 --rounds 3; }
 stage ablate 560 "drafter ablation: one target and pool, then VARIANTS (\"name:k=v,k=v ...\") side by side"
 run_ablate() {
   local d=$PAIRS/ablate t0=$SECONDS
