@@ -27,7 +27,7 @@ from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
 from engine.timing import PhaseTimer
-from engine.trace import log_round
+from engine.trace import log_hedge, log_round
 
 
 @dataclass
@@ -155,11 +155,14 @@ class Rounds:
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
-        hedged, wins = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k, self.trace) if plan else (0, 0)
-        if self.trace:
-            for r, o in zip(reqs, outcomes, strict=True):
+        hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
+        if self.trace:  # a request's hedge line follows its round line
+            for i, (r, o) in enumerate(zip(reqs, outcomes, strict=True)):
                 log_round(r.id, False, o.verified_draft, o.accepted_draft, o.committed, r.draft_context_len, k)
-        self._count(outcomes, len(plan), hedged, wins)
+                if i in hedges:
+                    log_hedge(r.id, *hedges[i])
+        wins = sum(h[1] != 0 for h in hedges.values())
+        self._count(outcomes, len(plan), len(hedges), wins)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
 
     def _store_pending_context(self, reqs: list[Request]) -> None:

@@ -71,7 +71,7 @@ run_sweep() {
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
 }
-TINY=engine/fixture/data/tiny
+export TINY=engine/fixture/data/tiny
 stage preempt 90 "KV pressure on the shipped tiny pair: preemption by recompute vs whole-budget reservation (c=64, 1,024 tokens)"
 run_preempt() {
   python3 -m engine.bench preempt --target $TINY/target --drafter $TINY/drafter --prompts $TINY/prompts.jsonl \

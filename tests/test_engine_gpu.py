@@ -57,7 +57,7 @@ def test_short_span_graph_never_serves_a_long_span(tiny_target, tiny_drafter):
         assert got == want
     verify = {key: graph for key, graph in e.runner.graphs.captured.items() if key[0] == "verify"}
     assert {key[1] for key in verify} == {e.drafts_per_round}  # budgets cut acceptance, not the span
-    for (_, k, bucket), graph in verify.items():
+    for (_, k, _, bucket), graph in verify.items():  # (kind, drafts, accept rule, bucket)
         assert graph.inputs["drafts"].shape == (bucket, k)  # captured rows and span == replayed ones
 
 
@@ -107,4 +107,6 @@ def test_bf16_speculative_matches_plain_up_to_the_oracle(tiny_target, tiny_draft
     tally = Tally()
     for prompt, p, got in zip(PROMPTS, params, outs, strict=True):
         (want,) = plain.generate([prompt], p)
-        check(plain, prompt, want.token_ids, got.token_ids, tally, exact=False)
+        check(plain, prompt, want.token_ids, got.token_ids, tally, exact=False, max_tokens=p.max_tokens)
+    tally.check_cap(exact=False)
+    assert tally.compared_tokens == sum(p.max_tokens for p in params)

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.bench.kernel_timing import Timer, copy_bandwidth, rel_err
+from engine.bench.hw import copy_bandwidth
+from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels import _triton, attention, fused_linear, linear, norm
 
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("kernel_ab needs a CUDA device")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    bw, timer, rows = copy_bandwidth(), Timer("graph"), []
+    bw, timer, rows = copy_bandwidth(torch.device("cuda")) / 1e9, Timer("graph"), []  # GB/s
     for label, m, build in cases_for(args.ms):
         try:
             rows.append(measure(label, m, build(), timer, bw))

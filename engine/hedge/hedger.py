@@ -20,7 +20,6 @@ from engine.hedge.scratch import ScratchKV
 from engine.levers import Levers
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
-from engine.trace import log_hedge
 
 log = logging.getLogger(__name__)
 
@@ -154,20 +153,20 @@ class Hedger:
         best: list[int],
         kv_before: list[int],
         span: int,
-        trace: bool,
-    ) -> tuple[int, int]:
+    ) -> dict[int, tuple[int, int, int, int]]:
         """After the round committed each request's winning row: winners' KV and feature rows become
-        canonical; trace lines; returns (requests hedged, chain wins)."""
+        canonical. Returns, per hedged request index, its trace fields (chains verified, the winner:
+        0 = main, i = its i-th chain, main and winning chains' accepted drafts)."""
         n = len(reqs)
         mine: dict[int, list[int]] = {}
         for g, (i, _) in enumerate(plan, start=n):
             mine.setdefault(i, []).append(g)
         winners, keep, grown = [], [], []
+        lines = {}
         for i, r in enumerate(reqs):
             g = best[i]
-            if trace and i in mine:
-                winner = 0 if g == i else mine[i].index(g) + 1
-                log_hedge(r.id, len(mine[i]), winner, host[i][0], host[g][0])
+            if i in mine:
+                lines[i] = (len(mine[i]), 0 if g == i else mine[i].index(g) + 1, host[i][0], host[g][0])
             if g == i or r.finished:
                 continue
             rows = host[g][0] + 1  # [current, d1..dn] of the winning chain
@@ -179,7 +178,7 @@ class Hedger:
             feats = res.features.index_select(0, self.runner.to_device(keep))
             for (r, _), rows in zip(grown, feats.split([c for _, c in grown]), strict=True):
                 r.context_pending(rows)
-        return len(mine), sum(best[i] != i for i in range(n))
+        return lines
 
     def tick(self, plan: list[tuple[int, int]], committed: int) -> None:
         """Book a speculating round to the controller: the chains each hedged request ran."""
