@@ -80,7 +80,7 @@ run_preempt() {
 stage serve-load 120 "open-loop Poisson load on servers of the tiny pair (plain, spec, gate); needs starlette+uvicorn"
 run_serve_load() {
   python3 -m engine.bench serve-load --target $TINY/target --drafter $TINY/drafter --out "$LOG/serve-load" \
-    --rates 4 16 64 --arms plain spec spec+gate=16 --repeats 2 --duration-s 6 --max-tokens 128
+    --rates 4 32 --arms plain spec spec+gate=16 --repeats 2 --duration-s 5 --max-tokens 128
 }
 stage study 480 "the 4B-geometry lever study (known-continuation target, modelled drafter, cost model)"
 run_study() { python3 -m engine.bench study --out "$LOG/study" --time-budget-s 420 --profile-budget-s 90 --rounds 3; }

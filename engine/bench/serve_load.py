@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +118,10 @@ def start_servers(arms: Sequence[Arm], target: Path, drafter: Path | None, args:
     return servers
 
 
-def run_load(servers: Sequence[Server], prompts: list[list[int]], args: argparse.Namespace) -> list[dict]:
+def run_load(
+    servers: Sequence[Server], prompts: list[list[int]], args: argparse.Namespace, report: Callable[[list[dict]], None]
+) -> list[dict]:
+    """Every (rate, repeat, arm) run; `report` gets the rows so far after each run (a capped run keeps them)."""
     for s in servers:  # warm-up: a burst that reaches the larger batch shapes once
         run_open_loop(s.url, "bench", prompts, [0.0] * args.warmup_requests, args.max_tokens)
     rows = []
@@ -142,6 +145,7 @@ def run_load(servers: Sequence[Server], prompts: list[list[int]], args: argparse
                     r["output_tok_s"] or 0,
                     r["errors"],
                 )
+                report(rows)
     return rows
 
 
@@ -183,17 +187,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     headroom = drafter_block(drafter) if drafter is not None else 0
     args.max_model_len = max(len(p) for p in prompts) + args.max_tokens + headroom + 1
     args.out.mkdir(parents=True, exist_ok=True)
+    labels = [a.label for a in arms]
+    meta = run_meta("serve_load", resolve_device(args.device), list(argv) if argv is not None else None)
+    meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
     servers = start_servers(arms, target, drafter, args)
     try:
-        rows = run_load(servers, prompts, args)
+        run_load(
+            servers, prompts, args, lambda rows: write_outputs(args.out, rows, summarize(rows, labels), labels, meta)
+        )
     finally:
         for s in servers:
             s.stop()
-    labels = [a.label for a in arms]
-    summary = summarize(rows, labels)
-    meta = run_meta("serve_load", resolve_device(args.device), list(argv) if argv is not None else None)
-    meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
-    write_outputs(args.out, rows, summary, labels, meta)
     return 0
 
 
@@ -208,7 +212,7 @@ def write_outputs(out: Path, rows: list[dict], summary: list[dict], arms: list[s
     (out / "serve_load.md").write_text(f"# Open-loop serving load\n\n{meta_lines(meta)}\n{table}\n{note}")
     write_json(out / "serve_load.json", {**meta, "arms": arms, "summary": summary})
     print(table)
-    print(f"wrote {out}/serve_load.csv, serve_load_summary.csv, serve_load.md, serve_load.json")
+    log.info("wrote %s/serve_load.csv, serve_load_summary.csv, serve_load.md, serve_load.json", out)
 
 
 if __name__ == "__main__":
