@@ -9,19 +9,16 @@ import torch
 from tqdm import tqdm
 
 from engine.config import EngineConfig, SamplingParams
-from engine.hedge import Hedger, ScratchKV, chain_blocks, effective_positions
+from engine.hedge import Hedger
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
-from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.memory import plan_kv_blocks
 from engine.request import Finish, Request, RequestFailure, RequestOutput
 from engine.round import Rounds, SpecStats
-from engine.runner import ModelRunner
 from engine.sampler import sample_requests
 from engine.scheduler import Plan, Scheduler, Step
-from engine.startup import load_models, max_model_len, resolve_device
+from engine.startup import build_runner, load_models, max_model_len, resolve_device
 from engine.stopping import StopStrings
 from engine.timing import PhaseTimer
 from engine.tokenizing import encode_prompt
@@ -53,28 +50,8 @@ class Engine:
             )
         self.max_model_len = max_model_len(config, models)
 
-        bs = config.kv_block_size
-        max_blocks_per_seq = -(-self.max_model_len // bs)
-        # Hedge chains verify into scratch blocks reserved here, outside the pool, so a round never
-        # runs out of KV: one set per chain a round can verify.
-        chains = self._hedge_chain_slots()
-        per_chain = chain_blocks(1 + self.drafts_per_round, bs)
-        geometries = [self.target_cfg.geometry] + ([self.draft_cfg.geometry] if self.draft_cfg else [])
-        num_blocks = plan_kv_blocks(config, geometries, self.dtype, self.device, max_blocks_per_seq, chains * per_chain)
-        pool = num_blocks - chains * per_chain
-        self.blocks = BlockManager(pool, bs)
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
-        self.runner = ModelRunner(
-            self.target,
-            self.drafter,
-            num_blocks=num_blocks,
-            block_size=bs,
-            max_num_seqs=config.max_num_seqs,
-            max_blocks_per_seq=max_blocks_per_seq,
-            use_graphs=use_graphs,
-            chain_rows=chains,
-        )
-        scratch = ScratchKV(self.runner, pool, chains, per_chain) if chains else None
+        self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
         self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace)
         self.scheduler = Scheduler(
@@ -93,18 +70,12 @@ class Engine:
         self._unreported: dict[str, Request] = {}  # touched since the last step() output: reported next
         if trace:
             enable_trace()
+        pool, bs = self.blocks.num_blocks, config.kv_block_size
+        scratch_blocks = self.runner.kv[0][0].shape[0] - pool
+        graphs = "on" if use_graphs else "off"
         log.info(
-            "engine ready: %s on %s/%s (%s backend, graphs %s), %d KV blocks of %d (%d hedge scratch), "
-            "max_model_len %d",
-            models.names,
-            self.device,
-            self.dtype,
-            backend,
-            "on" if use_graphs else "off",
-            pool,
-            bs,
-            num_blocks - pool,
-            self.max_model_len,
+            "engine ready: %s on %s/%s (%s backend, graphs %s), %d KV blocks of %d (%d scratch), max_model_len %d",
+            *(models.names, self.device, self.dtype, backend, graphs, pool, bs, scratch_blocks, self.max_model_len),
         )
 
     # -- public API --------------------------------------------------------------------------------
@@ -302,13 +273,3 @@ class Engine:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _hedge_chain_slots(self) -> int:
-        """Chains one round can verify: min(hedge, max_num_seqs) requests x branch positions; 0 when
-        the hedge is off or the drafter has no Markov head."""
-        lv = self.levers
-        if not lv.hedge or self.drafter is None or self.drafter.markov is None:
-            return 0
-        return min(lv.hedge, self.config.max_num_seqs) * len(
-            effective_positions(lv.hedge_positions, self.drafts_per_round)
-        )

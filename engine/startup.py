@@ -1,4 +1,5 @@
-"""Engine start-up: device and dtype from the config, checkpoints to models, the context limit."""
+"""Engine start-up: device and dtype from the config, checkpoints to models, the context limit, the KV
+cache and the runner."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import EngineConfig
+from engine.hedge import ScratchKV, chain_blocks, effective_positions
 from engine.kernels import Ops
+from engine.kv_cache import BlockManager
+from engine.levers import Levers
 from engine.loader import open_checkpoint
+from engine.memory import plan_kv_blocks
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.runner import ModelRunner
 from engine.tokenizing import eos_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -76,3 +82,34 @@ def max_model_len(config: EngineConfig, models: Models) -> int:
     if config.max_model_len > min(limits):
         raise ValueError(f"EngineConfig.max_model_len={config.max_model_len} exceeds the models' limit {min(limits)}")
     return config.max_model_len
+
+
+def build_runner(
+    config: EngineConfig, models: Models, levers: Levers, max_len: int, use_graphs: bool
+) -> tuple[ModelRunner, BlockManager, ScratchKV | None]:
+    """The KV cache (the pool, plus hedge scratch reserved outside it so a round never runs out of
+    KV: one set of blocks per chain a round can verify) and the runner over it."""
+    bs = config.kv_block_size
+    max_blocks_per_seq = -(-max_len // bs)
+    per_round = models.draft_cfg.drafts_per_round if models.draft_cfg else 0
+    drafter = models.drafter
+    chains = 0
+    if levers.hedge and drafter is not None and drafter.markov is not None:
+        chains = min(levers.hedge, config.max_num_seqs) * len(effective_positions(levers.hedge_positions, per_round))
+    per_chain = chain_blocks(1 + per_round, bs)
+    geometries = [models.target_cfg.geometry] + ([models.draft_cfg.geometry] if models.draft_cfg else [])
+    dtype, device = models.target.dtype, models.target.device
+    num_blocks = plan_kv_blocks(config, geometries, dtype, device, max_blocks_per_seq, chains * per_chain)
+    pool = num_blocks - chains * per_chain
+    runner = ModelRunner(
+        models.target,
+        drafter,
+        num_blocks=num_blocks,
+        block_size=bs,
+        max_num_seqs=config.max_num_seqs,
+        max_blocks_per_seq=max_blocks_per_seq,
+        use_graphs=use_graphs,
+        chain_rows=chains,
+    )
+    scratch = ScratchKV(runner, pool, chains, per_chain) if chains else None
+    return runner, BlockManager(pool, bs), scratch
