@@ -16,6 +16,7 @@ from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
 from engine.memory import plan_kv_blocks
+from engine.policy import resolve_table
 from engine.request import Finish, Request, RequestOutput
 from engine.round import Rounds, SpecStats
 from engine.runner import ModelRunner
@@ -38,6 +39,7 @@ class Engine:
         knobs = read_knobs()
         self.levers = knobs.levers.replace(config.levers)
         trace = knobs.test_log if config.trace is None else config.trace
+        cost_table = resolve_table(self.levers, config.cost_table or knobs.cost_table)
         self.config = config
         self.device, self.dtype, backend = resolve_device(config)
         self.ops = get_ops(backend, config.batch_invariant)
@@ -76,7 +78,7 @@ class Engine:
         )
         scratch = ScratchKV(self.runner, pool, chains, per_chain) if chains else None
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace)
+        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace, cost_table)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
