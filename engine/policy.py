@@ -12,6 +12,7 @@ the policy probes again rather than latching at 0.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,23 +30,26 @@ def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[i
     return sorted(k for k in {*SPAN_VARIANTS, cap} if k <= cap and 1 + k in spans)
 
 
-def round_value(table: CostTable, batch: int, conditional: Sequence[float], k: int) -> float:
-    """Expected committed tokens per ms for `batch` requests under K drafts (0: a gated round)."""
-    if k == 0:
-        return batch / table.gated_ms(batch)
-    return batch * expected_committed(conditional, k) / table.round_ms(batch, k)
+def round_times(table: CostTable, batch: int, candidates: Sequence[int]) -> dict[int, float]:
+    """ms of one round of `batch` requests per candidate K (0: a gated round). Batches outside the
+    table's range take its nearest end."""
+    lo, hi = table.batch_range([1 + k for k in candidates])
+    at = min(max(batch, lo), hi)
+    return {k: table.round_ms(at, k) if k else table.gated_ms(at) for k in candidates}
 
 
 def choose_span(
     table: CostTable, batch: int, conditional: Sequence[float], candidates: Sequence[int], max_batch: int = 0
 ) -> tuple[int, dict[int, float]]:
-    """The K with the highest expected tokens/ms (ties: the smaller K) and every candidate's value.
-    MAX_BATCH at or under the batch forces 0. Batches outside the table's range take its nearest end."""
+    """The K with the highest expected committed tokens per ms (ties: the smaller K) and every
+    candidate's value. MAX_BATCH at or under the batch forces 0."""
     if max_batch and batch >= max_batch:
         return 0, {}
-    lo, hi = table.batch_range([1 + k for k in candidates])
-    at = min(max(batch, lo), hi)
-    values = {k: round_value(table, at, conditional, k) for k in candidates}
+    return best_span(round_times(table, batch, candidates), batch, conditional)
+
+
+def best_span(times: dict[int, float], batch: int, conditional: Sequence[float]) -> tuple[int, dict[int, float]]:
+    values = {k: batch * expected_committed(conditional, k) / ms for k, ms in times.items()}
     return max(values, key=lambda k: (values[k], -k)), values
 
 
@@ -83,13 +87,17 @@ class SpanPolicy:
         self.ema, self.margin, self.patience, self.relax = ema, margin, patience, relax
         self.k: int | None = None  # the K in force; None until the first decision
         self._streak = 0
+        self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
         """K for the next round of `batch` requests."""
-        candidates = span_candidates(self.per_round, max_drafts, self.table)
-        best, values = choose_span(self.table, batch, self.conditional, candidates, max_batch)
-        if not values:
+        if max_batch and batch >= max_batch:
             return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
+        times = self._times.get((batch, max_drafts))
+        if times is None:
+            candidates = span_candidates(self.per_round, max_drafts, self.table)
+            times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
+        best, values = best_span(times, batch, self.conditional)
         if self.k not in values:
             self.k, self._streak = best, 0
         elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
@@ -104,10 +112,10 @@ class SpanPolicy:
         """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
         was tried when i < limit and drafts 1..i were accepted."""
         tried, hits = [0] * self.per_round, [0] * self.per_round
-        for limit, n in zip(limits, accepted, strict=True):
+        for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
             for i in range(min(n + 1, limit)):
-                tried[i] += 1
-                hits[i] += i < n
+                tried[i] += count
+                hits[i] += count * (i < n)
         for i, t in enumerate(tried):
             if t:
                 self.conditional[i] += self.ema * (hits[i] / t - self.conditional[i])

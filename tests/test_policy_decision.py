@@ -7,7 +7,7 @@ import random
 import pytest
 
 from engine.costs import expected_committed
-from engine.policy import SpanPolicy, choose_span, span_candidates
+from engine.policy import SpanPolicy, choose_span, round_times, span_candidates
 from tests.policy_tables import table
 
 PER_ROUND = 15
@@ -61,8 +61,9 @@ def test_max_drafts_caps_and_max_batch_forces_zero():
 
 
 def test_batches_outside_the_table_take_its_nearest_end():
-    t = free_rows()
-    assert choose_span(t, 500, [0.9] * PER_ROUND, [0, 4])[1] == choose_span(t, 64, [0.9] * PER_ROUND, [0, 4])[1]
+    t = table(lambda b, s: 5.0 + b * s, lambda b: float(b), SPANS)
+    assert round_times(t, 500, [0, 4]) == round_times(t, 64, [0, 4]) == {0: 5.0 + 64, 4: 64.0 + 5.0 + 64 * 5}
+    assert round_times(t, 0, [0, 4]) == round_times(t, 1, [0, 4])
 
 
 def test_observe_keeps_conditional_acceptance_per_position():
