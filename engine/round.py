@@ -180,14 +180,14 @@ class Rounds:
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        if self.policy:
+            self.policy.observe(limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedged, wins = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k, self.trace) if plan else (0, 0)
         if self.trace:
             for r, o in zip(reqs, outcomes, strict=True):
                 log_round(r.id, False, o.verified_draft, o.accepted_draft, o.committed, r.draft_context_len, k)
         self._count(outcomes, len(plan), hedged, wins)
-        if self.policy:
-            self.policy.observe(limits, [o.accepted_draft for o in outcomes])
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
 
     def _store_pending_context(self, reqs: list[Request]) -> None:

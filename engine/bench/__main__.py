@@ -12,11 +12,11 @@ COMMANDS = {
     "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
     "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
-    "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
     "study": (
         "engine.bench.study",
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
+    "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
 }
 
 
