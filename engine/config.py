@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from engine.costs import CostTable
 from engine.levers import Levers
 from engine.loader import Checkpoint
 
@@ -67,6 +68,7 @@ class EngineConfig:
     seed: int = 0
     levers: Mapping[str, object] = field(default_factory=dict)
     trace: bool | None = None  # per-round trace lines; None: PEGAINFER_TEST_LOG
+    cost_table: str | os.PathLike | CostTable | None = None  # policy=adaptive; None: PEGAINFER_SPEC_COST_TABLE
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -103,6 +105,8 @@ class EngineConfig:
         if not isinstance(self.levers, Mapping):
             raise ValueError(f"EngineConfig.levers={self.levers!r}; expected a mapping of lever names to values")
         Levers().replace(self.levers)  # names and values checked here; the environment at engine start
+        if not (self.cost_table is None or isinstance(self.cost_table, (str, os.PathLike, CostTable))):
+            raise ValueError(f"EngineConfig.cost_table={self.cost_table!r}; expected a CSV path or a CostTable")
         if self.trace is not None and not isinstance(self.trace, bool):
             raise ValueError(f"EngineConfig.trace={self.trace!r}; expected a bool or None")
 

@@ -14,6 +14,7 @@ from engine.kernels import get_ops
 from engine.knobs import read_knobs
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
+from engine.policy import resolve_table
 from engine.request import Finish, Request, RequestFailure, RequestOutput
 from engine.round import Rounds, SpecStats
 from engine.sampler import sample_requests
@@ -35,6 +36,7 @@ class Engine:
         knobs = read_knobs()
         self.levers = knobs.levers.replace(config.levers)
         trace = knobs.test_log if config.trace is None else config.trace
+        cost_table = resolve_table(self.levers, config.cost_table or knobs.cost_table)
         self.config = config
         self.device, self.dtype, backend = resolve_device(config)
         self.ops = get_ops(backend, config.batch_invariant)
@@ -53,7 +55,7 @@ class Engine:
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace)
+        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace, cost_table)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -138,9 +140,9 @@ class Engine:
         """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
         a value of None keeps the current one. Hedge scratch KV is sized at start: an engine started
         with the hedge off cannot hedge later, and chains beyond the reserved scratch are not verified."""
-        self.levers = self.levers.replace(changes)
-        self.scheduler.max_batch = self.levers.max_batch
-        self.rounds.configure(self.levers)
+        levers = self.levers.replace(changes)
+        self.rounds.configure(levers)  # refuses before anything changes
+        self.levers, self.scheduler.max_batch = levers, levers.max_batch
 
     def has_unfinished(self) -> bool:
         return bool(self._unreported) or self.scheduler.has_work()

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.levers import ENV_PREFIX, MAX_COUNT, Levers, env_name, lever_doc, lever_kind, lever_names
+from engine.levers import CHOICES, ENV_PREFIX, MAX_COUNT, Levers, env_name, lever_doc, lever_kind, lever_names
 
 _COUNT = re.compile(r"\+?[0-9]+", re.ASCII)
 
@@ -23,7 +23,7 @@ class KnobError(ValueError):
 @dataclass(frozen=True)
 class Knob:
     name: str
-    kind: str  # "count", "counts" (comma-separated), "flag" (0/1), "path"
+    kind: str  # "count", "counts" (comma-separated), "flag" (0/1), "choice" (a name), "path"
     doc: str
 
 
@@ -31,6 +31,11 @@ KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
         *(Knob(env_name(name), lever_kind(name), lever_doc(name)) for name in lever_names()),
+        Knob(
+            "PEGAINFER_SPEC_COST_TABLE",
+            "path",
+            "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch)",
+        ),
         Knob("PEGAINFER_TEST_LOG", "flag", "per-round trace lines on stderr"),
         Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
         Knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", "path", "gate drafter weights (default: the shipped fixture pair)"),
@@ -81,9 +86,19 @@ def parse_counts(name: str, raw: str) -> tuple[int, ...]:
     return tuple(parse_count(name, part) for part in text.split(","))
 
 
+def parse_choice(label: str, raw: str, allowed: tuple[str, ...]) -> str:
+    text = _text(label, raw).strip()
+    if text not in allowed:
+        raise KnobError(f"{label}={raw!r} is not one of {'|'.join(allowed)}; refusing to start")
+    return text
+
+
 def parse_lever(name: str, raw: str, label: str | None = None) -> object:
     """A lever's text form (environment or CLI flag) -> its value; `label` names the source in errors."""
-    parse = {"count": parse_count, "counts": parse_counts, "flag": parse_flag}[lever_kind(name)]
+    kind = lever_kind(name)
+    if kind == "choice":
+        return parse_choice(label or env_name(name), raw, CHOICES[name])
+    parse = {"count": parse_count, "counts": parse_counts, "flag": parse_flag}[kind]
     return parse(label or env_name(name), raw)
 
 
@@ -91,6 +106,7 @@ def parse_lever(name: str, raw: str, label: str | None = None) -> object:
 class Knobs:
     levers: Levers = field(default_factory=Levers)
     test_log: bool = False
+    cost_table: str | None = None  # PEGAINFER_SPEC_COST_TABLE
 
 
 def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
@@ -101,8 +117,12 @@ def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
             known = ", ".join(k for k in KNOBS if k.startswith(ENV_PREFIX))
             raise KnobError(f"unknown variable {name}; the speculative knobs are: {known}")
     levers = Levers(**{n: parse_lever(n, env[env_name(n)]) for n in lever_names() if env_name(n) in env})
-    raw_log = env.get("PEGAINFER_TEST_LOG")
-    return Knobs(levers, test_log=raw_log is not None and parse_flag("PEGAINFER_TEST_LOG", raw_log))
+    raw_log, raw_table = env.get("PEGAINFER_TEST_LOG"), env.get("PEGAINFER_SPEC_COST_TABLE")
+    return Knobs(
+        levers,
+        test_log=raw_log is not None and parse_flag("PEGAINFER_TEST_LOG", raw_log),
+        cost_table=None if raw_table is None else parse_path("PEGAINFER_SPEC_COST_TABLE", raw_table),
+    )
 
 
 # -- Gate, test and path variables: read by gates/, engine/provenance.py and the fixture cache --------

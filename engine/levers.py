@@ -3,7 +3,7 @@
 Every source goes through it: the environment (engine/knobs.py parses PEGAINFER_SPEC_<FIELD> text),
 EngineConfig.levers (explicit overrides by field name), the CLI's flags (the same text parsers) and
 Engine.set_levers. A field's type decides its parser: an int is a count, a tuple a comma-separated
-list of counts, a bool a 0/1 flag; 0 (and ()) mean off.
+list of counts, a bool a 0/1 flag, a str one of CHOICES[name]; 0 (and ()) mean off.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 MAX_COUNT = 2**64 - 1
 ENV_PREFIX = "PEGAINFER_SPEC_"
+CHOICES: dict[str, tuple[str, ...]] = {"policy": ("static", "adaptive")}  # the first is the default
 
 
 class LeverError(ValueError):
@@ -32,6 +33,7 @@ class Levers:
     hedge_positions: tuple[int, ...] = _lever((), "draft positions where hedge chains branch, e.g. 0,1,2")
     hedge_auto: bool = _lever(False, "the auto-hedge controller picks the chain count from measured tok/s")
     hedge_knee: int = _lever(0, "verify rows the forward takes nearly free; hedging stays under it")
+    policy: str = _lever("static", "span policy: static (the levers alone) or adaptive (K per round from cost)")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -55,8 +57,10 @@ def lever_doc(name: str) -> str:
 
 
 def lever_kind(name: str) -> str:
-    """'count', 'counts' or 'flag': how the lever's text form is parsed."""
+    """'count', 'counts', 'flag' or 'choice': how the lever's text form is parsed."""
     default = Levers.__dataclass_fields__[name].default
+    if isinstance(default, str):
+        return "choice"
     return "flag" if isinstance(default, bool) else "counts" if isinstance(default, tuple) else "count"
 
 
@@ -74,7 +78,10 @@ def _is_count(value: object) -> bool:
 
 def check_value(name: str, value: object) -> None:
     kind = lever_kind(name)
-    if kind == "flag":
+    if kind == "choice":
+        ok = value in CHOICES[name]
+        want = "one of " + "|".join(CHOICES[name])
+    elif kind == "flag":
         ok = isinstance(value, bool)
         want = "a bool"
     elif kind == "counts":

@@ -9,7 +9,8 @@ Speculative round, per request: k drafts enter the verify (MAX_DRAFTS trims them
 accept at most `draft_limit` of them (its budget), the target verifies [current, d1..dk] in one
 forward, n = the longest accepted prefix, commit d1..dn plus the target's token after dn (the bonus).
 Hedging hooks in at one place: it drafts chains, verifies them with the main spans, and picks the
-winner (engine/hedge/hedger.py).
+winner (engine/hedge/hedger.py). Under the adaptive policy (engine/policy.py) k is the policy's
+choice for the round; k = 0 runs the gated one-token round instead.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from functools import partial
 
 import torch
 
+from engine.costs import CostTable
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
+from engine.policy import SpanPolicy
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
@@ -91,16 +94,32 @@ def settle(req: Request, row: list[int], k: int, limit: int) -> RoundOutcome:
 
 
 class Rounds:
-    def __init__(self, runner: ModelRunner, drafts_per_round: int, hedger: Hedger, levers: Levers, trace: bool):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        drafts_per_round: int,
+        hedger: Hedger,
+        levers: Levers,
+        trace: bool,
+        cost_table: CostTable | None = None,
+    ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
+        self.cost_table, self.policy = cost_table, None
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
+        """Take these levers; refused (nothing changed) when the adaptive policy has no cost table."""
+        if levers.policy == "adaptive" and self.cost_table is None:
+            raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
         self.hedger.configure(levers)
+        if levers.policy != "adaptive":
+            self.policy = None
+        elif self.policy is None:
+            self.policy = SpanPolicy(self.cost_table, self.per_round)
 
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""
@@ -130,11 +149,19 @@ class Rounds:
             for r, done in zip(reqs, committed, strict=True):
                 log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
         self.hedger.gated()
+        if self.policy:
+            self.policy.gated()
 
     # -- the speculative round -------------------------------------------------------------------------
     def speculate(self, reqs: list[Request]) -> None:
-        runner = self.runner
-        k = round_drafts(self.per_round, self.levers.max_drafts)
+        runner, lv = self.runner, self.levers
+        if self.policy is None:
+            k = round_drafts(self.per_round, lv.max_drafts)
+        else:
+            k = self.policy.decide(len(reqs), lv.max_drafts, lv.max_batch)
+            if k == 0:
+                self.one_token(reqs, gated=True)
+                return
         limits = [draft_limit(k, r.remaining) for r in reqs]
         self._store_pending_context(reqs)
         runner.stage(reqs, limits)
@@ -154,6 +181,8 @@ class Rounds:
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        if self.policy:
+            self.policy.observe(limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
         if self.trace:  # a request's hedge line follows its round line

@@ -16,6 +16,7 @@ HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
 # Near-tie positions the lossless check may excuse under default numerics: 1 per 128 compared tokens,
 # rounded up (none were excused on CPU fp32: docs/levers.md); none under batch-invariant numerics.
 EXCUSE_PER_TOKENS = 128
+ADAPTIVE_TABLE = "gates/data/adaptive-loss.csv"  # relative to the repository root, the children's cwd
 
 
 def excuse_cap(compared_tokens: int, exact: bool) -> int:
@@ -40,7 +41,7 @@ class LeverCase:
     child: str  # lossless child test function in CHILD_MODULE
     short: str
     knob: str | None  # the variable without its PEGAINFER_SPEC_ prefix; None: the default levers
-    value: int | None
+    value: int | str | None
     expect: Expect
     extra: tuple[tuple[str, str], ...] = ()  # more knobs of the same lever, e.g. (("HEDGE_POSITIONS", "0,1,2"),)
 
@@ -74,6 +75,10 @@ CASES: tuple[LeverCase, ...] = (
     LeverCase(CONCURRENT, "concurrent", "MAX_DRAFTS", 2, Expect.TRIM),
     LeverCase(CONCURRENT, "concurrent", "MAX_BATCH", 3, Expect.RESUME),
     LeverCase(STOP, "stop", None, None, Expect.STOP),
+    # The adaptive policy (SPEC 9) on a cost table where speculation loses at batch 4 and up: it gates
+    # (K = 0) while the batch is 4, then speculates again; the trace cross-check holds every round
+    # to its span_limit.
+    LeverCase(CONCURRENT, "concurrent", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
 # Hedged verify (SPEC 2.7) needs a Markov-head drafter: these cases run on one and skip with the
 # reason when there is none. The second gates the batch: no chain may be verified in a gated round.

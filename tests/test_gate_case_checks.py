@@ -125,7 +125,13 @@ def test_the_cases_of_the_spec_in_order_then_the_stop_case():
         "concurrent-MAX_DRAFTS=2",
         "concurrent-MAX_BATCH=3",
         "stop-default-levers",
+        "concurrent-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv",
     ]
+    adaptive = CASE["concurrent-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv"]
+    assert adaptive.env == {
+        "PEGAINFER_SPEC_POLICY": "adaptive",
+        "PEGAINFER_SPEC_COST_TABLE": "gates/data/adaptive-loss.csv",
+    }
     assert CASE["concurrent-MAX_BATCH=3"].nodeid == "gates/test_lossless.py::test_concurrent_heterogeneous_is_lossless"
     assert CASE["stop-default-levers"].env == {}
     hedged = [c for c in ALL_CASES if c.expect.hedged]

@@ -47,7 +47,7 @@ def test_the_hedge_case():
     assert HEDGE.env_label == "HEDGE=8 HEDGE_POSITIONS=0,1,2"
     assert HEDGE.env == {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2"}
     assert HEDGE.expect is Expect.HEDGE and HEDGE.child == "test_greedy_matches_plain_greedy"
-    assert ALL_CASES == CASES + HEDGE_CASES and len(CASES) == 7 and len(HEDGE_CASES) == 2
+    assert ALL_CASES == CASES + HEDGE_CASES and len(CASES) == 8 and len(HEDGE_CASES) == 2
 
 
 def test_a_trace_with_wins_and_discards_passes():

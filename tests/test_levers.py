@@ -35,6 +35,7 @@ def test_every_lever_has_an_environment_variable():
         "PEGAINFER_SPEC_HEDGE_POSITIONS",
         "PEGAINFER_SPEC_HEDGE_AUTO",
         "PEGAINFER_SPEC_HEDGE_KNEE",
+        "PEGAINFER_SPEC_POLICY",
     ]
 
 

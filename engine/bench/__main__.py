@@ -17,6 +17,7 @@ COMMANDS = {
         "engine.bench.study",
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
+    "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
 }
 
 

@@ -1,0 +1,74 @@
+"""The adaptive span policy's host cost per round: `SpanPolicy.decide` plus `observe` on a synthetic
+profile-shaped cost table, timed on the host (no device work is involved).
+
+    python -m engine.bench policy-cost --batches 1 16 64 256 --out policy-cost.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.bench.common import setup_logging
+from engine.bench.report import write_csv
+from engine.costs import CostTable
+from engine.policy import SpanPolicy
+
+log = logging.getLogger(__name__)
+TABLE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def synthetic_table(per_round: int) -> CostTable:
+    """A table shaped like a profile: flat under a knee of rows, linear above; the drafter grows with the batch."""
+    rows = [
+        {"kind": "verify", "batch": b, "span": s, "ms": 7.0 + max(0, b * s - 512) * 0.004}
+        for b in TABLE_BATCHES
+        for s in range(1, per_round + 2)
+    ]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 1.0 + 0.045 * b} for b in TABLE_BATCHES]
+    return CostTable.from_rows(rows)
+
+
+def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random) -> list[float]:
+    """Microseconds of one decide + observe, per round."""
+    times = []
+    for _ in range(rounds):
+        accepted = [rng.randint(0, policy.per_round) for _ in range(batch)]
+        start = time.perf_counter()
+        k = policy.decide(batch)
+        policy.observe([k] * batch, [min(a, k) for a in accepted])
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench policy-cost", description=__doc__.splitlines()[0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--drafts", type=int, default=15, help="drafts per round (the drafter's block - 1)")
+    p.add_argument("--rounds", type=int, default=2000)
+    p.add_argument("--out", type=Path, default=None, help="CSV of the per-batch medians")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if min(args.batches) < 1 or args.drafts < 1 or args.rounds < 10:
+        raise SystemExit("--batches and --drafts must be >= 1, --rounds >= 10")
+    table, rng, rows = synthetic_table(args.drafts), random.Random(0), []
+    for batch in args.batches:
+        us = time_rounds(SpanPolicy(table, args.drafts), batch, args.rounds, rng)[args.rounds // 10 :]
+        q = statistics.quantiles(us, n=20)
+        rows.append(
+            {"batch": batch, "drafts": args.drafts, "us_median": statistics.median(us), "us_p5": q[0], "us_p95": q[-1]}
+        )
+        log.info("batch %d: %.1f us median per round (p5 %.1f, p95 %.1f)", batch, rows[-1]["us_median"], q[0], q[-1])
+    if args.out:
+        write_csv(args.out, rows)
+    return 0

@@ -1,0 +1,125 @@
+"""The adaptive span policy (SPEC 9): before each speculative round, choose K drafts to verify.
+
+K is taken from the span variants {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated
+one-token round that keeps the capture) to maximise expected committed tokens per millisecond of the
+batch: E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
+(engine/costs.py). `choose_span` is the pure decision; `SpanPolicy` keeps the online acceptance
+estimate (an EMA of conditional acceptance per draft position, seeded optimistic) and the
+hysteresis: K moves only after the best variant beat the current one by `margin` for `patience`
+consecutive rounds. A gated round observes nothing, so the estimate relaxes toward its seed there:
+the policy probes again rather than latching at 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.costs import CostTable, expected_committed, read_cost_table
+from engine.levers import LeverError, Levers
+
+SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
+
+
+def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
+    """The K a round may take: the variants up to the cap (MAX_DRAFTS, else all drafts) whose verify
+    span 1 + K the table measured."""
+    cap = min(per_round, max_drafts) if max_drafts else per_round
+    spans = set(table.spans())
+    return sorted(k for k in {*SPAN_VARIANTS, cap} if k <= cap and 1 + k in spans)
+
+
+def round_times(table: CostTable, batch: int, candidates: Sequence[int]) -> dict[int, float]:
+    """ms of one round of `batch` requests per candidate K (0: a gated round). Batches outside the
+    table's range take its nearest end."""
+    lo, hi = table.batch_range([1 + k for k in candidates])
+    at = min(max(batch, lo), hi)
+    return {k: table.round_ms(at, k) if k else table.gated_ms(at) for k in candidates}
+
+
+def choose_span(
+    table: CostTable, batch: int, conditional: Sequence[float], candidates: Sequence[int], max_batch: int = 0
+) -> tuple[int, dict[int, float]]:
+    """The K with the highest expected committed tokens per ms (ties: the smaller K) and every
+    candidate's value. MAX_BATCH at or under the batch forces 0."""
+    if max_batch and batch >= max_batch:
+        return 0, {}
+    return best_span(round_times(table, batch, candidates), batch, conditional)
+
+
+def best_span(times: dict[int, float], batch: int, conditional: Sequence[float]) -> tuple[int, dict[int, float]]:
+    values = {k: batch * expected_committed(conditional, k) / ms for k, ms in times.items()}
+    return max(values, key=lambda k: (values[k], -k)), values
+
+
+def resolve_table(levers: Levers, source: str | Path | CostTable | None) -> CostTable | None:
+    """The adaptive policy's cost table from EngineConfig.cost_table or PEGAINFER_SPEC_COST_TABLE;
+    refuses an adaptive start without one (no calibration runs at start)."""
+    if source is None:
+        if levers.policy == "adaptive":
+            raise LeverError(
+                "PEGAINFER_SPEC_POLICY=adaptive needs a cost table: set PEGAINFER_SPEC_COST_TABLE to an "
+                "`engine.bench profile` CSV or pass EngineConfig(cost_table=...)"
+            )
+        return None
+    return source if isinstance(source, CostTable) else read_cost_table(source)
+
+
+class SpanPolicy:
+    def __init__(
+        self,
+        table: CostTable,
+        per_round: int,
+        prior: Sequence[float] | None = None,
+        ema: float = 0.2,
+        margin: float = 0.05,
+        patience: int = 3,
+        relax: float = 0.01,
+    ):
+        if 1 not in table.spans() or not table.draft:
+            raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
+        self.table, self.per_round = table, per_round
+        self.prior = list(prior) if prior is not None else [1.0] * per_round
+        if len(self.prior) != per_round or not all(0.0 <= a <= 1.0 for a in self.prior):
+            raise ValueError(f"prior {self.prior}: expected {per_round} acceptance rates in [0, 1]")
+        self.conditional = list(self.prior)
+        self.ema, self.margin, self.patience, self.relax = ema, margin, patience, relax
+        self.k: int | None = None  # the K in force; None until the first decision
+        self._streak = 0
+        self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
+
+    def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
+        """K for the next round of `batch` requests."""
+        if max_batch and batch >= max_batch:
+            return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
+        times = self._times.get((batch, max_drafts))
+        if times is None:
+            candidates = span_candidates(self.per_round, max_drafts, self.table)
+            times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
+        best, values = best_span(times, batch, self.conditional)
+        if self.k not in values:
+            self.k, self._streak = best, 0
+        elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
+            self._streak += 1
+            if self._streak >= self.patience:
+                self.k, self._streak = best, 0
+        else:
+            self._streak = 0
+        return self.k
+
+    def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
+        """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
+        was tried when i < limit and drafts 1..i were accepted."""
+        tried, hits = [0] * self.per_round, [0] * self.per_round
+        for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
+            for i in range(min(n + 1, limit)):
+                tried[i] += count
+                hits[i] += count * (i < n)
+        for i, t in enumerate(tried):
+            if t:
+                self.conditional[i] += self.ema * (hits[i] / t - self.conditional[i])
+
+    def gated(self) -> None:
+        """A round of K = 0: no acceptance seen; the estimate relaxes toward the seed."""
+        self.conditional = [c + self.relax * (p - c) for c, p in zip(self.conditional, self.prior, strict=True)]

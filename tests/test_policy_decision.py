@@ -1,0 +1,122 @@
+"""The adaptive span policy's decision on synthetic cost tables and acceptance profiles."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.costs import expected_committed
+from engine.policy import SpanPolicy, choose_span, round_times, span_candidates
+from tests.policy_tables import table
+
+PER_ROUND = 15
+SPANS = (1, 2, 3, 5, 9, 16)
+
+
+def free_rows():
+    """Verify rows cost nothing extra (memory-bound), the drafter is cheap."""
+    return table(lambda b, s: 10.0, lambda b: 1.0, SPANS)
+
+
+def costly_drafter():
+    return table(lambda b, s: 10.0 + 0.01 * b * s, lambda b: 40.0, SPANS)
+
+
+def test_candidates_are_the_variants_the_table_measured_up_to_the_cap():
+    assert span_candidates(PER_ROUND, 0, free_rows()) == [0, 1, 2, 4, 8, 15]
+    assert span_candidates(PER_ROUND, 3, free_rows()) == [0, 1, 2]  # span 4 (k = 3) was not profiled
+    assert span_candidates(PER_ROUND, 4, free_rows()) == [0, 1, 2, 4]
+
+
+def test_all_drafts_when_rows_are_free_and_acceptance_high():
+    k, values = choose_span(free_rows(), 16, [0.9] * PER_ROUND, span_candidates(PER_ROUND, 0, free_rows()))
+    assert k == PER_ROUND
+    assert values[PER_ROUND] == pytest.approx(16 * expected_committed([0.9] * PER_ROUND, PER_ROUND) / 11.0)
+
+
+def test_zero_when_the_drafter_costs_more_than_it_saves():
+    t = costly_drafter()
+    for batch in (1, 8, 64):
+        assert choose_span(t, batch, [0.6] * PER_ROUND, span_candidates(PER_ROUND, 0, t))[0] == 0
+
+
+def test_low_acceptance_picks_a_short_span():
+    # Every verify row costs: a long span only pays where its drafts are likely accepted.
+    t = table(lambda b, s: 5.0 + 0.05 * b * s, lambda b: 2.0, SPANS)
+    profile = [0.8, 0.5] + [0.05] * (PER_ROUND - 2)
+    k, _ = choose_span(t, 32, profile, span_candidates(PER_ROUND, 0, t))
+    assert 0 < k < 4
+
+
+def test_max_drafts_caps_and_max_batch_forces_zero():
+    policy = SpanPolicy(free_rows(), PER_ROUND)
+    assert policy.decide(8, max_drafts=2) == 2
+    assert policy.decide(8, max_drafts=2, max_batch=8) == 0
+    assert policy.k == 2  # the K in force waits for the batch to shrink under MAX_BATCH
+    assert policy.decide(64) == 2  # all drafts now allowed and better, but hysteresis holds it ...
+    for _ in range(policy.patience - 1):
+        policy.decide(64)
+    assert policy.k == PER_ROUND  # ... for `patience` rounds
+
+
+def test_batches_outside_the_table_take_its_nearest_end():
+    t = table(lambda b, s: 5.0 + b * s, lambda b: float(b), SPANS)
+    assert round_times(t, 500, [0, 4]) == round_times(t, 64, [0, 4]) == {0: 5.0 + 64, 4: 64.0 + 5.0 + 64 * 5}
+    assert round_times(t, 0, [0, 4]) == round_times(t, 1, [0, 4])
+
+
+def test_observe_keeps_conditional_acceptance_per_position():
+    policy = SpanPolicy(free_rows(), 4, prior=[0.5] * 4, ema=1.0)
+    # limits 4, 4, 1: accepted 0, 2, 1 -> position 0 tried 3 (hits 2), 1 tried 1 (hit 1), 2 tried 1 (miss)
+    policy.observe([4, 4, 1], [0, 2, 1])
+    assert policy.conditional == [2 / 3, 1.0, 0.0, 0.5]
+    policy.gated()
+    assert policy.conditional[2] == pytest.approx(0.01 * 0.5)
+
+
+def _switches(policy: SpanPolicy, rounds: int, rate: float, seed: int) -> tuple[int, list[int]]:
+    rng, ks, switches = random.Random(seed), [], 0
+    for _ in range(rounds):
+        k = policy.decide(16)
+        switches += bool(ks) and k != ks[-1]
+        ks.append(k)
+        accepted = []
+        for _ in range(16):
+            n = 0
+            while n < k and rng.random() < rate:
+                n += 1
+            accepted.append(n)
+        policy.observe([k] * 16, accepted)
+    return switches, ks
+
+
+def test_stable_under_noisy_acceptance():
+    # Verify rows cost enough that K = 4 and K = 8 sit close at this acceptance: noise alone would flip them.
+    t = table(lambda b, s: 6.0 + 0.035 * b * s, lambda b: 1.5, SPANS)
+    steady, ks = _switches(SpanPolicy(t, PER_ROUND, prior=[0.75] * PER_ROUND), 300, 0.75, seed=1)
+    jumpy, _ = _switches(SpanPolicy(t, PER_ROUND, prior=[0.75] * PER_ROUND, margin=0.0, patience=1), 300, 0.75, seed=1)
+    assert jumpy > 10  # the profile is noisy enough to flap without hysteresis
+    assert steady <= jumpy // 5
+    assert 0 not in ks
+
+
+def test_a_drop_in_acceptance_moves_k_down_after_patience():
+    t = table(lambda b, s: 5.0 + 0.02 * b * s, lambda b: 2.0, SPANS)
+    policy = SpanPolicy(t, PER_ROUND)
+    high = policy.decide(16)
+    assert high > 0
+    rounds = 0
+    while policy.k == high and rounds < 30:
+        policy.observe([high] * 16, [0] * 16)  # nothing accepted any more
+        policy.decide(16)
+        rounds += 1
+    assert policy.k == 0
+    assert rounds >= policy.patience
+
+
+def test_a_table_without_span_1_or_drafter_rows_is_refused():
+    with pytest.raises(ValueError, match="span 1"):
+        SpanPolicy(table(lambda b, s: 1.0, lambda b: 1.0, (2, 3)), 2)
+    with pytest.raises(ValueError, match=r"prior"):
+        SpanPolicy(free_rows(), 2, prior=[1.5, 0.5])

@@ -1,0 +1,134 @@
+"""The adaptive policy in the engine (tiny pair, CPU): lossless against plain greedy, K chosen per round
+from the cost table, gated (K = 0) under load past break-even, and speculation resumes afterwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.__main__ import main
+from engine.knobs import KnobError, read_knobs
+from engine.levers import LeverError
+from tests.policy_tables import csv_text, table
+from trace_tools import levers_trace_rows
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
+BUDGETS = [40, 7, 25, 33]  # staggered: the batch shrinks 4 -> 3 -> 2 -> 1
+SPANS = range(1, 9)
+
+
+def loses_from_3():
+    """Speculation is a loss at batch 3 and up (the drafter costs 100 ms there), a win below."""
+    return table(lambda b, s: 10.0 + s, lambda b: 1.0 if b <= 2 else 100.0, SPANS)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_target):
+    engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
+    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
+
+
+def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
+    """The real drafter runs, its tokens replaced by the plain continuation: every draft is accepted."""
+    config = EngineConfig(
+        model=str(tiny_target),
+        draft_model=str(tiny_drafter),
+        device="cpu",
+        trace=True,
+        levers={"policy": "adaptive"},
+        cost_table=cost_table,
+    )
+    engine = Engine(config)
+    real_draft = engine.runner.draft
+
+    def oracle(reqs):
+        real = real_draft(reqs)
+        rows = [(plain[tuple(r.prompt_ids)][len(r.output_ids) :] + [0] * real.shape[1])[: real.shape[1]] for r in reqs]
+        return torch.tensor(rows, dtype=real.dtype)
+
+    engine.runner.draft = oracle
+    return engine
+
+
+def run(engine, capsys):
+    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    return outs, levers_trace_rows(capsys.readouterr().err.splitlines())
+
+
+def test_gated_under_load_then_resumes_and_stays_lossless(tiny_target, tiny_drafter, plain, capsys, one_thread):
+    engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    outs, rows = run(engine, capsys)
+    for p, o in zip(PROMPTS, outs, strict=True):
+        assert o.token_ids == plain[tuple(p)]
+    gated = [r for r in rows if r.gated]
+    assert gated and all(r.span_limit == 0 for r in gated)
+    after = {r.request for r in gated}
+    resumed = [r for r in rows if not r.gated and r.request in after and r.accepted_draft > 0]
+    assert resumed, "no gated request speculated and accepted after the batch shrank"
+    assert {r.span_limit for r in rows} >= {0, engine.drafts_per_round}
+    assert all(r.verified_draft <= r.span_limit for r in rows)
+
+
+def test_cheap_drafter_speculates_every_round_with_all_drafts(tiny_target, tiny_drafter, plain, capsys, one_thread):
+    engine = oracle_engine(tiny_target, tiny_drafter, plain, table(lambda b, s: 10.0, lambda b: 1.0, SPANS))
+    outs, rows = run(engine, capsys)
+    assert [o.token_ids for o in outs] == [plain[tuple(p)] for p in PROMPTS]
+    assert rows and not any(r.gated for r in rows)
+    assert {r.span_limit for r in rows} == {engine.drafts_per_round}
+
+
+def test_cost_table_from_the_environment(tiny_target, tiny_drafter, monkeypatch, tmp_path):
+    path = tmp_path / "profile.csv"
+    path.write_text(csv_text(loses_from_3()))
+    monkeypatch.setenv("PEGAINFER_SPEC_POLICY", "adaptive")
+    monkeypatch.setenv("PEGAINFER_SPEC_COST_TABLE", str(path))
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    assert engine.rounds.policy is not None and engine.rounds.policy.table.draft[3] == 100.0
+
+
+def test_static_is_the_default_and_keeps_no_policy(tiny_target, tiny_drafter):
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    assert engine.levers.policy == "static" and engine.rounds.policy is None
+
+
+@pytest.mark.parametrize("raw", ["", "Adaptive", "dynamic", "0"])
+def test_unknown_policy_refuses_to_start_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv("PEGAINFER_SPEC_POLICY", raw)
+    with pytest.raises(KnobError, match=r"PEGAINFER_SPEC_POLICY=.*static\|adaptive"):
+        Engine(EngineConfig(model="/nonexistent/checkpoint", device="cpu"))
+
+
+def test_adaptive_without_a_cost_table_refuses_before_weights():
+    with pytest.raises(LeverError, match="PEGAINFER_SPEC_POLICY=adaptive needs a cost table"):
+        Engine(EngineConfig(model="/nonexistent/checkpoint", device="cpu", levers={"policy": "adaptive"}))
+
+
+def test_bad_policy_values_from_every_source(capsys, tmp_path):
+    with pytest.raises(LeverError, match="policy"):
+        EngineConfig(model="x", levers={"policy": "fast"})
+    with pytest.raises(SystemExit) as err:
+        main(["generate", "--prompt", "x", "--policy", "fast"])
+    assert err.value.code == 2 and "--policy='fast' is not one of static|adaptive" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cost_table"):
+        EngineConfig(model="x", cost_table=3)
+    with pytest.raises(KnobError, match="PEGAINFER_SPEC_COST_TABLE"):
+        read_knobs({"PEGAINFER_SPEC_COST_TABLE": "a\0b"})
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("kind,batch,span\nverify,1,1\n", "KeyError"),
+        ("kind,batch,span,ms\nverify,1,1,-2\n", "ms must be > 0"),
+        (None, "No such file"),
+    ],
+)
+def test_a_bad_cost_table_file_is_refused_naming_it(tmp_path, text, why):
+    path = tmp_path / "profile.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=why) as err:
+        Engine(EngineConfig(model="/nonexistent", device="cpu", levers={"policy": "adaptive"}, cost_table=path))
+    assert str(path) in str(err.value)
