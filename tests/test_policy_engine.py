@@ -132,3 +132,11 @@ def test_a_bad_cost_table_file_is_refused_naming_it(tmp_path, text, why):
     with pytest.raises(ValueError, match=why) as err:
         Engine(EngineConfig(model="/nonexistent", device="cpu", levers={"policy": "adaptive"}, cost_table=path))
     assert str(path) in str(err.value)
+
+
+def test_switching_to_adaptive_without_a_table_changes_nothing(tiny_target, tiny_drafter):
+    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    before = engine.levers
+    with pytest.raises(ValueError, match="cost table"):
+        engine.set_levers(policy="adaptive", max_drafts=3)
+    assert engine.levers == before and engine.rounds.levers == before and engine.rounds.policy is None
