@@ -7,9 +7,8 @@ import logging
 import sys
 import time
 
-from engine.config import EngineConfig, SamplingParams
-from engine.knobs import parse_lever
-from engine.levers import env_name, lever_doc, lever_names
+from engine.cli_args import add_engine_args, engine_config
+from engine.config import SamplingParams
 from engine.serve import cli as serve_cli
 from engine.shipped import shipped_pair
 
@@ -19,10 +18,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine", description="pegaspec: Qwen3 + DFlash speculative decoding")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate one completion and stream it to stdout")
-    g.add_argument(
-        "--model", default=str(target), help="target checkpoint dir or hub id (default: shipped tiny fixture)"
-    )
-    g.add_argument("--draft-model", default=None, help=f"DFlash drafter dir or hub id (the fixture's: {drafter})")
+    add_engine_args(g, target, f"DFlash drafter dir or hub id (the fixture's: {drafter})")
     g.add_argument("--prompt", required=True, help="prompt text")
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
@@ -30,50 +26,15 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    g.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
-    g.add_argument("--no-cuda-graphs", action="store_true")
-    add_lever_flags(g)
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
-    serve_cli.add_parser(sub, target, add_lever_flags)
+    serve_cli.add_parser(sub, target)
     return p
-
-
-def add_lever_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per lever (--max-batch, --hedge-positions, ...), parsed like its environment variable."""
-    for name in lever_names():
-        flag = "--" + name.replace("_", "-")
-
-        def parse(raw: str, name: str = name, flag: str = flag) -> object:
-            try:
-                return parse_lever(name, raw, label=flag)
-            except ValueError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
-        parser.add_argument(flag, type=parse, default=None, help=f"{lever_doc(name)} (default: ${env_name(name)})")
-
-
-def lever_flags(args: argparse.Namespace) -> dict[str, object]:
-    """The lever flags given on the command line (the environment supplies the rest)."""
-    return {name: getattr(args, name) for name in lever_names() if getattr(args, name) is not None}
 
 
 def _generate(args: argparse.Namespace) -> int:
     from engine.engine import Engine
 
-    engine = Engine(
-        EngineConfig(
-            model=args.model,
-            draft_model=args.draft_model,
-            device=args.device,
-            dtype=args.dtype,
-            backend=args.backend,
-            cuda_graphs=not args.no_cuda_graphs,
-            max_num_seqs=1,
-            levers=lever_flags(args),
-        )
-    )
+    engine = Engine(engine_config(args, max_num_seqs=1))
     if engine.tokenizer is None:
         print("error: this checkpoint has no tokenizer; the CLI takes text prompts", file=sys.stderr)
         return 2

@@ -39,6 +39,27 @@ def tiny_drafter(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope="session")
+def shipped_tiny():
+    """The shipped tiny pair (target, drafter) directories."""
+    from engine.shipped import shipped_pair
+
+    return shipped_pair("tiny")
+
+
+@pytest.fixture(scope="session")
+def shipped_prompt_ids(shipped_tiny):
+    """Token ids of the shipped tiny pair's held-out prompts, in file order."""
+    import json
+
+    from engine import Engine, EngineConfig
+    from engine.shipped import shipped_prompts
+
+    engine = Engine(EngineConfig(model=str(shipped_tiny[0]), device="cpu"))
+    lines = shipped_prompts("tiny").read_text().splitlines()
+    return [engine.tokenizer.encode(json.loads(line)["text"], add_special_tokens=False) for line in lines]
+
+
 @pytest.fixture(autouse=True)
 def _clean_knobs(monkeypatch):
     """Tests start from an environment without PEGAINFER_* levers (CI may export some)."""

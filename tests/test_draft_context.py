@@ -9,14 +9,11 @@ draft-ready request's context K/V equals an eager store of HF's features of its 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.shipped import shipped_pair, shipped_prompts
 from tests.drafts import engine_drafts, reference_drafts
 from tests.kv_checks import check_draft_kv
 
@@ -24,15 +21,13 @@ BUDGETS = [48, 20, 36]
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return shipped_pair("tiny")
+def pair(shipped_tiny):
+    return shipped_tiny
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(pair):
-    engine = Engine(EngineConfig(model=str(pair[0]), device="cpu"))
-    lines = shipped_prompts("tiny").read_text().splitlines()[: len(BUDGETS)]
-    return [engine.tokenizer.encode(json.loads(line)["text"], add_special_tokens=False) for line in lines]
+def prompt_ids(shipped_prompt_ids):
+    return shipped_prompt_ids[: len(BUDGETS)]
 
 
 def test_engine_drafts_like_the_reference_loop(pair, prompt_ids):

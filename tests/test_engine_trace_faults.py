@@ -5,13 +5,10 @@ decode ends it, and the auto-hedge controller books no gated round."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.hedge import AutoHedge
-from engine.shipped import shipped_pair, shipped_prompts
 from tests.checkpoints import make_dspark_drafter
 from trace_tools import RequestLine, levers_trace_rows, request_problems
 
@@ -19,15 +16,13 @@ BUDGETS = [32, 10, 24, 16]
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return shipped_pair("tiny")
+def pair(shipped_tiny):
+    return shipped_tiny
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(pair):
-    engine = Engine(EngineConfig(model=str(pair[0]), device="cpu"))
-    lines = shipped_prompts("tiny").read_text().splitlines()[: len(BUDGETS)]
-    return [engine.tokenizer.encode(json.loads(line)["text"], add_special_tokens=False) for line in lines]
+def prompt_ids(shipped_prompt_ids):
+    return shipped_prompt_ids[: len(BUDGETS)]
 
 
 def spec_engine(pair, **levers) -> Engine:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine.__main__ import _parser
+from engine.cli_args import engine_config
 from engine.knobs import KnobError, read_knobs
 from engine.levers import env_name, lever_kind, lever_names
-from engine.serve.cli import engine_config
 from engine.serve.protocol import BadRequest, parse_chat, parse_completion
 
 BAD_COUNTS = ["-1", "1.5", "", "0x10", "4 ", "4_0", "99999999999999999999999"]

@@ -1,0 +1,45 @@
+"""The flags `generate` and `serve` share: weights, device, backend, graphs and one flag per lever,
+each lever parsed like its environment variable (so a flag refuses what PEGAINFER_SPEC_* refuses)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from engine.config import EngineConfig
+from engine.knobs import parse_lever
+from engine.levers import env_name, lever_doc, lever_names
+
+
+def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafter_help: str) -> None:
+    parser.add_argument("--model", default=str(default_model), help="target checkpoint dir or hub id")
+    parser.add_argument("--draft-model", default=None, help=drafter_help)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    for name in lever_names():
+        flag = "--" + name.replace("_", "-")
+
+        def parse(raw: str, name: str = name, flag: str = flag) -> object:
+            try:
+                return parse_lever(name, raw, label=flag)
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err)) from None
+
+        parser.add_argument(flag, type=parse, default=None, help=f"{lever_doc(name)} (default: ${env_name(name)})")
+
+
+def engine_config(args: argparse.Namespace, **fields: object) -> EngineConfig:
+    """EngineConfig from the shared flags; lever flags not given are left to the environment."""
+    levers = {name: getattr(args, name) for name in lever_names() if getattr(args, name) is not None}
+    return EngineConfig(
+        model=args.model,
+        draft_model=args.draft_model,
+        device=args.device,
+        dtype=args.dtype,
+        backend=args.backend,
+        cuda_graphs=not args.no_cuda_graphs,
+        levers=levers,
+        **fields,
+    )
