@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 from engine.kernels.attention import paged_attention_ref
@@ -15,24 +13,11 @@ from engine.kernels.fused_linear import (
 )
 from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
 from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
+from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store_ref
 from engine.kernels.sampling import accept_prefix_ref, argmax_ref
 
 BACKENDS = ("torch", "triton")
-
-
-@dataclass(frozen=True)
-class Ops:
-    name: str
-    rms_norm: Callable
-    add_rms_norm: Callable
-    add_rms_norm_linear: Callable  # (linear(add_rms_norm(x, residual)), x + residual): norm into the projection
-    qk_norm_rope_store: Callable
-    paged_attention: Callable
-    linear: Callable
-    silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
-    argmax: Callable
-    accept_prefix: Callable
 
 
 def torch_ops(batch_invariant: bool = False) -> Ops:

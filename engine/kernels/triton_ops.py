@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from functools import partial
 
-from engine.kernels import Ops
 from engine.kernels._triton import require_triton
 from engine.kernels.attention import paged_attention
 from engine.kernels.fused_linear import (
@@ -16,6 +15,7 @@ from engine.kernels.fused_linear import (
 )
 from engine.kernels.linear import linear, linear_batch_invariant
 from engine.kernels.norm import add_rms_norm, rms_norm
+from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store
 from engine.kernels.sampling import accept_prefix, argmax
 
