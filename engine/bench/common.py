@@ -22,6 +22,32 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO from every module")
 
 
+def add_weight_args(p: argparse.ArgumentParser, drafter_help: str = "the drafter (spec arms need it)") -> None:
+    """A target/drafter pair of directories or a fixture recipe, and the prompt set (`weights_of`)."""
+    src = p.add_argument_group("weights (a pair of directories, or a fixture recipe built/cached on the device)")
+    src.add_argument("--target", type=Path)
+    src.add_argument("--drafter", type=Path, help=drafter_help)
+    src.add_argument("--recipe", help="fixture recipe (e.g. small): ensure_pair builds or reuses the cached pair")
+    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+
+
+def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
+    if args.recipe:
+        if args.target or args.drafter:
+            raise SystemExit("give --recipe or --target/--drafter, not both")
+        from engine.fixture.cache import ensure_pair
+
+        target, drafter = ensure_pair(args.recipe, device.type)
+    elif args.target:
+        target, drafter = args.target, args.drafter
+    else:
+        raise SystemExit("need --target DIR [--drafter DIR] or --recipe NAME")
+    prompts = args.prompts or Path(target).parent / "prompts.jsonl"
+    if not prompts.is_file():
+        raise SystemExit(f"no prompt set: {prompts} does not exist (pass --prompts JSONL)")
+    return Path(target), None if drafter is None else Path(drafter), prompts
+
+
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"

@@ -17,11 +17,18 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.bench.common import add_device_args, drafter_block, load_prompts, resolve_device, setup_logging
+from engine.bench.common import (
+    add_device_args,
+    add_weight_args,
+    drafter_block,
+    load_prompts,
+    resolve_device,
+    setup_logging,
+    weights_of,
+)
 from engine.bench.load import closed_loop, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.bench.sweep import weights_of
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.scheduler import Plan
@@ -132,10 +139,7 @@ def table(summary: list[dict]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench preempt", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", type=Path)
-    p.add_argument("--drafter", type=Path, help="speculate (omit for a plain target)")
-    p.add_argument("--recipe", help="fixture recipe (e.g. small): the cached pair")
-    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    add_weight_args(p, "speculate (omit for a plain target)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, default=64, help="requests in flight (and max_num_seqs)")
     p.add_argument("--requests", type=int, default=None, help="requests per run (default: the concurrency)")

@@ -21,12 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.arms import Arm, parse_arms
-from engine.bench.common import add_device_args, drafter_block, load_prompts, resolve_device, setup_logging
+from engine.bench.common import (
+    add_device_args,
+    add_weight_args,
+    drafter_block,
+    load_prompts,
+    resolve_device,
+    setup_logging,
+    weights_of,
+)
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.openloop import arrival_times, run_open_loop
 from engine.bench.report import write_csv, write_json
 from engine.bench.serve_stats import markdown, run_row, summarize
-from engine.bench.sweep import weights_of
 
 log = logging.getLogger(__name__)
 _METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)
@@ -151,11 +158,7 @@ def run_load(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench serve-load", description=__doc__.split("\n\n")[0])
-    src = p.add_argument_group("weights (a pair of directories, or a fixture recipe built/cached on the device)")
-    src.add_argument("--target", type=Path)
-    src.add_argument("--drafter", type=Path)
-    src.add_argument("--recipe", help="fixture recipe (e.g. small)")
-    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    add_weight_args(p)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--rates", type=float, nargs="+", default=[2.0, 8.0, 32.0], help="arrival rates (requests/s)")
     p.add_argument("--arms", nargs="+", default=["plain", "spec"], help="plain, spec, spec+trim=K, spec+gate=N")

@@ -21,16 +21,18 @@ from torch.profiler import ProfilerActivity, profile
 from engine.bench.arms import parse_arms
 from engine.bench.common import (
     add_device_args,
+    add_weight_args,
     drafter_block,
     load_prompts,
     make_engine,
     resolve_device,
     setup_logging,
+    weights_of,
 )
 from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.bench.sweep import engine_for, weights_of
+from engine.bench.sweep import engine_for
 from engine.engine import Engine
 
 
@@ -95,10 +97,7 @@ def steps_markdown(results: dict[str, dict]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench steps", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", type=Path)
-    p.add_argument("--drafter", type=Path, help="needed by the spec arms")
-    p.add_argument("--recipe", help="fixture recipe built/cached on the device (instead of --target/--drafter)")
-    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    add_weight_args(p)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=64)

@@ -18,11 +18,13 @@ from tqdm import tqdm
 from engine.bench.arms import SPEC, SPEC_NOISE_ARM, Arm, parse_arms, round_order
 from engine.bench.common import (
     add_device_args,
+    add_weight_args,
     drafter_block,
     load_prompts,
     make_engine,
     resolve_device,
     setup_logging,
+    weights_of,
 )
 from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
 from engine.bench.meta import meta_lines, run_meta
@@ -128,11 +130,7 @@ def run_sweep(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench sweep", description=__doc__.split("\n\n")[0])
-    src = p.add_argument_group("weights (a pair of directories, or a fixture recipe built/cached on the device)")
-    src.add_argument("--target", type=Path)
-    src.add_argument("--drafter", type=Path)
-    src.add_argument("--recipe", help="fixture recipe (e.g. small): ensure_pair builds or reuses the cached pair")
-    p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
+    add_weight_args(p)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     p.add_argument("--arms", nargs="+", default=["plain", "spec", "spec+trim=4", "spec+trim=8"])
@@ -152,23 +150,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
     return p
-
-
-def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
-    if args.recipe:
-        if args.target or args.drafter:
-            raise SystemExit("give --recipe or --target/--drafter, not both")
-        from engine.fixture.cache import ensure_pair
-
-        target, drafter = ensure_pair(args.recipe, device.type)
-    elif args.target:
-        target, drafter = args.target, args.drafter
-    else:
-        raise SystemExit("need --target DIR [--drafter DIR] or --recipe NAME")
-    prompts = args.prompts or Path(target).parent / "prompts.jsonl"
-    if not prompts.is_file():
-        raise SystemExit(f"no prompt set: {prompts} does not exist (pass --prompts JSONL)")
-    return Path(target), None if drafter is None else Path(drafter), prompts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
