@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import tarfile
 
+import torch
+
 from engine.fixture.__main__ import main
 from engine.fixture.build import LAYOUT
 
@@ -61,3 +63,6 @@ def test_build_is_deterministic_for_a_seed(tmp_path):
         for f in sorted((tmp_path / "a" / sub).iterdir()):
             assert f.read_bytes() == (tmp_path / "b" / sub / f.name).read_bytes(), f
     assert (tmp_path / "a" / "prompts.jsonl").read_text() == (tmp_path / "b" / "prompts.jsonl").read_text()
+    hashes = [json.loads((tmp_path / n / "manifest.json").read_text())["weights_sha256"] for n in ("a", "b")]
+    assert hashes[0] == hashes[1] and set(hashes[0]) == {"target/model.safetensors", "drafter/model.safetensors"}
+    assert not torch.are_deterministic_algorithms_enabled()  # the build's setting does not leak
