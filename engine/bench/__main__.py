@@ -17,6 +17,7 @@ COMMANDS = {
         "engine.bench.study",
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
+    "spread": ("engine.bench.spread", "a fixture recipe over builds: τ and the c=1 ratio per seed, same-seed weights"),
     "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
 }
 
