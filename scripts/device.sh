@@ -71,6 +71,31 @@ run_sweep() {
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
 }
+stage small-spread 560 "the small recipe for SEEDS (default 0 1 2) plus the first seed again, side by side over the GPUs; c=1 plain vs spec on each seed's pair; logs/spread"
+run_small_spread() {
+  local seeds=(${SEEDS:-0 1 2}) gpus i=0 t0=$SECONDS args=()
+  gpus=$(nvidia-smi -L | wc -l)
+  for name in "${seeds[@]/#/s}" "s${seeds[0]}r"; do
+    local seed=${name//[sr]/}
+    CUDA_VISIBLE_DEVICES=$((i++ % gpus)) python3 -m engine.fixture build --recipe small --device cuda --seed "$seed" \
+      --out "$PAIRS/small-$name" $(sets) >"$LOG/spread-build-$name.log" 2>&1 &
+  done
+  wait
+  echo "builds: $((SECONDS - t0))s on $gpus GPU(s)"
+  for seed in "${seeds[@]}"; do
+    local pair=$PAIRS/small-s$seed
+    timeout 75 python3 -m engine.bench sweep --target "$pair/target" --drafter "$pair/drafter" --prompts "$pair/prompts.jsonl" \
+      --out "$LOG/spread/sweep-s$seed" --concurrency 1 --arms plain spec --noise-arm --spec-noise-arm --rounds 6 \
+      --new-tokens 128 --no-progress && args+=("$pair=$LOG/spread/sweep-s$seed")
+  done
+  python3 -m engine.bench spread --builds "${args[@]}" "$PAIRS/small-s${seeds[0]}r" --out "$LOG/spread"
+}
+stage serve-load-small 110 "open-loop Poisson load on servers of the small pair at \$PAIR (plain, spec, gate); needs starlette+uvicorn"
+run_serve_load_small() {
+  needs_pair && python3 -m engine.bench serve-load --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --prompts "$PAIR/prompts.jsonl" --out "$LOG/serve-load-small" --rates 8 64 --arms plain spec spec+gate=16 \
+    --repeats 2 --duration-s 5 --max-tokens 128
+}
 export TINY=engine/fixture/data/tiny
 stage preempt 90 "KV pressure on the shipped tiny pair: preemption by recompute vs whole-budget reservation (c=64, 1,024 tokens)"
 run_preempt() {
