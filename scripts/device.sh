@@ -71,13 +71,14 @@ run_sweep() {
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
 }
-stage small-spread 560 "the small recipe for SEEDS (default 0 1 2) plus the first seed again, side by side over the GPUs; c=1 plain vs spec on each seed's pair; logs/spread"
+stage small-spread 560 "the small recipe for SEEDS (default 0 1 2; REPEAT=1 adds the first seed again), builds spread over the GPUs; c=1 plain vs spec on each seed's pair; logs/spread"
 run_small_spread() {
   local seeds=(${SEEDS:-0 1 2}) gpus i=0 t0=$SECONDS args=()
   gpus=$(nvidia-smi -L | wc -l)
-  for name in "${seeds[@]/#/s}" "s${seeds[0]}r"; do
-    local seed=${name//[sr]/}
-    CUDA_VISIBLE_DEVICES=$((i++ % gpus)) python3 -m engine.fixture build --recipe small --device cuda --seed "$seed" \
+  for name in "${seeds[@]/#/s}" ${REPEAT:+"s${seeds[0]}r"}; do
+    local seed=${name//[sr]/} gpu=$((i % gpus))
+    i=$((i + 1))
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m engine.fixture build --recipe small --device cuda --seed "$seed" \
       --out "$PAIRS/small-$name" $(sets) >"$LOG/spread-build-$name.log" 2>&1 &
   done
   wait
@@ -88,7 +89,17 @@ run_small_spread() {
       --out "$LOG/spread/sweep-s$seed" --concurrency 1 --arms plain spec --noise-arm --spec-noise-arm --rounds 6 \
       --new-tokens 128 --no-progress && args+=("$pair=$LOG/spread/sweep-s$seed")
   done
-  python3 -m engine.bench spread --builds "${args[@]}" "$PAIRS/small-s${seeds[0]}r" --out "$LOG/spread"
+  python3 -m engine.bench spread --builds "${args[@]}" ${REPEAT:+"$PAIRS/small-s${seeds[0]}r"} --out "$LOG/spread"
+}
+stage determinism 150 "a shortened small recipe built twice on the last GPU: same seed, same weights? (manifests' sha256)"
+run_determinism() {
+  local short="target_steps=100 drafter_steps=100 greedy_sequences=4096" gpu
+  gpu=$(($(nvidia-smi -L | wc -l) - 1))
+  for name in a b; do
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m engine.fixture build --recipe small --device cuda --out "$PAIRS/det-$name" \
+      $(BUILD_SET="$short" sets) >"$LOG/determinism-$name.log" 2>&1 || return
+  done
+  python3 -m engine.bench spread --builds "$PAIRS/det-a" "$PAIRS/det-b" --out "$LOG/determinism"
 }
 stage serve-load-small 110 "open-loop Poisson load on servers of the small pair at \$PAIR (plain, spec, gate); needs starlette+uvicorn"
 run_serve_load_small() {
