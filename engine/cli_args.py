@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.config import BACKENDS, DEVICES, DTYPES, EngineConfig
 from engine.knobs import parse_lever
 from engine.levers import env_name, lever_doc, lever_names
 
@@ -14,9 +14,9 @@ from engine.levers import env_name, lever_doc, lever_names
 def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafter_help: str) -> None:
     parser.add_argument("--model", default=str(default_model), help="target checkpoint dir or hub id")
     parser.add_argument("--draft-model", default=None, help=drafter_help)
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     for name in lever_names():
         flag = "--" + name.replace("_", "-")

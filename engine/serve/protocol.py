@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import SamplingParams
+from engine.config import MAX_LOGPROBS, SamplingParams
 
 # Fields the server cannot honour; a request that sets them to a non-default value is refused
 # rather than silently served differently.
@@ -104,7 +104,7 @@ def parse_completion(body: dict) -> Parsed:
         raise BadRequest("'prompt' must be a string, a list of strings or (lists of) token ids", "prompt")
     if any(not p for p in prompts):
         raise BadRequest("'prompt' has an empty prompt", "prompt")
-    return _common(body, prompts, _count(body, "logprobs", None, 0, 20), "max_completion_tokens")
+    return _common(body, prompts, _count(body, "logprobs", None, 0, MAX_LOGPROBS), "max_completion_tokens")
 
 
 def _is_id(t: Any) -> bool:
@@ -126,7 +126,7 @@ def parse_chat(body: dict, render) -> Parsed:
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", "messages")
         clean.append({"role": m["role"], "content": _content(m.get("content"), i)})
     wants = _get(body, "logprobs", (bool,), False)
-    top = _count(body, "top_logprobs", None, 0, 20)
+    top = _count(body, "top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not wants:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return _common(body, [render(clean)], (top or 0) if wants else None, "max_completion_tokens")
