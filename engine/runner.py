@@ -258,8 +258,7 @@ class ModelRunner:
         (drafts [N, D], chains [N, P, D]) on the device."""
         if self.drafter.markov is None or not positions:
             raise ValueError("hedge chains need a Markov-head drafter and at least one branch position")
-        drafts, chains = self._draft(reqs, positions)
-        return drafts, chains
+        return self._draft(reqs, positions)
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
         self._check_staged(reqs)

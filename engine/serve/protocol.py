@@ -35,9 +35,7 @@ def _get(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) and bool not in kinds:
-        raise BadRequest(f"'{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}", name)
-    if not isinstance(value, kinds):
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise BadRequest(f"'{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}", name)
     return value
 
