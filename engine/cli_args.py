@@ -4,11 +4,26 @@ each lever parsed like its environment variable (so a flag refuses what PEGAINFE
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from engine.config import BACKENDS, DEVICES, DTYPES, EngineConfig
 from engine.knobs import parse_lever
 from engine.levers import env_name, lever_doc, lever_names
+
+
+def flag_type(flag: str, parse: Callable[[str, str], object]) -> Callable[[str], object]:
+    """An argparse type that parses like the env knob (parse(label, raw)) and shows its message."""
+
+    def convert(raw: str) -> object:
+        try:
+            return parse(flag, raw)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = getattr(parse, "__name__", flag)
+    return convert
 
 
 def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafter_help: str) -> None:
@@ -20,14 +35,12 @@ def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafte
     parser.add_argument("--no-cuda-graphs", action="store_true")
     for name in lever_names():
         flag = "--" + name.replace("_", "-")
-
-        def parse(raw: str, name: str = name, flag: str = flag) -> object:
-            try:
-                return parse_lever(name, raw, label=flag)
-            except ValueError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
+        parse = flag_type(flag, partial(_lever, name))
         parser.add_argument(flag, type=parse, default=None, help=f"{lever_doc(name)} (default: ${env_name(name)})")
+
+
+def _lever(name: str, flag: str, raw: str) -> object:
+    return parse_lever(name, raw, label=flag)
 
 
 def engine_config(args: argparse.Namespace, **fields: object) -> EngineConfig:
