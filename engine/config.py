@@ -13,6 +13,7 @@ from functools import partial
 from engine.costs import CostTable
 from engine.levers import Levers
 from engine.loader import Checkpoint
+from engine.models.checks import is_int
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -23,13 +24,9 @@ SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 0..2**64-1
 MIN_TEMPERATURE = 1e-5
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None) -> int:
     """An int (not a bool, not a float, not a string) in [low, high]; returns it as a Python int."""
-    if not _is_int(value) or value < low or (high is not None and value > high):
+    if not is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{owner}.{name}={value!r}; expected an int {bound}")
     return int(value)
@@ -151,7 +148,7 @@ class SamplingParams:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise ValueError(f"SamplingParams.stop_token_ids={ids!r}; expected a sequence of token ids")
         ids = tuple(ids)
-        bad = [t for t in ids if not _is_int(t) or t < 0]
+        bad = [t for t in ids if not is_int(t) or t < 0]
         if bad:
             raise ValueError(f"SamplingParams.stop_token_ids={list(ids)!r}: {bad[0]!r} is not an int >= 0")
         put("stop_token_ids", tuple(int(t) for t in ids))

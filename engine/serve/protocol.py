@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import MAX_LOGPROBS, SamplingParams
+from engine.models.checks import is_int
 
 # Fields the server cannot honour; a request that sets them to a non-default value is refused
 # rather than silently served differently.
@@ -94,7 +95,7 @@ def _common(body: dict, prompts: list[str | list[int]], logprobs: int | None, ma
 def parse_completion(body: dict) -> Parsed:
     """/v1/completions: prompt is a string, a list of strings, token ids or a list of token-id lists."""
     prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt)):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
         prompts = list(prompt)
@@ -105,12 +106,8 @@ def parse_completion(body: dict) -> Parsed:
     return _common(body, prompts, _count(body, "logprobs", None, 0, MAX_LOGPROBS), "max_completion_tokens")
 
 
-def _is_id(t: Any) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
-
-
 def _is_ids(p: Any) -> bool:
-    return isinstance(p, list) and bool(p) and all(_is_id(t) for t in p)
+    return isinstance(p, list) and bool(p) and all(is_int(t) for t in p)
 
 
 def parse_chat(body: dict, render) -> Parsed:
