@@ -4,30 +4,43 @@ each lever parsed like its environment variable (so a flag refuses what PEGAINFE
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.config import BACKENDS, DEVICES, DTYPES, EngineConfig
 from engine.knobs import parse_lever
 from engine.levers import env_name, lever_doc, lever_names
+
+
+def flag_type(flag: str, parse: Callable[[str, str], object]) -> Callable[[str], object]:
+    """An argparse type that parses like the env knob (parse(label, raw)) and shows its message."""
+
+    def convert(raw: str) -> object:
+        try:
+            return parse(flag, raw)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+
+    convert.__name__ = getattr(parse, "__name__", flag)
+    return convert
 
 
 def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafter_help: str) -> None:
     parser.add_argument("--model", default=str(default_model), help="target checkpoint dir or hub id")
     parser.add_argument("--draft-model", default=None, help=drafter_help)
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
+    parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
     parser.add_argument("--no-cuda-graphs", action="store_true")
     for name in lever_names():
         flag = "--" + name.replace("_", "-")
-
-        def parse(raw: str, name: str = name, flag: str = flag) -> object:
-            try:
-                return parse_lever(name, raw, label=flag)
-            except ValueError as err:
-                raise argparse.ArgumentTypeError(str(err)) from None
-
+        parse = flag_type(flag, partial(_lever, name))
         parser.add_argument(flag, type=parse, default=None, help=f"{lever_doc(name)} (default: ${env_name(name)})")
+
+
+def _lever(name: str, flag: str, raw: str) -> object:
+    return parse_lever(name, raw, label=flag)
 
 
 def engine_config(args: argparse.Namespace, **fields: object) -> EngineConfig:

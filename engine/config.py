@@ -8,28 +8,26 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from engine.costs import CostTable
 from engine.levers import Levers
 from engine.loader import Checkpoint
+from engine.models.checks import is_int
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "torch", "triton")
-SEED_RANGE = 2**64  # torch.Generator.manual_seed takes 0..2**64-1
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 0..2**64-1
 # Below it sampling is greedy in all but name (vLLM's sampling epsilon), and far below it
 # logits / temperature overflows fp32 and the softmax turns to NaN inside a step.
 MIN_TEMPERATURE = 1e-5
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None) -> int:
-    """An int (not a bool, not a float, not a string) in [low, high); returns it as a Python int."""
-    if not _is_int(value) or value < low or (high is not None and value >= high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+    """An int (not a bool, not a float, not a string) in [low, high]; returns it as a Python int."""
+    if not is_int(value) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{owner}.{name}={value!r}; expected an int {bound}")
     return int(value)
 
@@ -94,7 +92,7 @@ class EngineConfig:
             if getattr(self, name) is not None:
                 setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 2))
         # Request streams are seeded with seed * 1_000_003 + request index, which must stay below 2**64.
-        self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32)
+        self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32 - 1)
         self.gpu_memory_utilization = _check_real("EngineConfig", "gpu_memory_utilization", self.gpu_memory_utilization)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(
@@ -107,11 +105,10 @@ class EngineConfig:
         Levers().replace(self.levers)  # names and values checked here; the environment at engine start
         if not (self.cost_table is None or isinstance(self.cost_table, (str, os.PathLike, CostTable))):
             raise ValueError(f"EngineConfig.cost_table={self.cost_table!r}; expected a CSV path or a CostTable")
-        if self.trace is not None and not isinstance(self.trace, bool):
-            raise ValueError(f"EngineConfig.trace={self.trace!r}; expected a bool or None")
 
 
 MAX_LOGPROBS = 20
+_SP = "SamplingParams"
 
 
 @dataclass(frozen=True)
@@ -129,48 +126,41 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's log-probability plus the top k
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        temperature = _check_real("SamplingParams", "temperature", self.temperature)
-        if temperature < 0:
+        put = partial(object.__setattr__, self)  # frozen: normalised values are set past __setattr__
+        put("max_tokens", _check_int(_SP, "max_tokens", self.max_tokens, 1))
+        put("temperature", _check_real(_SP, "temperature", self.temperature))
+        if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if 0 < temperature < MIN_TEMPERATURE:
+        if 0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(
                 f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE} (greedy in all but "
                 "name, and too small to sample from in fp32); use 0 for greedy"
             )
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        top_p = _check_real("SamplingParams", "top_p", self.top_p)
-        if not 0.0 < top_p <= 1.0:
+        put("top_k", _check_int(_SP, "top_k", self.top_k, 0))  # 0: off
+        put("top_p", _check_real(_SP, "top_p", self.top_p))
+        if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
-            _check_int("SamplingParams", "seed", self.seed, 0, SEED_RANGE)
+            put("seed", _check_int(_SP, "seed", self.seed, 0, SEED_MAX))
         for name in ("ignore_eos", "speculate"):
-            _check_bool("SamplingParams", name, getattr(self, name))
-        stop = self.stop_token_ids
-        if isinstance(stop, (str, bytes)) or not isinstance(stop, Iterable):
-            raise ValueError(f"SamplingParams.stop_token_ids={stop!r}; expected a sequence of token ids")
-        stop = tuple(stop)
-        bad = [t for t in stop if not _is_int(t) or t < 0]
+            _check_bool(_SP, name, getattr(self, name))
+        ids = self.stop_token_ids
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise ValueError(f"SamplingParams.stop_token_ids={ids!r}; expected a sequence of token ids")
+        ids = tuple(ids)
+        bad = [t for t in ids if not is_int(t) or t < 0]
         if bad:
-            raise ValueError(f"SamplingParams.stop_token_ids={list(stop)!r}: {bad[0]!r} is not an int >= 0")
-        for name, value in (("temperature", temperature), ("top_p", top_p), ("top_k", int(self.top_k))):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "max_tokens", int(self.max_tokens))
-        object.__setattr__(self, "seed", None if self.seed is None else int(self.seed))
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stop))
+            raise ValueError(f"SamplingParams.stop_token_ids={list(ids)!r}: {bad[0]!r} is not an int >= 0")
+        put("stop_token_ids", tuple(int(t) for t in ids))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(t, str) and t for t in stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", tuple(stop))
-        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise ValueError(f"SamplingParams.min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        put("stop", tuple(stop))
+        put("min_tokens", _check_int(_SP, "min_tokens", self.min_tokens, 0))
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
-        lp = self.logprobs
-        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= MAX_LOGPROBS):
-            raise ValueError(f"SamplingParams.logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {lp!r}")
+        if self.logprobs is not None:
+            put("logprobs", _check_int(_SP, "logprobs", self.logprobs, 0, MAX_LOGPROBS))
 
     def validate_for(self, vocab_size: int) -> None:
         """What depends on the model: every stop token id inside its vocabulary [0, vocab_size)."""

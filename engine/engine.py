@@ -172,7 +172,10 @@ class Engine:
         mine = [self._requests[self.add_request(p, sp)] for p, sp in zip(prompts, params, strict=True)]
         bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
         while not all(r.finished for r in mine):
-            for r in self._advance() or self._no_progress():
+            touched = self._advance()
+            if not touched:
+                raise RuntimeError(f"generate(): requests unfinished but no step ran: {self.scheduler.describe()}")
+            for r in touched:
                 self._unreported[r.id] = r
             done = sum(r.finished for r in mine)
             if done > bar.n:
@@ -196,7 +199,7 @@ class Engine:
         except RequestFailure as err:
             log.warning("%s step: %s", step.plan.value, err)
             for r, why in err.failed.items():
-                r.failed(why)
+                r.finish(Finish.ERROR, why)
             if step.plan is Plan.PREFILL:  # the others' prefills are dropped: they prefill again
                 for r in step.reqs:
                     if not r.finished:
@@ -227,14 +230,11 @@ class Engine:
         """Finish every running request as `error` and free its KV; the runner forgets the step."""
         failed = list(self.scheduler.running)
         for r in failed:
-            r.failed(message)
+            r.finish(Finish.ERROR, message)
             self.scheduler.release(r)
         self.runner.reset()
         self.rounds.pause()
         return failed
-
-    def _no_progress(self) -> list[Request]:
-        raise RuntimeError(f"generate(): its requests are unfinished but no step ran: {self.scheduler.describe()}")
 
     def _report(self, req: Request) -> RequestOutput:
         if req.finished:

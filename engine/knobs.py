@@ -1,55 +1,25 @@
-"""Every PEGAINFER_* environment variable: declared once, parsed and validated in one place.
+"""Every PEGAINFER_* and PEGASPEC_* environment variable: declared once, parsed and validated in one place.
 
 Read once, at the engine's one start path, before any weight is read. A malformed value refuses
-to start with an error naming the variable and showing the value; unset and `0` mean off.
+to start with an error naming the variable and showing the value; unset and `0` mean off. A
+variable is declared as a field of Knobs or GateKnobs: its name, parser and job in the metadata.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from engine.levers import CHOICES, ENV_PREFIX, MAX_COUNT, Levers, env_name, lever_doc, lever_kind, lever_names
+from engine.levers import CHOICES, ENV_PREFIX, MAX_COUNT, Levers, env_name, lever_kind, lever_names
 
 _COUNT = re.compile(r"\+?[0-9]+", re.ASCII)
 
 
 class KnobError(ValueError):
     """A PEGAINFER_* variable with a value the engine refuses to start with."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    kind: str  # "count", "counts" (comma-separated), "flag" (0/1), "choice" (a name), "path"
-    doc: str
-
-
-KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in (
-        *(Knob(env_name(name), lever_kind(name), lever_doc(name)) for name in lever_names()),
-        Knob(
-            "PEGAINFER_SPEC_COST_TABLE",
-            "path",
-            "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch)",
-        ),
-        Knob("PEGAINFER_TEST_LOG", "flag", "per-round trace lines on stderr"),
-        Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
-        Knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", "path", "gate drafter weights (default: the shipped fixture pair)"),
-        Knob(
-            "PEGAINFER_TEST_HEDGE_DRAFTER",
-            "path",
-            "a Markov-head (DSpark) drafter for the hedge gate case; the lossless children use it in place of "
-            "the pair's drafter (default for the fixture pair: its drafter-dspark)",
-        ),
-        Knob("PEGAINFER_REQUIRE_SPEC_GATE", "flag", "turn every gate skip into a failure"),
-        Knob("PEGAINFER_TEST_BATCH_INVARIANT", "flag", "gates run batch-invariant numerics and excuse no divergence"),
-        Knob("PEGAINFER_RUN_RECORD", "path", "where the gate session writes its run-record table"),
-    )
-}
 
 
 def _text(name: str, raw: str) -> str:
@@ -93,6 +63,14 @@ def parse_choice(label: str, raw: str, allowed: tuple[str, ...]) -> str:
     return text
 
 
+def parse_path(name: str, raw: str) -> str | None:
+    """A path or hub id: any UTF-8 text without NUL; blank means unset."""
+    text = _text(name, raw)
+    if "\0" in text:
+        raise KnobError(f"{name}={text!r} holds a NUL byte; expected a path")
+    return text.strip() or None
+
+
 def parse_lever(name: str, raw: str, label: str | None = None) -> object:
     """A lever's text form (environment or CLI flag) -> its value; `label` names the source in errors."""
     kind = lever_kind(name)
@@ -102,78 +80,84 @@ def parse_lever(name: str, raw: str, label: str | None = None) -> object:
     return parse(label or env_name(name), raw)
 
 
+def _knob(var: str, parse: Callable[[str, str], object], doc: str, default: object = None):
+    return field(default=default, metadata={"var": var, "parse": parse, "doc": doc})
+
+
+def _read(cls: type, environ: Mapping[str, str] | None, **given: object):
+    """cls with each variable declared in its fields' metadata parsed from `environ` (default: os.environ)."""
+    env = os.environ if environ is None else environ
+    for f in dataclasses.fields(cls):
+        var = f.metadata.get("var")
+        if var is not None and var in env:
+            given[f.name] = f.metadata["parse"](var, env[var])
+    return cls(**given)
+
+
+TEST_LOG = ("PEGAINFER_TEST_LOG", parse_flag, "per-round trace lines on stderr")  # read by the engine and gates
+
+
 @dataclass(frozen=True)
 class Knobs:
-    levers: Levers = field(default_factory=Levers)
-    test_log: bool = False
-    cost_table: str | None = None  # PEGAINFER_SPEC_COST_TABLE
+    levers: Levers = field(default_factory=Levers)  # PEGAINFER_SPEC_<LEVER>, engine/levers.py
+    test_log: bool = _knob(*TEST_LOG, False)
+    cost_table: str | None = _knob(
+        "PEGAINFER_SPEC_COST_TABLE",
+        parse_path,
+        "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch)",
+    )
+
+
+# Every PEGAINFER_SPEC_* variable: one per lever, plus the engine knobs with the prefix.
+SPEC_VARS = (
+    *(env_name(n) for n in lever_names()),
+    *(f.metadata["var"] for f in dataclasses.fields(Knobs) if f.metadata.get("var", "").startswith(ENV_PREFIX)),
+)
 
 
 def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
     """Validate every PEGAINFER_SPEC_* variable in `environ` (default: os.environ)."""
     env = os.environ if environ is None else environ
     for name in env:
-        if name.startswith(ENV_PREFIX) and name not in KNOBS:
-            known = ", ".join(k for k in KNOBS if k.startswith(ENV_PREFIX))
-            raise KnobError(f"unknown variable {name}; the speculative knobs are: {known}")
+        if name.startswith(ENV_PREFIX) and name not in SPEC_VARS:
+            raise KnobError(f"unknown variable {name}; the speculative knobs are: {', '.join(SPEC_VARS)}")
     levers = Levers(**{n: parse_lever(n, env[env_name(n)]) for n in lever_names() if env_name(n) in env})
-    raw_log, raw_table = env.get("PEGAINFER_TEST_LOG"), env.get("PEGAINFER_SPEC_COST_TABLE")
-    return Knobs(
-        levers,
-        test_log=raw_log is not None and parse_flag("PEGAINFER_TEST_LOG", raw_log),
-        cost_table=None if raw_table is None else parse_path("PEGAINFER_SPEC_COST_TABLE", raw_table),
-    )
-
-
-# -- Gate, test and path variables: read by gates/, engine/provenance.py and the fixture cache --------
-
-GATE_KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in (
-        Knob("PEGASPEC_CACHE", "path", "fixture cache root (default: ~/.cache/pegaspec/fixtures)"),
-        Knob("PEGASPEC_COMMIT", "path", "the commit a device copy of the tree was shipped at (wins over git)"),
-    )
-}
+    return _read(Knobs, env, levers=levers)
 
 
 @dataclass(frozen=True)
 class GateKnobs:
-    """Unset or blank paths are None; flags are 0/1 like every other flag."""
+    """The gate, test and path variables (gates/, engine/provenance.py, the fixture cache)."""
 
-    target: str | None = None  # PEGAINFER_TEST_MODEL_PATH
-    drafter: str | None = None  # PEGAINFER_DFLASH_TEST_MODEL_PATH
-    hedge_drafter: str | None = None  # PEGAINFER_TEST_HEDGE_DRAFTER
-    require_gate: bool = False  # PEGAINFER_REQUIRE_SPEC_GATE
-    batch_invariant: bool = False  # PEGAINFER_TEST_BATCH_INVARIANT
-    test_log: bool = False  # PEGAINFER_TEST_LOG
-    run_record: str | None = None  # PEGAINFER_RUN_RECORD
-    cache: str | None = None  # PEGASPEC_CACHE
-    commit: str | None = None  # PEGASPEC_COMMIT
-
-
-def parse_path(name: str, raw: str) -> str | None:
-    """A path or hub id: any UTF-8 text without NUL; blank means unset."""
-    text = _text(name, raw)
-    if "\0" in text:
-        raise KnobError(f"{name}={text!r} holds a NUL byte; expected a path")
-    return text.strip() or None
+    target: str | None = _knob(
+        "PEGAINFER_TEST_MODEL_PATH", parse_path, "gate target weights (default: the shipped fixture pair)"
+    )
+    drafter: str | None = _knob(
+        "PEGAINFER_DFLASH_TEST_MODEL_PATH", parse_path, "gate drafter weights (default: the shipped fixture pair)"
+    )
+    hedge_drafter: str | None = _knob(
+        "PEGAINFER_TEST_HEDGE_DRAFTER",
+        parse_path,
+        "a Markov-head (DSpark) drafter for the hedge gate case; the lossless children use it in place of "
+        "the pair's drafter (default for the fixture pair: its drafter-dspark)",
+    )
+    require_gate: bool = _knob("PEGAINFER_REQUIRE_SPEC_GATE", parse_flag, "turn every gate skip into a failure", False)
+    batch_invariant: bool = _knob(
+        "PEGAINFER_TEST_BATCH_INVARIANT",
+        parse_flag,
+        "gates run batch-invariant numerics and excuse no divergence",
+        False,
+    )
+    test_log: bool = _knob(*TEST_LOG, False)
+    run_record: str | None = _knob(
+        "PEGAINFER_RUN_RECORD", parse_path, "where the gate session writes its run-record table"
+    )
+    cache: str | None = _knob("PEGASPEC_CACHE", parse_path, "fixture cache root (default: ~/.cache/pegaspec/fixtures)")
+    commit: str | None = _knob(
+        "PEGASPEC_COMMIT", parse_path, "the commit a device copy of the tree was shipped at (wins over git)"
+    )
 
 
 def read_gate_knobs(environ: Mapping[str, str] | None = None) -> GateKnobs:
     """Validate the gate, test and path variables in `environ` (default: os.environ)."""
-    env = os.environ if environ is None else environ
-
-    def get(name: str, parse, default):
-        return default if name not in env else parse(name, env[name])
-
-    return GateKnobs(
-        target=get("PEGAINFER_TEST_MODEL_PATH", parse_path, None),
-        drafter=get("PEGAINFER_DFLASH_TEST_MODEL_PATH", parse_path, None),
-        hedge_drafter=get("PEGAINFER_TEST_HEDGE_DRAFTER", parse_path, None),
-        require_gate=get("PEGAINFER_REQUIRE_SPEC_GATE", parse_flag, False),
-        batch_invariant=get("PEGAINFER_TEST_BATCH_INVARIANT", parse_flag, False),
-        test_log=get("PEGAINFER_TEST_LOG", parse_flag, False),
-        run_record=get("PEGAINFER_RUN_RECORD", parse_path, None),
-        cache=get("PEGASPEC_CACHE", parse_path, None),
-        commit=get("PEGASPEC_COMMIT", parse_path, None),
-    )
+    return _read(GateKnobs, environ)

@@ -44,7 +44,7 @@ class Levers:
         unknown = sorted(set(changes) - set(lever_names()))
         if unknown:
             raise LeverError(f"unknown lever(s) {unknown}; the levers are {lever_names()}")
-        given = {k: tuple(v) if k == "hedge_positions" and _is_seq(v) else v for k, v in changes.items()}
+        given = {k: tuple(v) if k == "hedge_positions" and isinstance(v, list) else v for k, v in changes.items()}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
@@ -66,10 +66,6 @@ def lever_kind(name: str) -> str:
 
 def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
-
-
-def _is_seq(value: object) -> bool:
-    return isinstance(value, (list, tuple))
 
 
 def _is_count(value: object) -> bool:

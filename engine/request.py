@@ -161,9 +161,6 @@ class Request:
         self.error = error
         self.drop_draft_state()
 
-    def failed(self, message: str) -> None:
-        self.finish(Finish.ERROR, message)
-
     def drop_draft_state(self) -> None:
         self.draft_ready = False
         self.ctx_pending = []

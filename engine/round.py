@@ -15,7 +15,6 @@ choice for the round; k = 0 runs the gated one-token round instead.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -219,21 +218,17 @@ class Rounds:
 
     def _count(self, outcomes: list[RoundOutcome], chains: int, hedged: int, wins: int) -> None:
         s = self.stats
-        n = len(outcomes)
-        s.rounds += n
+        s.rounds += len(outcomes)
+        s.drafts += len(outcomes)
         s.draft_forwards += 1
         s.committed_tokens += sum(o.committed for o in outcomes)
         s.hedged_rounds += hedged
         s.hedge_chains += chains
         s.hedge_wins += wins
-        s.drafts += n
         s.draft_tokens_verified += sum(o.verified_draft for o in outcomes)
-        accepted = Counter(o.accepted_draft for o in outcomes)
-        s.draft_tokens_accepted += sum(a * c for a, c in accepted.items())
+        s.draft_tokens_accepted += sum(o.accepted_draft for o in outcomes)
         by_pos = s.accepted_by_position
-        if len(by_pos) < self.per_round:
-            by_pos += [0] * (self.per_round - len(by_pos))
-        more = 0  # request-rounds that accepted more than pos drafts
-        for pos in range(max(accepted, default=0) - 1, -1, -1):
-            more += accepted.get(pos + 1, 0)
-            by_pos[pos] += more
+        by_pos += [0] * (self.per_round - len(by_pos))
+        for o in outcomes:  # by_pos[p]: request-rounds that accepted more than p drafts
+            for pos in range(o.accepted_draft):
+                by_pos[pos] += 1

@@ -1,11 +1,9 @@
 """Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs.
 
-A span step with N row groups and S rows each is replayed from a CUDA graph captured for exactly
-(bucket(N), S): inputs are padded to the bucket with rows that point at the null block. Any other
-shape runs eagerly; a graph is never replayed for a shape it was not captured at. Hedge chains are
-extra row groups of the same span with block-table rows of their own (after the null row), so a
-hedged verify is one more span step of the same shape family; the draft graph is keyed on the
-branch positions it walks.
+Uniform steps replay CUDA graphs (engine/graphs.py), their rows padded to the batch bucket with
+rows that point at the null block. Hedge chains are extra row groups of the same span with
+block-table rows of their own (after the null row), so a hedged verify is one more span step of the
+same shape family; the draft graph is keyed on the branch positions it walks.
 
 A decode, gated or speculative step reads its per-request inputs (current token, table row,
 committed rows, draft limit) from one staged buffer, copied host -> device once per step; the
@@ -258,8 +256,7 @@ class ModelRunner:
         (drafts [N, D], chains [N, P, D]) on the device."""
         if self.drafter.markov is None or not positions:
             raise ValueError("hedge chains need a Markov-head drafter and at least one branch position")
-        drafts, chains = self._draft(reqs, positions)
-        return drafts, chains
+        return self._draft(reqs, positions)
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
         self._check_staged(reqs)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-import numbers
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from engine.models.checks import is_int
 from engine.models.config import Qwen3Config
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,6 @@ def encode_prompt(tokenizer, prompt: str | Sequence[int]) -> tuple[list[int], st
         return [], f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"
     ids = list(ids)
     for i, t in enumerate(ids):
-        if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+        if not is_int(t):
             return [], f"prompt token ids must be ints; item {i} is {t!r} ({type(t).__name__})"
     return [int(t) for t in ids], None

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.fixture.dflash_model import MarkovHead
+from engine.fixture.dflash_model import MarkovHead, markov_chain_ref, markov_walk_ref
 from engine.loader import CheckpointError
 from engine.models.config import DEEPSPEC, ZLAB, DFlashConfig
-from engine.models.markov import markov_chain_ref, markov_walk, markov_walk_ref
+from engine.models.markov import markov_walk
 from engine.shipped import shipped_pair
 from tests.checkpoints import make_dspark_drafter
 from tests.drafts import engine_drafts, reference_drafts

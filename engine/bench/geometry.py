@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from engine.fixture.config_json import zlab_dict
 from engine.loader import Checkpoint
 from engine.models.config import ZLAB, DFlashConfig, Geometry
 
@@ -75,7 +76,7 @@ def drafter_config(geometry: str) -> dict:
         layers, block, taps, mask = r.drafter_layers, r.block_size, tuple(r.target_layer_ids), t.vocab_size - 1
     g = dataclasses.replace(t, num_layers=layers)
     cfg = DFlashConfig(g, block, mask, tuple(taps), ZLAB, num_target_layers=t.num_layers)
-    return cfg.to_zlab_dict()
+    return zlab_dict(cfg)
 
 
 def target_shapes(config: dict) -> dict[str, tuple[int, ...]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from engine.loader import CheckpointError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -26,8 +28,9 @@ def need(d: dict, key: str, where: str):
     return d[key]
 
 
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def is_int(value: object) -> bool:
+    """An integer (a NumPy one too), not a bool: every int field's and token id's check."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def read_int(d: dict, key: str, where: str, default: int | None = None, low: int = 1) -> int:

@@ -109,23 +109,18 @@ class DFlashConfig:
         # The layout is the checkpoint's schema, never the Markov head: upstream keyed anchor-first
         # on markov_rank once and acceptance collapsed (a z-lab drafter may carry a Markov head too).
         nested = d.get("dflash_config")
-        if isinstance(nested, dict):
-            layout = ZLAB
-            block = nested.get("block_size", d.get("block_size"))
-            mask = nested.get("mask_token_id")
-            layers = nested.get("target_layer_ids")
-            rank = nested.get("markov_rank", d.get("markov_rank"))
+        if isinstance(nested, dict):  # z-lab: block size and Markov keys may also sit at the top level
+            layout, src = ZLAB, {k: d[k] for k in ("block_size", "markov_rank", "markov_head_type") if k in d} | nested
         elif "target_layer_ids" in d:
-            layout = DEEPSPEC  # DeepSpec's flat keys: anchor-first
-            block, mask, layers = d.get("block_size"), d.get("mask_token_id"), d.get("target_layer_ids")
-            rank = d.get("markov_rank")
+            layout, src = DEEPSPEC, d  # DeepSpec's flat keys: anchor-first
         else:
             raise CheckpointError(f"{where}: not a DFlash drafter config (no dflash_config, no target_layer_ids)")
-        for key, value in (("block_size", block), ("mask_token_id", mask), ("target_layer_ids", layers)):
-            if value is None:
+        for key in ("block_size", "mask_token_id", "target_layer_ids"):
+            if src.get(key) is None:
                 raise CheckpointError(f"{where}: drafter config lacks {key}")
-        block = read_int({"block_size": block}, "block_size", where, low=2)
-        mask = read_int({"mask_token_id": mask}, "mask_token_id", where, low=0)
+        block = read_int(src, "block_size", where, low=2)
+        mask = read_int(src, "mask_token_id", where, low=0)
+        layers, rank = src["target_layer_ids"], src.get("markov_rank")
         if not isinstance(layers, (list, tuple)) or not all(is_int(i) for i in layers):
             raise CheckpointError(f"{where}: config target_layer_ids={layers!r}; expected a list of layer indices")
         num_target = d.get("num_target_layers")
@@ -133,7 +128,7 @@ class DFlashConfig:
             num_target = read_int(d, "num_target_layers", where)
         if isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (rank or 0) < 0:
             raise CheckpointError(f"{where}: markov_rank must be an int >= 0, got {rank!r}")
-        head_type = (nested if isinstance(nested, dict) else d).get("markov_head_type", d.get("markov_head_type"))
+        head_type = src.get("markov_head_type")
         if (rank or 0) > 0 and head_type not in (None, "vanilla"):
             raise CheckpointError(f"{where}: markov_head_type {head_type!r} is not supported (only 'vanilla')")
         return cls(
@@ -173,53 +168,3 @@ class DFlashConfig:
             )
         if not 0 <= self.mask_token_id < t.vocab_size:
             raise CheckpointError(f"drafter mask_token_id={self.mask_token_id} outside the target vocab {t.vocab_size}")
-
-    def to_dict(self) -> dict:
-        """config.json in the checkpoint's own layout."""
-        return self.to_deepspec_dict() if self.anchor_first else self.to_zlab_dict()
-
-    def _geometry_dict(self) -> dict:
-        g = self.geometry
-        return {
-            "num_hidden_layers": g.num_layers,
-            "hidden_size": g.hidden_size,
-            "intermediate_size": g.intermediate_size,
-            "num_attention_heads": g.num_heads,
-            "num_key_value_heads": g.num_kv_heads,
-            "head_dim": g.head_dim,
-            "rope_theta": g.rope_theta,
-            "max_position_embeddings": g.max_position_embeddings,
-            "rms_norm_eps": g.rms_norm_eps,
-            "vocab_size": g.vocab_size,
-        }
-
-    def to_deepspec_dict(self) -> dict:
-        """DeepSpec's flat keys (anchor-first; the Markov head's rank at the top level)."""
-        return {
-            "architectures": ["Qwen3DSparkModel" if self.markov_rank else "Qwen3DFlashModel"],
-            "model_type": "qwen3",
-            "block_size": self.block_size,
-            "target_layer_ids": list(self.target_layer_ids),
-            "mask_token_id": self.mask_token_id,
-            "num_anchors": 512,
-            "num_target_layers": self.num_target_layers,
-            "markov_rank": self.markov_rank,
-            "markov_head_type": "vanilla",
-            **self._geometry_dict(),
-            "tie_word_embeddings": False,
-        }
-
-    def to_zlab_dict(self) -> dict:
-        nested = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)}
-        if self.markov_rank:
-            nested["markov_rank"] = self.markov_rank
-        return {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "block_size": self.block_size,
-            "dflash_config": nested,
-            "num_target_layers": self.num_target_layers,
-            **self._geometry_dict(),
-            "tie_word_embeddings": True,
-            "layer_types": ["full_attention"] * self.geometry.num_layers,
-        }

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels.rope import rope_cos_sin
-from engine.loader import CheckpointError
+from engine.loader import CheckpointError, take
 from engine.models.config import DFlashConfig
+from engine.models.layers import LayerWeights, decoder_layer
 
 MARKOV_W1 = "markov_head.markov_w1.weight"
 MARKOV_W2 = "markov_head.markov_w2.weight"
@@ -20,9 +21,6 @@ IGNORED_PREFIXES = ("embed_tokens.", "lm_head.", "confidence_head.")
 
 
 class DFlashDrafter:
-    """Inference side of the drafter on an `Ops` backend: context rows are projected once and
-    their K/V stored into the drafter's paged cache; the block runs non-causally over it."""
-
     def __init__(
         self,
         cfg: DFlashConfig,
@@ -34,9 +32,6 @@ class DFlashDrafter:
         dtype: torch.dtype,
         ops,
     ):
-        from engine.loader import take
-        from engine.models.layers import LayerWeights
-
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.target = cfg, g, ops, target
         tensors = {k: v for k, v in tensors.items() if not k.startswith(IGNORED_PREFIXES)}
@@ -89,8 +84,6 @@ class DFlashDrafter:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         """Block rows [N * B] -> final-normed hidden [N * B, H]; meta must be non-causal."""
-        from engine.models.layers import decoder_layer
-
         h = F.embedding(block_ids, self.target.embed)
         residual = None
         for i, w in enumerate(self.layers):

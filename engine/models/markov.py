@@ -7,8 +7,9 @@ and markov_head.markov_w2.weight).
 
 Hedge chains branch off the main walk: chain j copies it up to positions[j] - 1, takes the runner-up
 (the 2nd best of the main walk's logits) at positions[j], then walks on from that token.
-`markov_walk` is the batched, graph-capturable engine path (static shapes, no host reads);
-`markov_walk_ref` / `markov_chain_ref` are the plain one-request references it is tested against.
+`markov_walk` is the batched, graph-capturable engine path (static shapes, no host reads); the
+plain one-request references it is tested against live with the fixture's torch drafter
+(engine/fixture/dflash_model.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-
-Bias = Callable[[torch.Tensor], torch.Tensor]  # previous tokens [...] -> bias [..., V]
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -76,27 +75,3 @@ def markov_walk(
         prev = top
     tokens = torch.stack(out, dim=1)
     return tokens[:n], (tokens[n:].view(n, p, d) if p else None)
-
-
-@torch.no_grad()
-def markov_walk_ref(logits: torch.Tensor, anchor: int, head: Bias) -> list[int]:
-    """One request: logits [D, V] -> the D greedy draft tokens; head(prev) is the bias (a MarkovHead)."""
-    prev, tokens = anchor, []
-    for k in range(logits.shape[0]):
-        scores = logits[k].float() + head(torch.tensor(prev, device=logits.device)).float()
-        prev = int(scores.argmax())
-        tokens.append(prev)
-    return tokens
-
-
-@torch.no_grad()
-def markov_chain_ref(logits: torch.Tensor, anchor: int, head: Bias, position: int) -> list[int]:
-    """One request's hedge chain branching at `position` (0-based draft index)."""
-    main = markov_walk_ref(logits, anchor, head)
-    prev = anchor if position == 0 else main[position - 1]
-    scores = logits[position].float() + head(torch.tensor(prev, device=logits.device)).float()
-    scores[main[position]] = float("-inf")
-    tokens = [*main[:position], int(scores.argmax())]
-    if position + 1 < logits.shape[0]:
-        tokens += markov_walk_ref(logits[position + 1 :], tokens[-1], head)
-    return tokens

@@ -119,7 +119,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
             return error(str(err), err.status, err.param)
         job = _submit(kind, parsed)
         try:
-            first = await until_disconnect(_first_outputs(job), request.receive)
+            first, backlog = await until_disconnect(_first_outputs(job), request.receive)
         except Disconnected:
             _abort(job)
             return Response(status_code=499)
@@ -128,9 +128,9 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
             _abort(job)
             return error(failed.error or "request failed", 400 if failed.finish_reason == "rejected" else 500)
         if parsed.stream:
-            return EventStream(_events(job, first))
+            return EventStream(_events(job, backlog))
         try:
-            await until_disconnect(_finish(job, first), request.receive)
+            await until_disconnect(_finish(job, backlog), request.receive)
         except Disconnected:
             _abort(job)
             return Response(status_code=499)
@@ -149,45 +149,39 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 choices.append(Choice(len(choices), engine.tokenizer, parsed.params.stop))
         return Job(kind, parsed, model_name, tickets, choices, outputs)
 
-    async def _first_outputs(job: Job) -> list[RequestOutput]:
-        """The first output of every choice (the engine admitted or rejected each)."""
-        first: dict[int, RequestOutput] = {}
-        pending: list[tuple[int, RequestOutput]] = []
+    async def _first_outputs(job: Job) -> tuple[list[RequestOutput], list[tuple[Ticket, RequestOutput]]]:
+        """The first output of every choice (the engine admitted or rejected each), and every output
+        taken so far in the order to apply them: the first ones by choice, then the later ones."""
+        first: dict[Ticket, RequestOutput] = {}
+        later: list[tuple[Ticket, RequestOutput]] = []
         while len(first) < len(job.tickets):
             ticket, out = await job.outputs.get()
-            i = job.tickets.index(ticket)
-            if i in first:
-                pending.append((i, out))
+            if ticket in first:
+                later.append((ticket, out))
             else:
-                first[i] = out
-        for item in pending:  # later outputs go back in order, for the stream to pick up
-            job.outputs.put_nowait((job.tickets[item[0]], item[1]))
-        return [first[i] for i in range(len(job.tickets))]
+                first[ticket] = out
+        outs = [first[t] for t in job.tickets]
+        return outs, [*zip(job.tickets, outs, strict=True), *later]
 
-    async def _finish(job: Job, first: list[RequestOutput]) -> None:
+    async def _updates(job: Job, backlog: list) -> AsyncIterator[tuple[Choice, str, RequestOutput]]:
+        """Each output of the job's choices (the backlog first) with the text it adds, until all finished."""
         live = len(job.choices)
-        for c, out in zip(job.choices, first, strict=True):
-            c.update(out)
-            live -= out.finished
         while live:
-            ticket, out = await job.outputs.get()
-            job.choices[job.tickets.index(ticket)].update(out)
+            ticket, out = backlog.pop(0) if backlog else await job.outputs.get()
+            c = job.choices[job.tickets.index(ticket)]
             live -= out.finished
+            yield c, c.update(out), out
 
-    async def _events(job: Job, first: list[RequestOutput]) -> AsyncIterator[bytes]:
+    async def _finish(job: Job, backlog: list) -> None:
+        async for _ in _updates(job, backlog):
+            pass
+
+    async def _events(job: Job, backlog: list) -> AsyncIterator[bytes]:
         try:
             if job.kind == "chat.completion":
                 role = [{"index": c.index, "delta": {"role": "assistant", "content": ""}} for c in job.choices]
                 yield sse(job.chunk(role))
-            updates = [(job.tickets[i], out) for i, out in enumerate(first)]
-            live = len(job.choices)
-            while live:
-                if not updates:
-                    updates.append(await job.outputs.get())
-                ticket, out = updates.pop(0)
-                c = job.choices[job.tickets.index(ticket)]
-                text = c.update(out)
-                live -= out.finished
+            async for c, text, out in _updates(job, backlog):
                 if text or out.finished or (out.logprobs or [])[c.scored :]:
                     yield sse(job.chunk([job.choice(c, text, out.finished, engine.tokenizer)]))
             if job.parsed.include_usage:

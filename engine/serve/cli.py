@@ -4,30 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 from engine import knobs
-from engine.cli_args import add_engine_args, engine_config
+from engine.cli_args import add_engine_args, engine_config, flag_type
 
 log = logging.getLogger(__name__)
 
 
-def knob_type(flag: str, parse: Callable) -> Callable[[str], object]:
-    """An argparse type that parses like the env knob and shows the knob parser's message."""
-
-    def convert(raw: str) -> object:
-        try:
-            return parse(flag, raw)
-        except knobs.KnobError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-
-    convert.__name__ = parse.__name__
-    return convert
-
-
 def _port(raw: str) -> int:
-    port = knob_type("--port", knobs.parse_count)(raw)
+    port = flag_type("--port", knobs.parse_count)(raw)
     if port > 65535:
         raise argparse.ArgumentTypeError(f"--port={raw!r} is not a TCP port (0..65535)")
     return port
@@ -40,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse
     s.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model's name)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     s.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free one)")
-    s.add_argument("--max-num-seqs", type=knob_type("--max-num-seqs", knobs.parse_count), default=64)
-    s.add_argument("--max-model-len", type=knob_type("--max-model-len", knobs.parse_count), default=None)
+    s.add_argument("--max-num-seqs", type=flag_type("--max-num-seqs", knobs.parse_count), default=64)
+    s.add_argument("--max-model-len", type=flag_type("--max-model-len", knobs.parse_count), default=None)
     s.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     s.set_defaults(run=run)
     return s

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import SamplingParams
+from engine.config import MAX_LOGPROBS, SamplingParams
+from engine.models.checks import is_int
 
 # Fields the server cannot honour; a request that sets them to a non-default value is refused
 # rather than silently served differently.
@@ -35,9 +36,7 @@ def _get(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) and bool not in kinds:
-        raise BadRequest(f"'{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}", name)
-    if not isinstance(value, kinds):
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise BadRequest(f"'{name}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}", name)
     return value
 
@@ -96,7 +95,7 @@ def _common(body: dict, prompts: list[str | list[int]], logprobs: int | None, ma
 def parse_completion(body: dict) -> Parsed:
     """/v1/completions: prompt is a string, a list of strings, token ids or a list of token-id lists."""
     prompt = body.get("prompt")
-    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt)):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
         prompts = list(prompt)
@@ -104,15 +103,11 @@ def parse_completion(body: dict) -> Parsed:
         raise BadRequest("'prompt' must be a string, a list of strings or (lists of) token ids", "prompt")
     if any(not p for p in prompts):
         raise BadRequest("'prompt' has an empty prompt", "prompt")
-    return _common(body, prompts, _count(body, "logprobs", None, 0, 20), "max_completion_tokens")
-
-
-def _is_id(t: Any) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
+    return _common(body, prompts, _count(body, "logprobs", None, 0, MAX_LOGPROBS), "max_completion_tokens")
 
 
 def _is_ids(p: Any) -> bool:
-    return isinstance(p, list) and bool(p) and all(_is_id(t) for t in p)
+    return isinstance(p, list) and bool(p) and all(is_int(t) for t in p)
 
 
 def parse_chat(body: dict, render) -> Parsed:
@@ -126,7 +121,7 @@ def parse_chat(body: dict, render) -> Parsed:
             raise BadRequest(f"messages[{i}] must be an object with a 'role'", "messages")
         clean.append({"role": m["role"], "content": _content(m.get("content"), i)})
     wants = _get(body, "logprobs", (bool,), False)
-    top = _count(body, "top_logprobs", None, 0, 20)
+    top = _count(body, "top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not wants:
         raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     return _common(body, [render(clean)], (top or 0) if wants else None, "max_completion_tokens")

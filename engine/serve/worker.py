@@ -154,7 +154,7 @@ class EngineWorker:
         snap = {f"stats_{k}": v for k, v in dataclasses.asdict(e.stats).items() if isinstance(v, (int, float))}
         snap.update(
             tau=e.stats.tokens_per_round,
-            preemptions=getattr(e.stats, "preemptions", 0),
+            preemptions=e.preemptions,
             running=len(e.scheduler.running),
             waiting=len(e.scheduler.waiting),
             kv_blocks_total=e.blocks.capacity,
