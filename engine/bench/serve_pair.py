@@ -26,6 +26,7 @@ from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_prof
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.levers import Levers
+from engine.serve.protocol import BadRequest  # the app's refusal: HTTP 400 with this message
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,6 @@ class TokenIdText:
             ) from None
 
     def apply_chat_template(self, messages: list[dict], **_: object) -> str:
-        from engine.serve.protocol import BadRequest
-
         raise BadRequest("this bench pair has no vocabulary and no chat template; use /v1/completions with token ids")
 
 
