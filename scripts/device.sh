@@ -118,6 +118,17 @@ run_serve_load() {
   python3 -m engine.bench serve-load --target $TINY/target --drafter $TINY/drafter --out "$LOG/serve-load" \
     --rates 4 32 --arms plain spec spec+gate=16 --repeats 2 --duration-s 5 --max-tokens 128
 }
+stage serve-load-small 150 "open-loop load on servers of \$PAIR (plain, spec, trim 4, gate 8; its prompts.jsonl); needs starlette+uvicorn"
+run_serve_load_small() {
+  needs_pair && python3 -m engine.bench serve-load --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --prompts "$PAIR/prompts.jsonl" --out "$LOG/serve-load-small" --rates 8 48 \
+    --arms plain spec spec+trim=4 spec+gate=8 --repeats 2 --duration-s 2.5 --max-tokens 128 --warmup-requests 32
+}
+stage serve-load-4b 150 "open-loop load on bench-only known-continuation 4B servers, code profile (plain, spec, trim 4, gate 32); needs starlette+uvicorn"
+run_serve_load_4b() {
+  python3 -m engine.bench serve-load --geometry 4b --profile code --out "$LOG/serve-load-4b" --rates 32 160 \
+    --arms plain spec spec+trim=4 spec+gate=32 --repeats 2 --duration-s 2 --max-tokens 64 --warmup-requests 64
+}
 stage study 480 "the 4B-geometry lever study (known-continuation target, modelled drafter, cost model)"
 run_study() { python3 -m engine.bench study --out "$LOG/study" --time-budget-s 420 --profile-budget-s 90 --rounds 3; }
 stage ablate 560 "drafter ablation: one target and pool, then VARIANTS (\"name:k=v,k=v ...\") side by side"

@@ -35,10 +35,16 @@ class LiveServer:
 @contextmanager
 def live_server(**config):
     target, drafter = shipped_pair("tiny")
-    engine = Engine(EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", **config))
+    with serving(Engine(EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", **config))) as live:
+        yield live
+
+
+@contextmanager
+def serving(engine: Engine, model: str = MODEL):
+    """`engine` behind the app on a free loopback port, its loop thread and uvicorn started and stopped."""
     worker = EngineWorker(engine)
     worker.start()
-    server = uvicorn.Server(uvicorn.Config(build_app(worker, MODEL), host="127.0.0.1", port=0, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build_app(worker, model), host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + _START_LIMIT_S

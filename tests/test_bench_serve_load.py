@@ -14,6 +14,7 @@ from engine.bench.arms import parse_arm
 from engine.bench.openloop import RequestRecord, arrival_times, parse_sse
 from engine.bench.serve_load import server_command, write_outputs
 from engine.bench.serve_stats import markdown, percentile, run_row, summarize
+from engine.bench.serve_workload import engine_command
 
 STREAM = [
     b'data: {"choices": [{"index": 0, "text": "def", "finish_reason": null}]}\n',
@@ -99,9 +100,9 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_arm_servers_get_explicit_levers_that_the_serve_parser_accepts():
-    plain = server_command(parse_arm("plain"), Path("t"), Path("d"), 9000, _args())
+    plain = server_command(engine_command(parse_arm("plain"), Path("t"), Path("d")), 9000, _args())
     assert "--draft-model" not in plain
-    spec = server_command(parse_arm("spec+trim=4+gate=8"), Path("t"), Path("d"), 9001, _args())
+    spec = server_command(engine_command(parse_arm("spec+trim=4+gate=8"), Path("t"), Path("d")), 9001, _args())
     parsed = engine_parser().parse_args(spec[3:])
     assert (parsed.command, parsed.draft_model, parsed.max_drafts, parsed.max_batch, parsed.hedge) == (
         "serve",

@@ -19,6 +19,7 @@ def test_list_names_every_stage(tmp_path):
     out = _run(tmp_path, "list").stdout
     names = [line.split()[0] for line in out.splitlines()]
     assert {"gpu-tests", "gates", "small-build", "steps", "sweep", "decode", "profile", "ablate"} <= set(names)
+    assert {"serve-load", "serve-load-small", "serve-load-4b"} <= set(names)
     assert not (tmp_path / "out").exists()
 
 

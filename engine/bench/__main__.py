@@ -9,6 +9,10 @@ import sys
 COMMANDS = {
     "sweep": ("engine.bench.sweep", "lever arms interleaved under closed-loop load (paired ratios, noise floor)"),
     "serve-load": ("engine.bench.serve_load", "lever arms as servers under open-loop Poisson arrivals (TTFT, ITL)"),
+    "serve-pair": (
+        "engine.bench.serve_pair",
+        "bench-only: serve the known-continuation pair with the modelled drafter (one arm; for serve-load)",
+    ),
     "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
     "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),

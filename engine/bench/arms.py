@@ -24,6 +24,11 @@ class Arm:
     def is_plain(self) -> bool:
         return self.kind == PLAIN
 
+    def levers(self) -> dict[str, object]:
+        """The lever values a speculative engine of this arm runs with ({} for plain), the hedge off,
+        each explicit so PEGAINFER_SPEC_* cannot leak into an arm."""
+        return {} if self.is_plain else {"max_drafts": self.trim, "max_batch": self.gate, "hedge": 0}
+
 
 def parse_arm(spec: str) -> Arm:
     """One arm from its label; a ValueError names what is wrong with it."""

@@ -1,8 +1,9 @@
-"""Open-loop serving load: one `python -m engine serve` per lever arm, Poisson arrivals at each rate,
+"""Open-loop serving load: one server per lever arm, Poisson arrivals at each rate,
 arms interleaved (rotated each repeat, the same arrivals and prompts for every arm of a repeat);
 throughput, TTFT, inter-chunk latency and TPOT per arm, plus τ from each server's /metrics.
 
 python -m engine.bench serve-load --target DIR --drafter DIR --rates 2 8 32 --arms plain spec --out DIR
+python -m engine.bench serve-load --geometry 4b --profile code --rates 8 64 --max-tokens 64 --out DIR
 """
 
 from __future__ import annotations
@@ -14,26 +15,19 @@ import math
 import re
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.arms import Arm, parse_arms
-from engine.bench.common import (
-    add_device_args,
-    add_weight_args,
-    drafter_block,
-    load_prompts,
-    resolve_device,
-    setup_logging,
-    weights_of,
-)
+from engine.bench.common import add_device_args, add_weight_args, resolve_device, setup_logging
+from engine.bench.geometry import GEOMETRIES
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.openloop import arrival_times, run_open_loop
 from engine.bench.report import write_csv, write_json
 from engine.bench.serve_stats import markdown, run_row, summarize
+from engine.bench.serve_workload import Command, file_workload, known_workload
 
 log = logging.getLogger(__name__)
 _METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)
@@ -46,17 +40,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(arm: Arm, target: Path, drafter: Path | None, port: int, args: argparse.Namespace) -> list[str]:
-    """The serve command line of one arm: plain has no drafter; every spec lever is explicit, so
-    PEGAINFER_SPEC_* in the environment cannot leak into an arm."""
-    cmd = [sys.executable, "-m", "engine", "serve", "--model", str(target), "--port", str(port)]
-    cmd += ["--served-model-name", "bench", "--max-num-seqs", str(args.max_num_seqs)]
+def server_command(base: list[str], port: int, args: argparse.Namespace) -> list[str]:
+    """An arm's server command (`base`) with the settings every arm shares."""
+    cmd = base + ["--port", str(port), "--served-model-name", "bench", "--max-num-seqs", str(args.max_num_seqs)]
     cmd += ["--max-model-len", str(args.max_model_len), "--device", args.device, "--dtype", args.dtype]
-    cmd += ["--backend", args.backend] + (["--no-cuda-graphs"] if args.no_cuda_graphs else [])
-    if not arm.is_plain:
-        cmd += ["--draft-model", str(drafter), "--max-drafts", str(arm.trim), "--max-batch", str(arm.gate)]
-        cmd += ["--hedge", "0"]
-    return cmd
+    return cmd + ["--backend", args.backend] + (["--no-cuda-graphs"] if args.no_cuda_graphs else [])
 
 
 @dataclass
@@ -104,20 +92,24 @@ class Server:
             self.process.wait()
 
 
-def start_servers(arms: Sequence[Arm], target: Path, drafter: Path | None, args: argparse.Namespace) -> list[Server]:
-    """One at a time, each healthy before the next starts (each sizes its KV from the memory left)."""
+def start_servers(arms: Sequence[Arm], command_of: Command, args: argparse.Namespace) -> list[Server]:
+    """All at once (imports, weights and start-up overlap; each sizes its KV for max_num_seqs x
+    max_model_len, a small share of the card), then each waited for until healthy."""
     servers: list[Server] = []
     try:
         for arm in arms:
             port = free_port()
             log_path = args.out / f"server-{re.sub(r'[^A-Za-z0-9]+', '_', arm.label)}.log"
             with log_path.open("w") as sink:
-                cmd = server_command(arm, target, drafter, port, args)
+                cmd = server_command(command_of(arm), port, args)
                 proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
-            server = Server(arm, f"http://127.0.0.1:{port}", proc, log_path)
-            servers.append(server)
-            server.wait_ready(args.start_timeout_s)
-            log.info("arm %s: serving on %s", arm.label, server.url)
+            servers.append(Server(arm, f"http://127.0.0.1:{port}", proc, log_path))
+        start = time.monotonic()
+        for server in servers:
+            server.wait_ready(args.start_timeout_s - (time.monotonic() - start))
+            log.info(
+                "arm %s: serving on %s (%.1f s after launch)", server.arm.label, server.url, time.monotonic() - start
+            )
     except BaseException:
         for s in servers:
             s.stop()
@@ -129,8 +121,11 @@ def run_load(
     servers: Sequence[Server], prompts: list[list[int]], args: argparse.Namespace, report: Callable[[list[dict]], None]
 ) -> list[dict]:
     """Every (rate, repeat, arm) run; `report` gets the rows so far after each run (a capped run keeps them)."""
-    for s in servers:  # warm-up: a burst that reaches the larger batch shapes once
-        run_open_loop(s.url, "bench", prompts, [0.0] * args.warmup_requests, args.max_tokens)
+    warmup = arrival_times(max(args.rates), args.warmup_requests, seed=-1)
+    for s in servers:  # at the top rate: the batch ramps through its graph buckets (captures, compiles)
+        t0 = time.perf_counter()
+        run_open_loop(s.url, "bench", prompts, warmup, args.max_tokens)
+        log.info("arm %s: warm-up %.1f s", s.arm.label, time.perf_counter() - t0)
     rows = []
     for rate in args.rates:
         count = max(args.min_requests, math.ceil(rate * args.duration_s))
@@ -165,11 +160,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2, help="runs per (rate, arm), arm order rotated each time")
     p.add_argument("--duration-s", type=float, default=20.0, help="arrivals span about this long per run")
     p.add_argument("--min-requests", type=int, default=16, help="at least this many requests per run")
-    p.add_argument("--warmup-requests", type=int, default=8)
+    p.add_argument("--warmup-requests", type=int, default=8, help="per server, at the highest rate, unmeasured")
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (EOS ignored)")
     p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
     p.add_argument("--max-num-seqs", type=int, default=64, help="each server's batch limit")
     p.add_argument("--start-timeout-s", type=float, default=900.0, help="how long a server may take to start")
+    known = p.add_argument_group("or the bench-only known-continuation pair, built in memory by each server")
+    known.add_argument("--geometry", choices=GEOMETRIES, help="serve `engine.bench serve-pair` of this geometry")
+    known.add_argument("--profile", default="code", help="its modelled acceptance: code, chat, measured:<pair>")
+    known.add_argument("--prompt-len", type=int, default=16, help="random token-id prompts of this length")
+    known.add_argument("--num-prompts", type=int, default=64)
     add_device_args(p)
     return p
 
@@ -177,23 +177,22 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
-    if min(args.rates) <= 0 or args.repeats < 1 or args.duration_s <= 0 or min(args.min_requests, args.max_tokens) < 1:
-        raise SystemExit("--rates and --duration-s must be > 0; --repeats, --min-requests and --max-tokens >= 1")
+    counts = (args.repeats, args.min_requests, args.max_tokens, args.warmup_requests)
+    if min(args.rates) <= 0 or args.duration_s <= 0 or min(counts) < 1:
+        raise SystemExit(
+            "--rates and --duration-s must be > 0; --repeats, --min-requests, --max-tokens, --warmup-requests >= 1"
+        )
     try:
         arms = parse_arms(args.arms)
     except ValueError as err:
         raise SystemExit(f"--arms: {err}") from None
-    target, drafter, prompt_path = weights_of(args, resolve_device(args.device))
-    if drafter is None and any(not a.is_plain for a in arms):
-        raise SystemExit("spec arms need --drafter (or --recipe)")
-    prompts = load_prompts(prompt_path, target, args.max_prompt_len)
-    headroom = drafter_block(drafter) if drafter is not None else 0
+    command_of, prompts, headroom, about = known_workload(args) if args.geometry else file_workload(args, arms)
     args.max_model_len = max(len(p) for p in prompts) + args.max_tokens + headroom + 1
     args.out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
     meta = run_meta("serve_load", resolve_device(args.device), list(argv) if argv is not None else None)
-    meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
-    servers = start_servers(arms, target, drafter, args)
+    meta.update(about, num_prompts=len(prompts))
+    servers = start_servers(arms, command_of, args)
     try:
         run_load(
             servers, prompts, args, lambda rows: write_outputs(args.out, rows, summarize(rows, labels), labels, meta)
@@ -212,6 +211,8 @@ def write_outputs(out: Path, rows: list[dict], summary: list[dict], arms: list[s
         "\nITL is the gap between streamed chunks (a speculative round sends its tokens in one chunk); "
         "TPOT is each request's (last chunk - first chunk) / (tokens - 1).\n"
     )
+    if "modelled" in meta:
+        note += f"\nBench-only pair: {meta['target']}; {meta['drafter']}. Modelled: {meta['modelled']}.\n"
     (out / "serve_load.md").write_text(f"# Open-loop serving load\n\n{meta_lines(meta)}\n{table}\n{note}")
     write_json(out / "serve_load.json", {**meta, "arms": arms, "summary": summary})
     print(table)
