@@ -101,12 +101,6 @@ run_determinism() {
   done
   python3 -m engine.bench spread --builds "$PAIRS/det-a" "$PAIRS/det-b" --out "$LOG/determinism"
 }
-stage serve-load-small 110 "open-loop Poisson load on servers of the small pair at \$PAIR (plain, spec, gate); needs starlette+uvicorn"
-run_serve_load_small() {
-  needs_pair && python3 -m engine.bench serve-load --target "$PAIR/target" --drafter "$PAIR/drafter" \
-    --prompts "$PAIR/prompts.jsonl" --out "$LOG/serve-load-small" --rates 8 64 --arms plain spec spec+gate=16 \
-    --repeats 2 --duration-s 5 --max-tokens 128
-}
 export TINY=engine/fixture/data/tiny
 stage preempt 90 "KV pressure on the shipped tiny pair: preemption by recompute vs whole-budget reservation (c=64, 1,024 tokens)"
 run_preempt() {
