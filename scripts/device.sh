@@ -120,7 +120,7 @@ run_serve_load_small() {
 }
 stage serve-load-4b 150 "open-loop load on bench-only known-continuation 4B servers, code profile (plain, spec, trim 4, gate 32); needs starlette+uvicorn"
 run_serve_load_4b() {
-  python3 -m engine.bench serve-load --geometry 4b --profile code --out "$LOG/serve-load-4b" --rates 32 160 \
+  python3 -m engine.bench serve-load --geometry 4b --profile code --out "$LOG/serve-load-4b" --rates 16 64 \
     --arms plain spec spec+trim=4 spec+gate=32 --repeats 2 --duration-s 2 --max-tokens 64 --warmup-requests 64
 }
 stage study 480 "the 4B-geometry lever study (known-continuation target, modelled drafter, cost model)"
