@@ -64,7 +64,12 @@ def _engines(geometry: str, device: torch.device, seed: int) -> tuple[Engine, En
         max_num_seqs=len(BUDGETS),
         max_model_len=PROMPT_LEN + max(BUDGETS) + 32,  # + the drafter's block headroom
     )
-    return Engine(EngineConfig(**common)), Engine(EngineConfig(draft_model=drafter, **common))
+    engines = Engine(EngineConfig(**common)), Engine(EngineConfig(draft_model=drafter, **common))
+    # Each engine holds its own fused copies (q|k|v, gate|up): drop the unfused originals, so the 4B
+    # children of a multi-worker gate run fit on one card together.
+    target.tensors.clear()
+    drafter.tensors.clear()
+    return engines
 
 
 def run(geometry: str, profile_name: str, seed: int) -> int:
