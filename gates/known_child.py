@@ -92,7 +92,7 @@ def run(geometry: str, profile_name: str, seed: int) -> int:
     compared = sum(len(t) for t in got)
     print(known_line(geometry, profile.name, len(prompts), compared, len(wrong), len(plain_wrong)))
     for i, at in wrong:
-        log.error("req-%d left the known continuation at output token %d", i, at)
+        log.error("%s left the known continuation at output token %d", outs[i].request_id, at)
     tally, exact = Tally(), batch_invariant()
     try:
         for ids, budget, w, g in zip(prompts, BUDGETS, want, got, strict=True):
