@@ -9,6 +9,10 @@ CHILD_MODULE = "gates/test_lossless.py"
 GREEDY = "test_greedy_matches_plain_greedy"
 CONCURRENT = "test_concurrent_heterogeneous_is_lossless"
 STOP = "test_stop_tokens_end_like_plain_decode"
+# The known-continuation child (gates/known_child.py): the bench-only 4B-geometry pair (tiny shapes on
+# CPU) with the modelled drafter, started as `python -m gates.known_child`, not as a pytest node.
+KNOWN = "known_continuation"
+KNOWN_MODULE = "gates.known_child"
 KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDGE*): a case sets its own only
 # A Markov-head (DSpark) drafter: the gate passes it to its hedge children only, whose weights then use
 # it in place of the pair's drafter (gates/weights.py); every other child keeps the pair's drafter.
@@ -30,6 +34,7 @@ class Expect(enum.Enum):
     HEDGE = "hedge chains verified; at least one chain wins and at least one is discarded"
     HEDGE_GATED = "gated rounds verify no hedge chain; speculating rounds verify chains"
     STOP = "no gated round; some request ends on a stop token inside an accepted run"
+    MIXED = "no gated round; drafts both accepted and rejected"
 
     @property
     def hedged(self) -> bool:
@@ -52,6 +57,12 @@ class LeverCase:
     @property
     def nodeid(self) -> str:
         return f"{CHILD_MODULE}::{self.child}"
+
+    @property
+    def known(self) -> bool:
+        """Runs on the known-continuation pair: the outputs must be the known continuation, and the
+        modelled drafter's drafts must be both accepted and rejected (else the check has no power)."""
+        return self.child == KNOWN
 
     @property
     def _knobs(self) -> tuple[tuple[str, object], ...]:
@@ -88,4 +99,12 @@ HEDGE_CASES: tuple[LeverCase, ...] = (
         CONCURRENT, "concurrent", "HEDGE", 8, Expect.HEDGE_GATED, (("HEDGE_POSITIONS", "0,1,2"), ("MAX_BATCH", "3"))
     ),
 )
-ALL_CASES = CASES + HEDGE_CASES
+# The known-continuation pair (SPEC 9, bench-only): the real Qwen3-4B geometry on a CUDA device, the
+# tiny shapes on CPU; the modelled `code` drafter; eight staggered requests at once (the batch shrinks).
+KNOWN_CASES: tuple[LeverCase, ...] = (
+    LeverCase(KNOWN, "known", None, None, Expect.MIXED),
+    LeverCase(KNOWN, "known", "MAX_DRAFTS", 4, Expect.TRIM),
+    LeverCase(KNOWN, "known", "MAX_BATCH", 3, Expect.RESUME),
+    LeverCase(KNOWN, "known", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
+)
+ALL_CASES = CASES + HEDGE_CASES + KNOWN_CASES

@@ -23,6 +23,12 @@ def check_case(
     if not rows:
         return [f"the child printed no DFlash round lines (does {TRACE_ENV}=1 reach the engine's stderr?)"]
     s = summarize(rows)
+    return _expected(case, rows, hedges, gated_hedges, s) + (_mix_problems(rows) if case.known else [])
+
+
+def _expected(
+    case: LeverCase, rows: Sequence[RoundRow], hedges: Sequence[HedgeRow], gated_hedges: Sequence[int], s: ChildSummary
+) -> list[str]:
     if case.expect is Expect.HEDGE:
         return _ungated(case, s) + _hedge_problems(case, summarize_hedge(hedges))
     if case.expect is Expect.HEDGE_GATED:
@@ -33,7 +39,22 @@ def check_case(
         return _ungated(case, s) + _trim_problems(case, rows)
     if case.expect is Expect.STOP:
         return _ungated(case, s) + _stop_problems(rows)
+    if case.expect is Expect.MIXED:
+        return _ungated(case, s)
     return _resume_problems(case, rows, s)
+
+
+def _mix_problems(rows: Sequence[RoundRow]) -> list[str]:
+    # A round's span is capped by the remaining budget, so accepted < verified is a real rejection.
+    verified = sum(r.verified_draft for r in rows)
+    accepted = sum(r.accepted_draft for r in rows)
+    if verified and 0 < accepted < verified:
+        return []
+    what = "none" if accepted == 0 else "all"
+    return [
+        f"the modelled drafter's drafts were {what} accepted ({accepted} of {verified} verified): "
+        "the lossless check needs both accepted and rejected drafts to have power"
+    ]
 
 
 def _ungated(case: LeverCase, s: ChildSummary) -> list[str]:

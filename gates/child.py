@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gates.cases import HEDGE_DRAFTER_ENV, KNOB_PREFIX, LeverCase
+from gates.cases import HEDGE_DRAFTER_ENV, KNOB_PREFIX, KNOWN_MODULE, LeverCase
 
 TRACE_ENV = "PEGAINFER_TEST_LOG"
 CHILD_TIMEOUT_S = 1800
@@ -42,10 +42,22 @@ def child_spec(
     python: str = sys.executable,
     extra_env: Mapping[str, str] | None = None,
 ) -> ChildSpec:
-    """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering.
+    """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering;
+    a known-continuation case runs its own module instead (it builds the bench-only pair itself).
     extra_env: set on top (the hedge case's Markov drafter); the hedge drafter variable reaches no
     other child, so every other case keeps the pair's drafter."""
-    argv = (
+    argv = (python, "-m", KNOWN_MODULE) if case.known else _pytest_argv(case, python)
+    removed = tuple(
+        k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV) or k == HEDGE_DRAFTER_ENV
+    )
+    # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
+    env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in base_env.items() if k not in removed} | env_set
+    return ChildSpec(argv, env, env_set, removed)
+
+
+def _pytest_argv(case: LeverCase, python: str) -> tuple[str, ...]:
+    return (
         python,
         "-m",
         "pytest",
@@ -60,13 +72,6 @@ def child_spec(
         "-p",
         "no:xdist",
     )
-    removed = tuple(
-        k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV) or k == HEDGE_DRAFTER_ENV
-    )
-    # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
-    env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
-    env = {k: v for k, v in base_env.items() if k not in removed} | env_set
-    return ChildSpec(argv, env, env_set, removed)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from gates.checks import check_case
 from gates.child import CHILD_TIMEOUT_S
 from trace_tools import (
     HedgeRow,
+    KnownLine,
     LosslessLine,
     RecordRow,
     RequestLine,
@@ -18,6 +19,7 @@ from trace_tools import (
     TraceError,
     gated_hedges,
     hedge_trace_rows,
+    known_lines,
     levers_trace_rows,
     lossless_lines,
     request_lines,
@@ -36,6 +38,13 @@ class CaseResult:
     excused: int | None
     problems: tuple[str, ...]
     hedge: HedgeSummary | None = None  # hedge cases only
+    known: KnownLine | None = None  # known-continuation cases only
+
+    @property
+    def weights(self) -> str | None:
+        """How the run record names a known-continuation child's pair (the child picks the geometry)."""
+        k = self.known
+        return None if k is None else f"known:{k.geometry} + modelled drafter ({k.profile})"
 
     @property
     def row(self) -> RecordRow:
@@ -81,10 +90,38 @@ def check_child(
     except TraceError as e:
         results, problems = [], [*problems, f"unreadable [lossless] line: {e}"]
     problems += _lossless_problems(results, requests, exact)
+    known = None
+    if case.known:
+        try:
+            known = known_lines(lines)
+        except TraceError as e:
+            known, problems = [], [*problems, f"unreadable [known] line: {e}"]
+        problems += _known_problems(known, requests)
     compared = sum(r.compared_tokens for r in results) if results else None
     excused = sum(r.excused for r in results) if results else None
     hedge = summarize_hedge(hedges) if case.expect.hedged else None
-    return CaseResult(case, summarize(rows), compared, excused, tuple(problems), hedge)
+    return CaseResult(case, summarize(rows), compared, excused, tuple(problems), hedge, known[0] if known else None)
+
+
+def _known_problems(known: Sequence[KnownLine], requests: Sequence[RequestLine]) -> list[str]:
+    if len(known) != 1:
+        return [f"{len(known)} [known] lines: the known-continuation child prints exactly one"]
+    (k,) = known
+    problems = []
+    if k.mismatches:
+        problems.append(f"{k.mismatches} of {k.requests} speculative outputs left the known continuation")
+    if k.plain_mismatches:
+        problems.append(
+            f"{k.plain_mismatches} of {k.requests} plain outputs left the known continuation: "
+            f"the {k.geometry} target does not echo its last prompt token"
+        )
+    produced = sum(r.output_tokens for r in requests)
+    if (k.requests, k.compared_tokens) != (len(requests), produced):
+        problems.append(
+            f"the [known] line compared {k.compared_tokens} tokens of {k.requests} requests, but the child "
+            f"ran {len(requests)} requests of {produced} tokens: part of the output went unchecked"
+        )
+    return problems
 
 
 def _lossless_problems(results: Sequence[LosslessLine], requests: Sequence[RequestLine], exact: bool) -> list[str]:

@@ -1,5 +1,5 @@
 """Parsing the engine's per-round trace (round and hedge lines) and the lossless children's request
-and result lines.
+and result lines (`[lossless]`, and `[known]` from the known-continuation child).
 
 A field is read as the first non-empty run of ASCII digits in the value that
 follows `name=` (the value ends at whitespace), so `request=req-3` reads 3.
@@ -24,6 +24,8 @@ ROUND_OPTIONAL = ("draft_ctx", "span_limit")
 HEDGE_FIELDS = ("request", "chains", "winner", "main_accepted", "best_accepted")
 REQUEST_FIELDS = ("request", "prompt_tokens", "output_tokens", "max_tokens")
 LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused")
+KNOWN_MARKER = "[known]"
+KNOWN_COUNTS = ("requests", "compared_tokens", "mismatches", "plain_mismatches")
 
 
 class TraceError(ValueError):
@@ -69,6 +71,19 @@ class LosslessLine:
     requests: int
     compared_tokens: int
     excused: int
+
+
+@dataclass(frozen=True)
+class KnownLine:
+    """The known-continuation child's outputs against the known continuation: the speculative
+    outputs that left it (mismatches) and the plain ones (plain_mismatches)."""
+
+    geometry: str
+    profile: str
+    requests: int
+    compared_tokens: int
+    mismatches: int
+    plain_mismatches: int
 
 
 def _value(text: str, name: str) -> str | None:
@@ -159,4 +174,21 @@ def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
         if not test:
             raise TraceError(f"line {lineno}: lacks field test=: {line.rstrip()!r}")
         out.append(LosslessLine(test=test, **_counts(text, LOSSLESS_COUNTS, lineno, line)))
+    return out
+
+
+def known_lines(lines: Iterable[str]) -> list[KnownLine]:
+    """One KnownLine per `[known]` line printed by the known-continuation child."""
+    _check_lines(lines)
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        at = line.find(KNOWN_MARKER)
+        if at < 0:
+            continue
+        text = line[at + len(KNOWN_MARKER) :]
+        names = {name: _value(text, name) for name in ("geometry", "profile")}
+        for name, value in names.items():
+            if not value:
+                raise TraceError(f"line {lineno}: lacks field {name}=: {line.rstrip()!r}")
+        out.append(KnownLine(**names, **_counts(text, KNOWN_COUNTS, lineno, line)))
     return out

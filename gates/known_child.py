@@ -1,0 +1,121 @@
+"""The lossless child on the known-continuation pair (bench-only, SPEC 9): the known target (every
+greedy step repeats the last prompt token) and a DFlash drafter whose real forward runs every round
+while the modelled drafter places its first wrong draft; the target still verifies every round.
+
+    python -m gates.known_child [--geometry auto|4b|tiny|small] [--profile code|chat] [--seed N]
+
+The levers gate starts it like any other child: lever knobs (PEGAINFER_SPEC_*) and the trace
+(PEGAINFER_TEST_LOG=1) come from its environment. It prints a `DFlash request` line per request, a
+`[known]` line (the outputs against the known continuation) and a `[lossless]` line (every token
+against the target's own choice), and exits 1 when either check fails. Nothing but this gate child
+and the benches builds the pair; no knob selects it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from engine import Engine, EngineConfig
+from engine.bench.common import random_prompts
+from engine.bench.known_pair import echo_failures, known_pair
+from engine.bench.modelled import ModelledDrafter, parse_profile
+from gates.lossless import Tally, batch_invariant, check, greedy, request_line
+
+log = logging.getLogger(__name__)
+
+GEOMETRIES = ("auto", "4b", "tiny", "small")
+# Staggered budgets, all submitted together: the batch shrinks mid-run. Under a MAX_BATCH=3 gate every
+# round is gated up to token 56; the two longest requests then speculate 40 tokens more, enough rounds
+# for both accepted and rejected drafts under any profile.
+BUDGETS = (96, 24, 48, 40, 56, 16, 32, 96)
+PROMPT_LEN = 16
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m gates.known_child", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--geometry", default="auto", choices=GEOMETRIES, help="auto: 4b on a CUDA device, tiny shapes on CPU"
+    )
+    p.add_argument("--profile", default="code", help="the modelled drafter's acceptance profile: code, chat")
+    p.add_argument("--seed", type=int, default=0, help="weights, prompts and the modelled acceptance draws")
+    return p
+
+
+def known_line(geometry: str, profile: str, requests: int, compared: int, mismatches: int, plain: int) -> str:
+    """The line the gate reads (trace_tools.known_lines): outputs that left the known continuation."""
+    return (
+        f"[known] geometry={geometry} profile={profile} requests={requests} compared_tokens={compared} "
+        f"mismatches={mismatches} plain_mismatches={plain}"
+    )
+
+
+def _engines(geometry: str, device: torch.device, seed: int) -> tuple[Engine, Engine]:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target, drafter = known_pair(geometry, device, dtype, seed)
+    common = dict(
+        model=target,
+        device=device.type,
+        batch_invariant=batch_invariant(),
+        max_num_seqs=len(BUDGETS),
+        max_model_len=PROMPT_LEN + max(BUDGETS) + 32,  # + the drafter's block headroom
+    )
+    engines = Engine(EngineConfig(**common)), Engine(EngineConfig(draft_model=drafter, **common))
+    # Each engine holds its own fused copies (q|k|v, gate|up): drop the unfused originals, so the 4B
+    # children of a multi-worker gate run fit on one card together.
+    target.tensors.clear()
+    drafter.tensors.clear()
+    return engines
+
+
+def run(geometry: str, profile_name: str, seed: int) -> int:
+    """Run the workload, print the child's lines; 0 when the outputs are the known continuation and
+    every token is the target's own choice."""
+    profile = parse_profile(profile_name)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if geometry == "auto":
+        geometry = "4b" if device.type == "cuda" else "tiny"
+    plain, spec = _engines(geometry, device, seed)
+    ModelledDrafter(spec, profile, seed=seed).install()
+    prompts = random_prompts(len(BUDGETS), PROMPT_LEN, spec.target_cfg.geometry.vocab_size, seed + 1)
+    params = [greedy(b) for b in BUDGETS]
+    outs = spec.generate(prompts, params)
+    got = [o.token_ids for o in outs]
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    for ids, budget, out in zip(prompts, BUDGETS, outs, strict=True):
+        print(request_line(out.request_id, len(ids), len(out.token_ids), budget))
+    wrong, plain_wrong = echo_failures(prompts, got), echo_failures(prompts, want)
+    compared = sum(len(t) for t in got)
+    print(known_line(geometry, profile.name, len(prompts), compared, len(wrong), len(plain_wrong)))
+    for i, at in wrong:
+        log.error("%s left the known continuation at output token %d", outs[i].request_id, at)
+    tally, exact = Tally(), batch_invariant()
+    try:
+        for ids, budget, w, g in zip(prompts, BUDGETS, want, got, strict=True):
+            check(plain, ids, w, g, tally, exact, budget)
+        print(tally.line("known_continuation"))
+        tally.check_cap(exact)
+    except AssertionError as err:
+        log.error("the lossless check failed: %s", err)
+        return 1
+    return 1 if wrong or plain_wrong else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        parse_profile(args.profile)
+    except ValueError as err:
+        raise SystemExit(f"--profile: {err}") from None
+    if args.seed < 0:
+        raise SystemExit(f"--seed {args.seed}: expected a seed >= 0")
+    return run(args.geometry, args.profile, args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
