@@ -24,13 +24,18 @@ run_gpu_tests() {
   python3 -m pytest tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
     tests/test_draft_context.py -q -rs -n 3 -p no:cacheprovider
 }
-stage suite 240 "the whole suite (CPU tests, GPU tests, gates) on the device; the gate's record in logs/levers-gate-h200.md"
+stage suite 300 "the whole suite (CPU tests, GPU tests, gates) on the device; the gate's record in logs/levers-gate-h200.md"
 run_suite() {
   PEGAINFER_REQUIRE_SPEC_GATE=1 python3 -m pytest tests gates -n 8 -q -rs -p no:cacheprovider \
     --run-record="$LOG/levers-gate-h200.md"
 }
-stage gates 150 "the levers gate on the shipped pair, its run record in logs/levers-gate-h200.md"
+stage gates 210 "the levers gate (the shipped pair and the known-continuation 4B pair), its run record in logs/levers-gate-h200.md"
 run_gates() { python3 -m pytest gates -n 4 -q -p no:cacheprovider --run-record="$LOG/levers-gate-h200.md"; }
+stage gates-known 150 "the gate's known-continuation cases alone (4B geometry, modelled drafter); a partial record in logs/"
+run_gates_known() {
+  PEGAINFER_REQUIRE_SPEC_GATE=1 python3 -m pytest gates -k known -n 4 -q -p no:cacheprovider \
+    --run-record="$LOG/levers-gate-known-h200.md"
+}
 stage tiny-build 270 "the tiny recipe into \$PAIRS/tiny, packed as \$OUT/tiny.tar (install it by hand)"
 run_tiny_build() {
   python3 -m engine.fixture build --recipe tiny --device cuda --out "$PAIRS/tiny" --tar "$OUT/tiny.tar" $(sets)
