@@ -34,7 +34,8 @@ KNOBS: dict[str, Knob] = {
         Knob(
             "PEGAINFER_SPEC_COST_TABLE",
             "path",
-            "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch)",
+            "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch); "
+            "unset: the engine calibrates one at start and caches it under PEGASPEC_CACHE",
         ),
         Knob("PEGAINFER_TEST_LOG", "flag", "per-round trace lines on stderr"),
         Knob("PEGAINFER_TEST_MODEL_PATH", "path", "gate target weights (default: the shipped fixture pair)"),
@@ -130,7 +131,12 @@ def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
 GATE_KNOBS: dict[str, Knob] = {
     k.name: k
     for k in (
-        Knob("PEGASPEC_CACHE", "path", "fixture cache root (default: ~/.cache/pegaspec/fixtures)"),
+        Knob(
+            "PEGASPEC_CACHE",
+            "path",
+            "cache root: fixture builds (default ~/.cache/pegaspec/fixtures) and calibrated cost tables in "
+            "<root>/costs (default ~/.cache/pegaspec/costs)",
+        ),
         Knob("PEGASPEC_COMMIT", "path", "the commit a device copy of the tree was shipped at (wins over git)"),
     )
 }
