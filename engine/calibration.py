@@ -87,9 +87,11 @@ def time_forwards(
     runner, device = engine.runner, engine.device
     vocab = engine.target_cfg.geometry.vocab_size
     gen = torch.Generator().manual_seed(1)
-    points = [("verify", b, s) for s in spans for b in batches]
+    # Span 1 and the drafter first: a time budget that cuts the rest still leaves a table the policy takes.
+    points = [("verify", b, 1) for b in batches if 1 in spans]
     if engine.drafter is not None:
         points += [("draft", b, engine.drafts_per_round) for b in batches]
+    points += [("verify", b, s) for s in spans if s != 1 for b in batches]
     rows, start = [], time.perf_counter()
     for kind, b, span in points:
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
@@ -144,6 +146,7 @@ class CalibrationPlan:
 def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationPlan:
     """The policy's spans; powers of two up to max_num_seqs and max_num_seqs itself (graph buckets
     all), as many as the free KV pool holds; the context shortened to what max_model_len admits."""
+    _require_idle(engine)
     spans = policy_spans(engine.drafts_per_round)
     room = engine.max_model_len - engine.scheduler.headroom - max(spans) - 1  # the budget is max span + 1
     context = min(context, room)
@@ -156,6 +159,11 @@ def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationP
     return CalibrationPlan(context, spans, sorted({1 << i for i in range(most.bit_length())} | {most}))
 
 
+def _require_idle(engine: EngineView) -> None:
+    if engine.scheduler.has_work():
+        raise RuntimeError(f"calibration needs an idle engine: {engine.scheduler.describe()}")
+
+
 def _dummy(i: int, context: int, budget: int, vocab: int) -> Request:
     ids = [(7 * i + 3 * t + 1) % vocab for t in range(context)]  # any in-vocabulary ids: only costs are read
     return Request(-1 - i, ids, SamplingParams(max_tokens=budget + 1, ignore_eos=True), frozenset())
@@ -165,8 +173,7 @@ def _dummy(i: int, context: int, budget: int, vocab: int) -> Request:
 def dummy_requests(engine: EngineView, count: int, context: int, budget: int) -> Iterator[list[Request]]:
     """`count` prefilled, draft-ready requests of `context` tokens with KV reserved for `budget` more
     rows, outside the engine's request table; their slots and blocks are handed back on exit."""
-    if engine.scheduler.has_work():
-        raise RuntimeError(f"calibration needs an idle engine: {engine.scheduler.describe()}")
+    _require_idle(engine)  # a busy scheduler could plan a step of live requests here
     scheduler, runner = engine.scheduler, engine.runner
     vocab = engine.target_cfg.geometry.vocab_size
     reqs = [_dummy(i, context, budget, vocab) for i in range(count)]

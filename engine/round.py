@@ -123,10 +123,12 @@ class Rounds:
             self.policy = SpanPolicy(self.cost_table, self.per_round)
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table; a policy in force restarts from its prior on it."""
+        """The adaptive policy's cost table (refused, nothing changed, when the policy cannot use it); a
+        policy in force restarts from its prior on it."""
+        policy = SpanPolicy(table, self.per_round) if self.per_round else None
         self.cost_table = table
         if self.policy is not None:
-            self.policy = SpanPolicy(table, self.per_round)
+            self.policy = policy
 
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""

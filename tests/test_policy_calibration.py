@@ -11,6 +11,8 @@ import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine import calibration as cal
+from engine.costs import CostTable
+from tests.policy_tables import table as policy_table
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
 SEQS = 2  # calibrated batches 1 and 2: a short calibration
@@ -122,3 +124,16 @@ def test_the_cache_key_names_what_the_costs_depend_on(shipped_tiny, cache, one_t
     assert key["batches"] == [1, 2] and key["context"] == cal.CONTEXT
     other = cal.cache_key(engine, cal.plan_calibration(engine, context=cal.CONTEXT + 1))
     assert cal.cache_path(other) != cal.cache_path(key) and cal.cache_path(key).parent == cache / "costs"
+
+
+def test_a_given_table_is_taken_and_one_the_policy_cannot_use_is_refused(shipped_tiny, cache):
+    engine = start(shipped_tiny, "static")
+    no_drafter = CostTable.from_rows([{"kind": "verify", "batch": 1, "span": 1, "ms": 1.0}])
+    with pytest.raises(ValueError, match="drafter rows"):
+        engine.set_cost_table(no_drafter)
+    assert engine.rounds.cost_table is None
+    spans = range(1, 2 + engine.drafts_per_round)
+    given = policy_table(lambda b, s: 10.0 + s, lambda b: 1.0, spans, batches=(1, 2))
+    engine.set_cost_table(given)
+    engine.set_levers(policy="adaptive")
+    assert engine.rounds.policy.table is given and not cache_files(cache)  # no calibration
