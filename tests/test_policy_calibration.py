@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine import calibration as cal
@@ -137,3 +138,20 @@ def test_a_given_table_is_taken_and_one_the_policy_cannot_use_is_refused(shipped
     engine.set_cost_table(given)
     engine.set_levers(policy="adaptive")
     assert engine.rounds.policy.table is given and not cache_files(cache)  # no calibration
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shipped_tiny, cache):
+    target, draft = shipped_tiny
+    config = dict(model=str(target), draft_model=str(draft), device="cuda", max_num_seqs=8, max_model_len=256)
+    engine = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
+    table, accept = engine.rounds.policy.table, engine.rounds.accept
+    assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == cal.policy_spans(engine.drafts_per_round)
+    captured = set(engine.runner.graphs.captured)
+    assert {("verify", s - 1, accept, b) for s in table.spans() for b in (1, 2, 4, 8)} <= captured
+    assert {("draft", (), b) for b in (1, 2, 4, 8)} <= captured
+    assert not engine.scheduler.has_work() and engine.blocks.num_free == engine.blocks.capacity
+    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert [len(o.token_ids) for o in outs] == [12, 12]
+    again = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
+    assert again.rounds.policy.table.verify == table.verify  # read from the cache
