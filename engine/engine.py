@@ -8,7 +8,9 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
+from engine.calibration import calibrated_table
 from engine.config import EngineConfig, SamplingParams
+from engine.costs import CostTable
 from engine.hedge import Hedger
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
@@ -36,7 +38,7 @@ class Engine:
         knobs = read_knobs()
         self.levers = knobs.levers.replace(config.levers)
         trace = knobs.test_log if config.trace is None else config.trace
-        cost_table = resolve_table(self.levers, config.cost_table or knobs.cost_table)
+        cost_table = resolve_table(config.cost_table or knobs.cost_table)
         self.config = config
         self.device, self.dtype, backend = resolve_device(config)
         self.ops = get_ops(backend, config.batch_invariant)
@@ -55,7 +57,7 @@ class Engine:
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, self.levers, trace, cost_table)
+        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table)
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -67,6 +69,7 @@ class Engine:
             vocab_size=self.target_cfg.geometry.vocab_size,
             round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
         )
+        self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
         self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
         self._unreported: dict[str, Request] = {}  # touched since the last step() output: reported next
@@ -139,10 +142,17 @@ class Engine:
     def set_levers(self, **changes: object) -> None:
         """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
         a value of None keeps the current one. Hedge scratch KV is sized at start: an engine started
-        with the hedge off cannot hedge later, and chains beyond the reserved scratch are not verified."""
+        with the hedge off cannot hedge later, and chains beyond the reserved scratch are not verified.
+        policy=adaptive without a cost table measures one first (engine/calibration.py; idle engine only)."""
         levers = self.levers.replace(changes)
+        if levers.policy == "adaptive" and self.rounds.cost_table is None and self.drafter is not None:
+            self.set_cost_table(calibrated_table(self))
         self.rounds.configure(levers)  # refuses before anything changes
         self.levers, self.scheduler.max_batch = levers, levers.max_batch
+
+    def set_cost_table(self, table: CostTable) -> None:
+        """The adaptive policy's cost table (e.g. one a benchmark measured); the policy restarts on it."""
+        self.rounds.set_cost_table(table)
 
     def has_unfinished(self) -> bool:
         return bool(self._unreported) or self.scheduler.has_work()

@@ -104,7 +104,8 @@ class Knobs:
     cost_table: str | None = _knob(
         "PEGAINFER_SPEC_COST_TABLE",
         parse_path,
-        "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch)",
+        "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch); "
+        "unset: the engine calibrates one at start and caches it under PEGASPEC_CACHE",
     )
 
 
@@ -152,7 +153,12 @@ class GateKnobs:
     run_record: str | None = _knob(
         "PEGAINFER_RUN_RECORD", parse_path, "where the gate session writes its run-record table"
     )
-    cache: str | None = _knob("PEGASPEC_CACHE", parse_path, "fixture cache root (default: ~/.cache/pegaspec/fixtures)")
+    cache: str | None = _knob(
+        "PEGASPEC_CACHE",
+        parse_path,
+        "cache root: fixture builds (default ~/.cache/pegaspec/fixtures) and calibrated cost tables in "
+        "<root>/costs (default ~/.cache/pegaspec/costs)",
+    )
     commit: str | None = _knob(
         "PEGASPEC_COMMIT", parse_path, "the commit a device copy of the tree was shipped at (wins over git)"
     )

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.costs import CostTable, expected_committed, read_cost_table
-from engine.levers import LeverError, Levers
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 
@@ -53,17 +52,12 @@ def best_span(times: dict[int, float], batch: int, conditional: Sequence[float])
     return max(values, key=lambda k: (values[k], -k)), values
 
 
-def resolve_table(levers: Levers, source: str | Path | CostTable | None) -> CostTable | None:
-    """The adaptive policy's cost table from EngineConfig.cost_table or PEGAINFER_SPEC_COST_TABLE;
-    refuses an adaptive start without one (no calibration runs at start)."""
-    if source is None:
-        if levers.policy == "adaptive":
-            raise LeverError(
-                "PEGAINFER_SPEC_POLICY=adaptive needs a cost table: set PEGAINFER_SPEC_COST_TABLE to an "
-                "`engine.bench profile` CSV or pass EngineConfig(cost_table=...)"
-            )
-        return None
-    return source if isinstance(source, CostTable) else read_cost_table(source)
+def resolve_table(source: str | Path | CostTable | None) -> CostTable | None:
+    """The adaptive policy's cost table from EngineConfig.cost_table or PEGAINFER_SPEC_COST_TABLE (an
+    `engine.bench profile` CSV); None when neither is given (the engine then calibrates one)."""
+    if source is None or isinstance(source, CostTable):
+        return source
+    return read_cost_table(source)
 
 
 class SpanPolicy:
@@ -86,12 +80,14 @@ class SpanPolicy:
         self.conditional = list(self.prior)
         self.ema, self.margin, self.patience, self.relax = ema, margin, patience, relax
         self.k: int | None = None  # the K in force; None until the first decision
+        self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
         """K for the next round of `batch` requests."""
         if max_batch and batch >= max_batch:
+            self.chosen[0] += 1
             return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
         times = self._times.get((batch, max_drafts))
         if times is None:
@@ -106,6 +102,7 @@ class SpanPolicy:
                 self.k, self._streak = best, 0
         else:
             self._streak = 0
+        self.chosen[self.k] += 1
         return self.k
 
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:

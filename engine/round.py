@@ -110,15 +110,24 @@ class Rounds:
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
-        """Take these levers; refused (nothing changed) when the adaptive policy has no cost table."""
-        if levers.policy == "adaptive" and self.cost_table is None:
+        """Take these levers; refused (nothing changed) when the adaptive policy has no cost table.
+        Without a drafter the policy has nothing to choose and needs none."""
+        if levers.policy == "adaptive" and self.per_round and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
         self.hedger.configure(levers)
-        if levers.policy != "adaptive":
+        if levers.policy != "adaptive" or not self.per_round:
             self.policy = None
         elif self.policy is None:
             self.policy = SpanPolicy(self.cost_table, self.per_round)
+
+    def set_cost_table(self, table: CostTable) -> None:
+        """The adaptive policy's cost table (refused, nothing changed, when the policy cannot use it); a
+        policy in force restarts from its prior on it."""
+        policy = SpanPolicy(table, self.per_round) if self.per_round else None
+        self.cost_table = table
+        if self.policy is not None:
+            self.policy = policy
 
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""

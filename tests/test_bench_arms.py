@@ -16,6 +16,9 @@ def test_parse_arm_levers():
     assert parse_arm("spec+gate=8").gate == 8
     dup = parse_arm("plain#2")
     assert dup.is_plain and dup.label == "plain#2"
+    a = parse_arm("spec+policy=adaptive+trim=8")
+    assert a.adaptive and a.levers() == {"max_batch": 0, "max_drafts": 8, "hedge": 0, "policy": "adaptive"}
+    assert parse_arm("spec").levers()["policy"] == "static" and not parse_arm("spec+policy=static").adaptive
 
 
 @pytest.mark.parametrize(
@@ -31,6 +34,12 @@ def test_parse_arm_levers():
         ("specc", "unknown arm 'specc'"),
         ("", "unknown arm"),
         ("spec#", "tag"),
+        ("spec+policy=fast", "policy='fast'; expected one of static|adaptive"),
+        ("spec+policy=", "policy=''; expected one of"),
+        ("spec+policy=Adaptive", "expected one of static|adaptive"),
+        ("spec+policy=adaptive+policy=static", "policy given twice"),
+        ("plain+policy=adaptive", "plain takes no levers"),
+        ("spec+adaptive", "bad lever 'adaptive'"),
     ],
 )
 def test_parse_arm_errors_name_the_problem(bad, words):

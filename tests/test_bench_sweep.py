@@ -17,7 +17,7 @@ from engine.bench.report import read_csv
 from engine.engine import SpecStats
 from engine.provenance import git_commit
 
-ARMS = ["plain", "spec", "spec+trim=2", "spec+gate=1"]
+ARMS = ["plain", "spec", "spec+trim=2", "spec+gate=1", "spec+policy=adaptive"]
 NEW = 4
 
 
@@ -42,7 +42,9 @@ def swept(tiny_target, tiny_drafter, prompts_file, tmp_path_factory):
     argv = ["--target", str(tiny_target), "--drafter", str(tiny_drafter), "--prompts", str(prompts_file)]
     argv += ["--out", str(out), "--concurrency", "1", "2", "--rounds", "2", "--new-tokens", str(NEW)]
     argv += ["--arms", *ARMS, "--noise-arm", "--device", "cpu", "--no-progress"]
-    assert sweep.main(argv) == 0
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PEGASPEC_CACHE", str(out / "cache"))  # the adaptive arm calibrates the spec engine
+        assert sweep.main(argv) == 0
     return out, read_csv(out / "sweep.csv"), json.loads((out / "sweep.json").read_text())
 
 
@@ -50,7 +52,7 @@ def test_outputs_and_complete_rows(swept):
     out, rows, meta = swept
     for name in ("sweep.csv", "sweep_summary.csv", "sweep.md", "sweep.json"):
         assert (out / name).is_file()
-    assert len(rows) == 2 * 2 * 5  # concurrencies x measured rounds x arms (warm-up discarded)
+    assert len(rows) == 2 * 2 * 6  # concurrencies x measured rounds x arms (warm-up discarded)
     for r in rows:
         c = int(r["concurrency"])
         for key in ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq"):
@@ -63,6 +65,8 @@ def test_outputs_and_complete_rows(swept):
     assert meta["command"].startswith("python -m engine.bench.sweep")
     md = (out / "sweep.md").read_text()
     assert "spec+trim=2" in md and "verdict" in md and meta["device"] in md
+    assert "`spec+policy=adaptive` against the static arms" in md and "Best single static setting" in md
+    assert len(list((out / "cache" / "costs").glob("*.json"))) == 1  # calibrated once, at its first run
 
 
 def test_arms_are_interleaved_round_by_round(swept):
@@ -110,7 +114,12 @@ def test_levers_take_effect_per_arm(swept):
         elif arm == "spec+gate=1":  # MAX_BATCH=1 gates every round: one-token verifies only
             assert int(r["gated_rounds"]) == rounds > 0 and int(r["spec_steps"]) == 0
             assert r["accept_hist"] == ""
+        elif arm == "spec+policy=adaptive":  # K per round from the policy: one decision per speculative step
+            chosen = {int(k): int(n) for k, n in (item.split(":") for item in r["span_choices"].split())}
+            assert sum(chosen.values()) == int(r["spec_steps"]) > 0 and set(chosen) <= {0, 1, 2, 4, 5}
+            assert int(r["drafts_verified"]) <= 5 * (rounds - int(r["gated_rounds"]))
         else:
+            assert r["span_choices"] == ""
             k = 2 if arm == "spec+trim=2" else 5  # the tiny drafter: block 6, 5 drafts a round
             assert int(r["gated_rounds"]) == 0 and int(r["spec_steps"]) > 0
             assert int(r["drafts_verified"]) <= k * rounds
@@ -182,6 +191,8 @@ def test_rounds_take_successive_prompt_windows_shared_by_their_arms(monkeypatch)
         return LoadResult(wall_s=1.0, requests=n, output_tokens=n * new_tokens, max_in_flight=c)
 
     class Levers:
+        rounds = argparse.Namespace(policy=None)
+
         def set_levers(self, **_):
             pass
 

@@ -100,11 +100,6 @@ def test_unknown_policy_refuses_to_start_naming_the_variable(monkeypatch, raw):
         Engine(EngineConfig(model="/nonexistent/checkpoint", device="cpu"))
 
 
-def test_adaptive_without_a_cost_table_refuses_before_weights():
-    with pytest.raises(LeverError, match="PEGAINFER_SPEC_POLICY=adaptive needs a cost table"):
-        Engine(EngineConfig(model="/nonexistent/checkpoint", device="cpu", levers={"policy": "adaptive"}))
-
-
 def test_bad_policy_values_from_every_source(capsys, tmp_path):
     with pytest.raises(LeverError, match="policy"):
         EngineConfig(model="x", levers={"policy": "fast"})
@@ -132,11 +127,3 @@ def test_a_bad_cost_table_file_is_refused_naming_it(tmp_path, text, why):
     with pytest.raises(ValueError, match=why) as err:
         Engine(EngineConfig(model="/nonexistent", device="cpu", levers={"policy": "adaptive"}, cost_table=path))
     assert str(path) in str(err.value)
-
-
-def test_switching_to_adaptive_without_a_table_changes_nothing(tiny_target, tiny_drafter):
-    engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
-    before = engine.levers
-    with pytest.raises(ValueError, match="cost table"):
-        engine.set_levers(policy="adaptive", max_drafts=3)
-    assert engine.levers == before and engine.rounds.levers == before and engine.rounds.policy is None

@@ -1,5 +1,6 @@
-"""Lever arms: `plain`, `spec`, `spec+trim=K`, `spec+gate=N`, `spec+trim=K+gate=N`, each optionally
-tagged `#2` for a duplicate (the noise arm). Arms switch the levers of one speculative engine."""
+"""Lever arms: `plain`, `spec`, `spec+trim=K`, `spec+gate=N`, `spec+trim=K+gate=N`, `spec+policy=adaptive`
+(the adaptive span policy; trim and gate still bound it), each optionally tagged `#2` for a duplicate
+(the noise arm). Arms switch the levers of one speculative engine."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.levers import CHOICES
+
 PLAIN, SPEC = "plain", "spec"
 NOISE_ARM = "plain#2"
 SPEC_NOISE_ARM = "spec#2"  # the speculative arms' own noise floor (acceptance varies with the prompts)
+ADAPTIVE_ARM = "spec+policy=adaptive"
 _OPTION = re.compile(r"^(trim|gate)=([0-9]+)$")
 
 
@@ -19,15 +23,22 @@ class Arm:
     kind: str  # plain | spec
     trim: int = 0  # max_drafts (0 = the drafter's whole block)
     gate: int = 0  # max_batch (0 = off)
+    policy: str = "static"  # the span policy lever
 
     @property
     def is_plain(self) -> bool:
         return self.kind == PLAIN
 
+    @property
+    def adaptive(self) -> bool:
+        return self.policy == "adaptive"
+
     def levers(self) -> dict[str, object]:
         """The lever values a speculative engine of this arm runs with ({} for plain), the hedge off,
         each explicit so PEGAINFER_SPEC_* cannot leak into an arm."""
-        return {} if self.is_plain else {"max_drafts": self.trim, "max_batch": self.gate, "hedge": 0}
+        if self.is_plain:
+            return {}
+        return {"max_drafts": self.trim, "max_batch": self.gate, "hedge": 0, "policy": self.policy}
 
 
 def parse_arm(spec: str) -> Arm:
@@ -38,21 +49,33 @@ def parse_arm(spec: str) -> Arm:
         raise ValueError(f"arm {spec!r}: the tag after '#' must be a non-empty word, e.g. plain#2")
     kind, *options = body.split("+")
     if kind not in (PLAIN, SPEC):
-        raise ValueError(f"arm {spec!r}: unknown arm {kind!r}; expected plain, spec, spec+trim=K, spec+gate=N")
+        raise ValueError(
+            f"arm {spec!r}: unknown arm {kind!r}; expected plain, spec, spec+trim=K, spec+gate=N, {ADAPTIVE_ARM}"
+        )
     if kind == PLAIN and options:
-        raise ValueError(f"arm {spec!r}: plain takes no levers (trim/gate apply to spec)")
+        raise ValueError(f"arm {spec!r}: plain takes no levers (trim/gate/policy apply to spec)")
     levers: dict[str, int] = {}
+    policy = None
     for option in options:
+        if option.startswith("policy="):
+            if policy is not None:
+                raise ValueError(f"arm {spec!r}: policy given twice")
+            policy = option.partition("=")[2]
+            if policy not in CHOICES["policy"]:
+                raise ValueError(f"arm {spec!r}: policy={policy!r}; expected one of {'|'.join(CHOICES['policy'])}")
+            continue
         m = _OPTION.match(option)
         if not m:
-            raise ValueError(f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N with an integer >= 1")
+            raise ValueError(
+                f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N (an integer >= 1) or policy=adaptive"
+            )
         name, value = m.group(1), int(m.group(2))
         if value < 1:
             raise ValueError(f"arm {spec!r}: {name}={value}; must be >= 1 (leave it out for off)")
         if name in levers:
             raise ValueError(f"arm {spec!r}: {name} given twice")
         levers[name] = value
-    return Arm(text, kind, trim=levers.get("trim", 0), gate=levers.get("gate", 0))
+    return Arm(text, kind, trim=levers.get("trim", 0), gate=levers.get("gate", 0), policy=policy or "static")
 
 
 def parse_arms(specs: Sequence[str], noise_arm: bool = False, spec_noise_arm: bool = False) -> list[Arm]:

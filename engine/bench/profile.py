@@ -1,6 +1,7 @@
 """The cost profile: one target verify forward (runner.verify, a CUDA-graph replay on the GPU, inputs
 staged) as a function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
-point where verify rows stop being nearly free is measured, not guessed.
+point where verify rows stop being nearly free is measured, not guessed. The timing is the engine's own
+(engine/calibration.py: the adaptive policy calibrates with it).
 
     python -m engine.bench profile --geometry 4b --out DIR
 """
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from engine.bench.geometry import GEOMETRIES, random_pair
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
+from engine.calibration import time_forwards as profile_costs  # the engine's own timing (the study imports it here)
 from engine.config import SamplingParams
 from engine.engine import Engine
-from engine.timing import time_ms
 
 log = logging.getLogger(__name__)
 
@@ -40,58 +39,6 @@ def prefill_requests(engine: Engine, count: int, context: int, budget: int, seed
     if len(reqs) != count or any(r.num_kv != context for r in reqs):
         raise RuntimeError(f"expected {count} prefilled requests of {context} tokens, got {len(reqs)}")
     return reqs
-
-
-def profile_costs(
-    engine: Engine,
-    reqs: list,
-    batches: Sequence[int],
-    spans: Sequence[int],
-    repeats: int,
-    iters: int,
-    time_budget_s: float | None = None,
-) -> list[dict]:
-    """Rows {kind: verify|draft, batch, span, rows, bucket, ms (median), ms_min, ms_max}."""
-    runner, device = engine.runner, engine.device
-    vocab = engine.target_cfg.geometry.vocab_size
-    gen = torch.Generator().manual_seed(1)
-    points = [("verify", b, s) for s in spans for b in batches]
-    if engine.drafter is not None:
-        points += [("draft", b, engine.drafts_per_round) for b in batches]
-    rows, start = [], time.perf_counter()
-    for kind, b, span in points:
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            log.warning("time budget: stopped after %d of %d points", len(rows), len(points))
-            break
-        sub = reqs[:b]
-        if kind == "verify":
-            drafts = torch.randint(0, vocab, (b, span - 1), generator=gen).to(device)
-
-            def fn(sub=sub, drafts=drafts, k=span - 1):
-                runner.stage(sub, [k] * len(sub))
-                return runner.verify(sub, drafts, k, engine.rounds.accept)
-        else:
-
-            def fn(sub=sub):
-                runner.stage(sub)
-                return runner.draft(sub)
-
-        samples = time_ms(fn, device, repeats, iters, warmup=2)  # the first call captures the graph
-        bucket = runner.graphs.rows(b)  # padded rows
-        rows.append(
-            {
-                "kind": kind,
-                "batch": b,
-                "span": span,
-                "rows": b * span,
-                "bucket": bucket,
-                "ms": statistics.median(samples),
-                "ms_min": min(samples),
-                "ms_max": max(samples),
-            }
-        )
-        log.info("%s batch %d span %d: %.3f ms", kind, b, span, rows[-1]["ms"])
-    return rows
 
 
 def mark_over(rows: list[dict], threshold: float) -> float | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.arms import Arm, parse_arms
+from engine.bench.arms import ADAPTIVE_ARM, Arm, parse_arms
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.costmodel import CostTable
 from engine.bench.geometry import random_pair
@@ -31,13 +31,17 @@ from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
 from engine.bench.study_report import arm_drafts, predicted_seconds, write_study
 from engine.bench.sweep import run_sweep
+from engine.calibration import policy_spans
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.models.config import DFlashConfig
 
 log = logging.getLogger(__name__)
 
-ARMS = ["plain", "spec", "spec+trim=2", "spec+trim=4", "spec+trim=8", "spec+gate=32", "spec+gate=64", "spec+gate=128"]
+ARMS = [
+    *("plain", "spec", "spec+trim=2", "spec+trim=4", "spec+trim=8", "spec+gate=32", "spec+gate=64", "spec+gate=128"),
+    ADAPTIVE_ARM,
+]
 CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
@@ -113,7 +117,7 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
     for arm in arms:
         if arm.is_plain or "#" in arm.label:
             continue
-        engine.set_levers(max_batch=arm.gate, max_drafts=arm.trim)
+        engine.set_levers(**arm.levers())
         before = engine.stats.committed_tokens
         outs = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
         bad = echo_failures(prompts, [o.token_ids for o in outs])
@@ -127,7 +131,7 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
                 "first": bad[:3],
             }
         )
-    engine.set_levers(max_batch=0, max_drafts=0)
+    engine.set_levers(max_batch=0, max_drafts=0, policy="static")
     return rows
 
 
@@ -188,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_round = DFlashConfig.from_dict(drafter_ckpt.config).drafts_per_round
     profiles = [p.first(per_round) for p in profiles]
     spans = sorted({1, args.prompt_len} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})
+    if any(a.adaptive for a in arms):
+        spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
 
     context = args.prompt_len + args.new_tokens // 2
     seq_tokens = args.prompt_len + max(args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1)
@@ -206,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines["spec"] = engine_of(target, drafter_ckpt)
     profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
     table = CostTable.from_rows(profile_rows, plain_rows)
+    engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
     write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, equality))
     log.info("profiles done at %.0f s", time.perf_counter() - t0)
 

@@ -13,6 +13,7 @@ from engine.bench.costsim import simulate_closed_loop
 from engine.bench.meta import meta_lines
 from engine.bench.modelled import AcceptanceProfile
 from engine.bench.plots import sweep_plot
+from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.summary import summarize
@@ -54,7 +55,9 @@ def predict(
     table: CostTable, c: int, arm: Arm, profile: AcceptanceProfile, args, waves: int, buckets: Sequence[int]
 ) -> float | None:
     """The cost model's tok/s for one arm-run of the sweep; None where the table lacks a point
-    (a profile cut short by its time budget)."""
+    (a profile cut short by its time budget) and for the adaptive arm (the model has no policy)."""
+    if arm.adaptive:
+        return None
     try:
         return simulate_closed_loop(
             table,
@@ -104,7 +107,7 @@ def annotate(summary: list[dict], profile: AcceptanceProfile, table, args, waves
             plain_pred[c] = pred
         s["predicted_ratio"] = pred / plain_pred[c] if pred and plain_pred.get(c) else None
         drafts, hist = arm_drafts(arm, len(profile.conditional)), s["accept_hist"]
-        if drafts is None or not sum(hist or [0]) or (arm.gate and c >= arm.gate):
+        if drafts is None or arm.adaptive or not sum(hist or [0]) or (arm.gate and c >= arm.gate):
             s["tau_model"] = s["tau_se"] = s["tau_agrees"] = None
             continue
         s["tau_model"], s["tau_se"] = tau_model(profile, drafts, args.new_tokens, sum(hist))
@@ -194,6 +197,7 @@ def write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, 
         text.append(f"\nBest arm per c (`{profile.name}`):\n\n")
         header = ["c", "measured best", "vs plain", "verdict", "predicted best", "predicted vs plain"]
         text.append(markdown_table(header, best_arms(summary)) + "\n\n")
+        text.append(adaptive_markdown(mine, summary))
         png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
         sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
     mark_over(profile_rows, 1.2)

@@ -2,7 +2,7 @@
 one set of weights (a plain engine + one speculative engine whose levers switch between runs).
 
     python -m engine.bench sweep --recipe small --out DIR --concurrency 1 4 8 16 32 64 \
-        --arms plain spec spec+trim=4 spec+gate=32 --noise-arm --rounds 8 --new-tokens 128
+        --arms plain spec spec+trim=4 spec+gate=32 spec+policy=adaptive --noise-arm --rounds 8 --new-tokens 128
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from engine.bench.common import (
 from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
+from engine.bench.policy_report import adaptive_markdown
 from engine.bench.report import write_csv, write_json
 from engine.bench.summary import add_paired_ratios, noise_floors, summarize, sweep_markdown
 from engine.engine import Engine
@@ -43,11 +45,19 @@ def engine_for(arm: Arm, engines: dict[str, Engine]) -> Engine:
     engine = engines.get("spec")
     if engine is None:
         raise ValueError(f"arm {arm.label!r} needs a drafter (--drafter or --recipe)")
-    engine.set_levers(max_batch=arm.gate, max_drafts=arm.trim)
+    engine.set_levers(**arm.levers())  # the first adaptive arm calibrates the engine's cost table
     return engine
 
 
-def round_row(c: int, round_index: int, slot: int, seq: int, arm: Arm, res: LoadResult) -> dict:
+def policy_choices(engine: Engine) -> Counter:
+    """Rounds per K the adaptive policy decided so far (empty under the static policy)."""
+    policy = engine.rounds.policy
+    return Counter(policy.chosen) if policy else Counter()
+
+
+def round_row(
+    c: int, round_index: int, slot: int, seq: int, arm: Arm, res: LoadResult, chosen: Counter | None = None
+) -> dict:
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
     return {
@@ -74,6 +84,7 @@ def round_row(c: int, round_index: int, slot: int, seq: int, arm: Arm, res: Load
         "drafts_accepted": s.draft_tokens_accepted,
         "tokens_per_round": (s.committed_tokens - s.gated_rounds) / spec_rounds if spec_rounds else None,
         "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
+        "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
         **phase_split(res.steps),
         "peak_mem_gib": res.peak_mem_gib,
     }
@@ -116,10 +127,12 @@ def run_sweep(
             t0 = time.perf_counter()
             for slot, arm in enumerate(round_order(arms, r)):
                 # Each round takes the next window of prompts; every arm of a round gets the same one.
-                res = closed_loop(engine_for(arm, engines), prompts, c, waves * c, new_tokens, first=r * waves * c)
+                engine = engine_for(arm, engines)
+                before = policy_choices(engine)
+                res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
                 if r:
-                    rows.append(round_row(c, r, slot, seq, arm, res))
+                    rows.append(round_row(c, r, slot, seq, arm, res, policy_choices(engine) - before))
                     seq += 1
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)
@@ -195,7 +208,7 @@ def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trim
     summary = summarize(rows, arms, bar)
     write_csv(out / "sweep.csv", rows)
     write_csv(out / "sweep_summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summary])
-    table = sweep_markdown(summary, bar)
+    table = sweep_markdown(summary, bar) + adaptive_markdown(rows, summary)
     trims = "".join(f"- time budget: c={c} ran {n} rounds\n" for c, n in trimmed.items())
     (out / "sweep.md").write_text(f"# Lever sweep\n\n{meta_lines(meta)}{trims}\n{table}")
     plotted = sweep_plot(summary, arms, out / "sweep.png", meta["command"])
