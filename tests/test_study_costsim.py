@@ -16,7 +16,7 @@ from engine.bench.costsim import simulate_closed_loop
 from engine.bench.known_pair import known_pair
 from engine.bench.load import closed_loop
 from engine.bench.modelled import ModelledDrafter, parse_profile
-from engine.bench.stepcosts import HostFit, StepCosts
+from engine.bench.stepcosts import StepCosts
 from engine.bench.study_report import arm_drafts
 from engine.bench.sweep import engine_for
 from engine.scheduler import Plan
@@ -25,7 +25,7 @@ DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.
 HALF = [0.5] * 4
 
 
-def costs(prefill: float = 1.0, host: dict[str, HostFit] | None = None) -> StepCosts:
+def costs(prefill: float = 1.0, host: dict[str, dict[int, float]] | None = None) -> StepCosts:
     """verify = 2 ms + 0.01 ms per row (spans 1..16); drafter 1 ms + 0.1 ms per request; batches 1, 4, 16;
     a prefill step costs `prefill` ms on either engine whatever it admits."""
     verify = {(b, s): 2.0 + 0.01 * b * s for b in (1, 4, 16) for s in range(1, 17)}
@@ -39,7 +39,7 @@ def test_plain_waves_prefill_together_then_decode_in_lockstep():
     got = simulate_closed_loop(c, 2, 4, 3)
     assert got.steps == [(PREFILL, 2), (DECODE, 2), (DECODE, 2)] * 2
     assert got.tokens == 12 and got.ms == pytest.approx(2 * 5.0 + 4 * c.table.decode_ms(2))
-    hosted = costs(5.0, {DECODE: HostFit(0.5, 0.25)})
+    hosted = costs(5.0, {DECODE: {1: 0.5, 4: 2.0}})  # 1 ms at batch 2
     assert simulate_closed_loop(hosted, 2, 4, 3).ms == pytest.approx(got.ms + 4 * 1.0)
 
 
@@ -53,7 +53,7 @@ def test_staggered_finishes_prefill_each_replacement_as_it_comes():
 
 
 def test_buckets_pad_the_device_term_and_a_gate_makes_rounds_gated():
-    c = costs(host={SPEC: HostFit(0.0, 1.0)})
+    c = costs(host={SPEC: {1: 1.0, 16: 16.0}})  # 1 ms per request
     pad = simulate_closed_loop(c, 3, 3, 2, drafts=2, conditional=[1.0, 1.0], buckets=[1, 4, 16])
     assert pad.steps == [(PREFILL, 3), (SPEC, 3)]
     assert pad.ms == pytest.approx(1.0 + c.table.round_ms(4, 2) + 3.0)  # device at 4 rows, host at 3

@@ -1,6 +1,6 @@
 """Calibrating the step costs the device table does not see (engine/bench/stepcosts.py), on the study's
 own engines in the same run: the wall of a prefill step admitting n requests, and the host time of a
-steady plain step, gated round and speculative round at a few batches.
+steady plain step, gated round and speculative round at each calibrated batch.
 
 Host time is the wall of `engine.step()` (called as the sweep's closed loop calls it: the sweep's
 PhaseTimer on, the outputs walked) minus the device time of the step's graph replays, read from the

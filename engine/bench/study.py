@@ -70,7 +70,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         default=None,
-        help="batches of the host/prefill calibration (default: every other --concurrency, and the largest)",
+        help="batches of the host/prefill calibration (default: every --concurrency; 1 and the largest are "
+        "always added, the replay's batches lie between them)",
     )
     p.add_argument("--calib-steps", type=int, default=6, help="timed steps per calibration point")
     p.add_argument("--calib-repeats", type=int, default=2, help="timed prefills (and step runs) per point")
@@ -144,9 +145,9 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
 
 
 def calib_batches(args) -> list[int]:
-    """--calib-batches, or every other concurrency and the largest (1, 4, 16, 64, 256 by default)."""
+    """--calib-batches (or every concurrency), with 1 and the largest concurrency."""
     cs = sorted(set(args.concurrency))
-    batches = sorted(set(args.calib_batches or cs[::2] + cs[-1:]))
+    batches = sorted(set(args.calib_batches or cs) | {1, cs[-1]})
     if min(batches) < 1 or max(batches) > cs[-1]:
         raise ValueError(f"--calib-batches {batches}: each must be in 1..{cs[-1]} (the largest --concurrency)")
     if args.calib_steps < 1 or args.calib_repeats < 1:

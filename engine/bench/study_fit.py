@@ -59,14 +59,12 @@ def prediction_markdown(summary: Sequence[dict], bar: float = PREDICTION_BAR) ->
     return text, fit
 
 
-def calibration_markdown(costs: StepCosts, batches: Sequence[int]) -> str:
-    """The calibrated terms: host ms per step by plan at the calibrated batches, and prefill ms by
-    engine and requests admitted."""
-    host = [
-        [plan, fmt(fit.a, 3), fmt(fit.b, 5), *(fmt(fit.ms(b), 3) for b in batches)] for plan, fit in costs.host.items()
-    ]
-    text = "Host ms per step (wall of engine.step() minus the table's device ms), fitted a + b × batch:\n\n"
-    text += markdown_table(["plan", "a", "b", *(f"at {b}" for b in batches)], host) + "\n\n"
+def calibration_markdown(costs: StepCosts) -> str:
+    """The calibrated terms: host ms per step by plan and batch, prefill ms by engine and requests."""
+    batches = sorted({b for points in costs.host.values() for b in points})
+    rows = [[plan, *(fmt(points.get(b), 3) for b in batches)] for plan, points in costs.host.items()]
+    text = "Host ms per step (median wall of engine.step() minus the table's device ms), by batch:\n\n"
+    text += markdown_table(["plan", *(str(b) for b in batches)], rows) + "\n\n"
     ns = sorted({n for points in costs.prefill.values() for n in points})
     rows = [[engine, *(fmt(points.get(n), 2) for n in ns)] for engine, points in costs.prefill.items()]
     text += "Prefill step wall, ms (median; eager, add_request included), by requests admitted:\n\n"

@@ -198,7 +198,7 @@ def write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, cost
         png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
         sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
     fit_text, fit = prediction_markdown(summaries)
-    text += ["## The cost model\n\n", fit_text, "\n", calibration_markdown(costs, args.calib_batches), "\n"]
+    text += ["## The cost model\n\n", fit_text, "\n", calibration_markdown(costs), "\n"]
     mark_over(profile_rows, 1.2)
     text += [L20, "\n## The cost profile (known-continuation target + DFlash-4B drafter)\n\n"]
     text.append(profile_markdown(profile_rows, 1.2))
