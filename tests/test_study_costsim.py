@@ -4,12 +4,14 @@ modelled drafter's draws fed to the replay, must give the same (plan, batch) seq
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import parse_arm
-from engine.bench.calibrate import calibrate
+from engine.bench.calibrate import calibrate, calibration_stage
 from engine.bench.common import random_prompts
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
@@ -131,3 +133,20 @@ def test_calibration_on_real_engines_gives_rows_the_step_costs_read(engines):
     assert set(got.host) == {DECODE, GATED, SPEC} and set(got.prefill) == {"plain", "spec"}
     assert not spec.has_unfinished() and not engines["plain"].has_unfinished()
     assert (spec.levers.max_batch, spec.levers.max_drafts) == (0, 0)
+
+
+def test_a_calibration_that_cannot_hold_its_batch_fails_loudly_and_leaves_the_engines_idle(engines):
+    prompts = random_prompts(4, 5, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
+    with pytest.raises(RuntimeError, match="Prefill of 3 requests, not a prefill of 4"):  # 3 slots
+        calibrate(engines, costs().table, prompts, [4], [2], repeats=1, steps=1)
+    assert not engines["plain"].has_unfinished() and not engines["spec"].has_unfinished()
+
+
+def test_the_study_falls_back_to_the_table_when_calibration_fails(engines, tmp_path, caplog):
+    args = argparse.Namespace(calib_batches=[4], calib_repeats=1, calib_steps=1, prompt_len=3, out=tmp_path)
+    prompts = random_prompts(4, 3, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
+    table = costs().table
+    got = calibration_stage(engines, table, prompts, args, [parse_arm("spec")], engines["spec"].drafts_per_round)
+    assert "calibration failed" in caplog.text and not (tmp_path / "calibration.csv").exists()
+    assert got.host == {} and got.prefill_ms("spec", 4) == table.verify_ms(4, 3)
+    assert got.prefill_ms("plain", 10) == table.verify_ms(10, 3)

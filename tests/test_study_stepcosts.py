@@ -3,18 +3,20 @@ by engine and requests, calibration rows in their CSV form, and how the study re
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import statistics
 
 import pytest
 
 from engine.bench.arms import parse_arm
-from engine.bench.calibrate import budget_tokens, calibrate
+from engine.bench.calibrate import budget_tokens, calib_batches, calibrate
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.modelled import parse_profile
 from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
+from engine.bench.study import main as study_main
 from engine.bench.study import waves_for
 from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown
 from engine.bench.study_refit import main as refit_main
@@ -165,3 +167,17 @@ def test_the_refit_recovers_walls_built_from_known_terms(tmp_path):
     assert text.startswith("Refit on this run's own walls (in-sample")
     with pytest.raises(SystemExit, match="FileNotFoundError"):
         refit_main([str(tmp_path / "missing")])
+
+
+def test_calibration_batches_default_to_every_concurrency_and_bad_flags_are_refused(tmp_path):
+    args = argparse.Namespace(concurrency=[4, 1, 16], calib_batches=None, calib_steps=6, calib_repeats=2)
+    assert calib_batches(args) == [1, 4, 16]
+    assert calib_batches(argparse.Namespace(**{**vars(args), "calib_batches": [8]})) == [1, 8, 16]
+    for flags, match in (
+        (["--calib-batches", "32"], r"each must be in 1..16"),
+        (["--calib-batches", "0"], r"each must be in 1..16"),
+        (["--calib-steps", "0"], ">= 1"),
+        (["--calib-repeats", "0"], ">= 1"),
+    ):
+        with pytest.raises(SystemExit, match=match):
+            study_main(["--out", str(tmp_path), "--concurrency", "1", "16", *flags])

@@ -14,12 +14,15 @@ step runs eagerly (no graph), so it is timed whole: its wall, add_request includ
 
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 import time
 from collections.abc import Sequence
 
+from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
+from engine.bench.study_report import arm_drafts
 from engine.config import SamplingParams
 from engine.costs import CostTable
 from engine.engine import Engine
@@ -47,23 +50,33 @@ def timed_steps(
     sync(engine.device)
     t0 = time.perf_counter()
     ids = [engine.add_request(list(p), params) for p in prompts]
-    _walk(engine.step())
-    prefill = (time.perf_counter() - t0) * 1e3
-    walls = []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
+    try:
         _walk(engine.step())
-        wall = (time.perf_counter() - t0) * 1e3
-        record = engine.timer.records[-1]
-        if record.batch != len(prompts) or record.plan == Plan.PREFILL.value:
-            raise RuntimeError(f"calibration step {i}: {record.plan} of {record.batch}, not {len(prompts)} decoding")
-        if i >= warmup:
-            walls.append((record.plan, record.batch, wall))
-    for rid in ids:
-        engine.abort(rid)
-    while engine.has_unfinished():
-        engine.step()
+        prefill = (time.perf_counter() - t0) * 1e3
+        _check(engine, len(prompts), prefill=True)
+        walls = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            _walk(engine.step())
+            wall = (time.perf_counter() - t0) * 1e3
+            plan = _check(engine, len(prompts), prefill=False)
+            if i >= warmup:
+                walls.append((plan, len(prompts), wall))
+    finally:
+        for rid in ids:
+            engine.abort(rid)
+        while engine.has_unfinished():
+            engine.step()
     return prefill, walls
+
+
+def _check(engine: Engine, batch: int, prefill: bool) -> str:
+    """The plan of the step just run, which must have been a prefill (or a decode-side step) of batch."""
+    record = engine.timer.records[-1]
+    if record.batch != batch or (record.plan == Plan.PREFILL.value) != prefill:
+        want = "a prefill" if prefill else "a decode-side step"
+        raise RuntimeError(f"calibration: {record.plan} of {record.batch} requests, not {want} of {batch}")
+    return record.plan
 
 
 def _walk(outputs) -> int:
@@ -130,3 +143,53 @@ def _row(kind: str, engine: str, plan: str, batch: int, drafts: int, wall: float
         "device_ms": device,
         "host_ms": None if device is None else wall - device,
     }
+
+
+def add_calibration_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--calib-batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="batches of the host/prefill calibration (default: every --concurrency; 1 and the largest are "
+        "always added, the replay's batches lie between them)",
+    )
+    p.add_argument("--calib-steps", type=int, default=6, help="timed steps per calibration point")
+    p.add_argument("--calib-repeats", type=int, default=2, help="timed prefills (and step runs) per point")
+
+
+def calib_batches(args: argparse.Namespace) -> list[int]:
+    """--calib-batches (or every concurrency), with 1 and the largest concurrency."""
+    cs = sorted(set(args.concurrency))
+    batches = sorted(set(args.calib_batches or cs) | {1, cs[-1]})
+    if min(batches) < 1 or max(batches) > cs[-1]:
+        raise ValueError(f"--calib-batches {batches}: each must be in 1..{cs[-1]} (the largest --concurrency)")
+    if args.calib_steps < 1 or args.calib_repeats < 1:
+        raise ValueError("--calib-steps and --calib-repeats must be >= 1")
+    return batches
+
+
+def calibration_stage(
+    engines: dict[str, Engine], table: CostTable, prompts, args: argparse.Namespace, arms, per_round: int
+) -> StepCosts:
+    """The study's calibration on the sweep's engines and prompts (the modelled drafter installed),
+    written to calibration.csv: speculative rounds at the fewest and the most drafts any arm verifies."""
+    drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
+    spec_drafts = sorted({drafts[0], drafts[-1]}) if drafts else []
+    try:
+        rows = calibrate(
+            engines, table, prompts, args.calib_batches, spec_drafts, args.calib_repeats, args.calib_steps, warmup=2
+        )
+    except Exception:  # the sweep still runs; its predictions fall back to the device table alone
+        log.exception("calibration failed: predictions without host terms, prefill as a graph replay")
+        return table_only(table, args.prompt_len)
+    write_csv(args.out / "calibration.csv", rows)
+    return StepCosts.from_rows(table, rows)
+
+
+def table_only(table: CostTable, prompt_len: int) -> StepCosts:
+    """The uncalibrated model: no host time, a prefill of n requests costed as the table's verify of
+    a prompt-long span (the study's model before calibration)."""
+    batches = sorted({b for b, s in table.verify if s == prompt_len})
+    prefill = {b: table.verify_ms(b, prompt_len) for b in batches}
+    return StepCosts(table, {}, {"plain": prefill, "spec": prefill})

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.bench.arms import Arm, parse_arms
-from engine.bench.calibrate import budget_tokens, calibrate
+from engine.bench.calibrate import add_calibration_args, budget_tokens, calib_batches, calibration_stage
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.costmodel import CostTable
 from engine.bench.geometry import random_pair
@@ -31,7 +31,6 @@ from engine.bench.meta import run_meta
 from engine.bench.modelled import ModelledDrafter, parse_profile
 from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
-from engine.bench.stepcosts import StepCosts
 from engine.bench.study_report import arm_drafts, predicted_seconds, write_study
 from engine.bench.sweep import run_sweep
 from engine.config import SamplingParams
@@ -65,16 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "(minus --reserve-s); >= 1 round per (c, profile) always runs",
     )
     p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
-    p.add_argument(
-        "--calib-batches",
-        type=int,
-        nargs="+",
-        default=None,
-        help="batches of the host/prefill calibration (default: every --concurrency; 1 and the largest are "
-        "always added, the replay's batches lie between them)",
-    )
-    p.add_argument("--calib-steps", type=int, default=6, help="timed steps per calibration point")
-    p.add_argument("--calib-repeats", type=int, default=2, help="timed prefills (and step runs) per point")
+    add_calibration_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parity-bar", type=float, default=0.02)
     add_device_args(p)
@@ -142,30 +132,6 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
         )
     engine.set_levers(max_batch=0, max_drafts=0)
     return rows
-
-
-def calib_batches(args) -> list[int]:
-    """--calib-batches (or every concurrency), with 1 and the largest concurrency."""
-    cs = sorted(set(args.concurrency))
-    batches = sorted(set(args.calib_batches or cs) | {1, cs[-1]})
-    if min(batches) < 1 or max(batches) > cs[-1]:
-        raise ValueError(f"--calib-batches {batches}: each must be in 1..{cs[-1]} (the largest --concurrency)")
-    if args.calib_steps < 1 or args.calib_repeats < 1:
-        raise ValueError("--calib-steps and --calib-repeats must be >= 1")
-    return batches
-
-
-def calibration_stage(engines: dict, table: CostTable, prompts, args, arms, per_round: int) -> StepCosts:
-    """The host and prefill terms (engine/bench/calibrate.py) on the sweep's engines and prompts, the
-    modelled drafter installed; written to calibration.csv. Speculative rounds at the fewest and the
-    most drafts any arm verifies."""
-    drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
-    spec_drafts = sorted({drafts[0], drafts[-1]}) if drafts else []
-    rows = calibrate(
-        engines, table, prompts, args.calib_batches, spec_drafts, args.calib_repeats, args.calib_steps, warmup=2
-    )
-    write_csv(args.out / "calibration.csv", rows)
-    return StepCosts.from_rows(table, rows)
 
 
 def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, costs) -> list[dict]:
