@@ -5,6 +5,7 @@ modelled drafter's draws fed to the replay, must give the same (plan, batch) seq
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import pytest
 import torch
@@ -17,9 +18,9 @@ from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.known_pair import known_pair
 from engine.bench.load import closed_loop
-from engine.bench.modelled import ModelledDrafter, parse_profile
+from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study_report import arm_drafts
+from engine.bench.study_report import arm_drafts, predict
 from engine.bench.sweep import engine_for
 from engine.scheduler import Plan
 
@@ -150,3 +151,14 @@ def test_the_study_falls_back_to_the_table_when_calibration_fails(engines, tmp_p
     assert "calibration failed" in caplog.text and not (tmp_path / "calibration.csv").exists()
     assert got.host == {} and got.prefill_ms("spec", 4) == table.verify_ms(4, 3)
     assert got.prefill_ms("plain", 10) == table.verify_ms(10, 3)
+
+
+def test_a_prediction_is_the_median_of_seeded_replays(caplog):
+    args, half = argparse.Namespace(new_tokens=9, seed=3), AcceptanceProfile("half", (0.5,) * 4)
+    got = predict(costs(), 4, parse_arm("spec"), half, args, 2, [], seeds=5)
+    runs = [simulate_closed_loop(costs(), 4, 8, 9, 4, half.conditional, seed=3 + i).tok_s for i in range(5)]
+    assert got == statistics.median(runs) and len(set(runs)) > 1
+    plain = predict(costs(), 4, parse_arm("plain"), half, args, 2, [])
+    assert plain == simulate_closed_loop(costs(), 4, 8, 9).tok_s
+    assert predict(costs(), 32, parse_arm("spec"), half, args, 1, []) is None  # past the calibration
+    assert "no prediction for spec at c=32" in caplog.text

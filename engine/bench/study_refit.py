@@ -69,7 +69,9 @@ def terms_markdown(theta: np.ndarray) -> str:
     return ", ".join(f"{n} {v:.4g}" for n, v in zip(names, theta, strict=True))
 
 
-def refit_study(directory: Path, new_tokens: int, waves_for, seeds: Sequence[int] = (0, 1, 2)) -> tuple[str, dict]:
+def refit_study(
+    directory: Path, new_tokens: int, waves_for, seeds: Sequence[int] = tuple(range(8))
+) -> tuple[str, dict]:
     """Refit on a study's CSVs and score each summary cell: (markdown, fit dict)."""
     prof = read_csv(directory / "profile.csv")
     spec_rows = [r for r in prof if r["engine"] == "known+drafter"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Sequence
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, parse_arm
@@ -20,6 +21,7 @@ from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, predict
 from engine.bench.summary import summarize
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
+PREDICT_SEEDS = 16  # replays per predicted cell
 
 log = logging.getLogger(__name__)
 
@@ -52,22 +54,26 @@ def arm_drafts(arm: Arm, per_round: int) -> int | None:
 
 
 def predict(
-    costs: StepCosts, c: int, arm: Arm, profile: AcceptanceProfile, args, waves: int, buckets: Sequence[int]
+    costs: StepCosts,
+    c: int,
+    arm: Arm,
+    profile: AcceptanceProfile,
+    args,
+    waves: int,
+    buckets: Sequence[int],
+    seeds: int = PREDICT_SEEDS,
 ) -> float | None:
-    """The cost model's tok/s for one arm-run of the sweep; None where the table or the calibration
-    lacks a point (a profile cut short by its time budget)."""
+    """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
+    replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
+    the table or the calibration lacks a point (a profile cut short by its time budget)."""
+    drafts = arm_drafts(arm, len(profile.conditional))
     try:
-        return simulate_closed_loop(
-            costs,
-            c,
-            waves * c,
-            args.new_tokens,
-            arm_drafts(arm, len(profile.conditional)),
-            profile.conditional,
-            arm.gate,
-            buckets,
-            seed=args.seed,
-        ).tok_s
+        return statistics.median(
+            simulate_closed_loop(
+                costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets, seed=args.seed + i
+            ).tok_s
+            for i in range(1 if drafts is None else seeds)  # plain replays draw nothing
+        )
     except ValueError as err:
         log.warning("no prediction for %s at c=%d: %s", arm.label, c, err)
         return None
@@ -78,7 +84,7 @@ def predicted_seconds(costs: StepCosts, c: int, arms, profiles, args, waves: int
     total = 0.0
     for profile in profiles:
         for arm in arms:
-            tok_s = predict(costs, c, arm, profile, args, waves, buckets)
+            tok_s = predict(costs, c, arm, profile, args, waves, buckets, seeds=1)  # a weight: one replay
             total += waves * c * args.new_tokens / tok_s if tok_s else 1.0
     return total * (args.rounds + 1)
 
