@@ -1,5 +1,5 @@
-"""The cost model's arithmetic on synthetic tables: committed tokens, truncation, interpolation, the
-closed-loop replay."""
+"""The cost model's arithmetic on synthetic tables: committed tokens, truncation, interpolation,
+steady throughput (the closed-loop replay: test_study_costsim.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from engine.bench.costmodel import (
     steady_tok_s,
     truncated_tau,
 )
-from engine.bench.costsim import simulate_closed_loop
 
 HALF = [0.5] * 4
 
@@ -86,22 +85,3 @@ def test_steady_throughput_and_the_best_arm():
     assert steady_tok_s(t, 4, 2, HALF, gate=4) == plain  # gated: the span-1 step
     assert steady_tok_s(t, 4, 2, HALF, gate=8) == spec
     assert best_arm({"plain": plain, "spec": spec}) == "spec"
-
-
-def test_closed_loop_replay_counts_prefill_decode_and_drain():
-    flat = CostTable({(b, 1): 2.0 for b in (1, 2)})
-    # 4 requests of 3 tokens, 2 slots: prefill (1 ms) + 2 decode steps, twice: 12 tokens in 10 ms.
-    assert simulate_closed_loop(flat, 2, 4, 3, lambda n: 1.0) == pytest.approx(1200.0)
-    t = table()
-    # Every draft accepted, 2 drafts: a 7-token request takes its prefill + rounds of 3, 3.
-    got = simulate_closed_loop(t, 1, 1, 7, lambda n: 0.0, drafts=2, conditional=[1.0, 1.0])
-    assert got == pytest.approx(1e3 * 7 / (2 * t.round_ms(1, 2)))
-    # A batch of 3 costs the bucket of 4; a gate at 3 makes those rounds plain steps.
-    pad = simulate_closed_loop(t, 3, 3, 2, lambda n: 0.0, drafts=2, conditional=[1.0, 1.0], buckets=[1, 4, 16])
-    assert pad == pytest.approx(1e3 * 6 / t.round_ms(4, 2))
-    gated = simulate_closed_loop(t, 3, 3, 2, lambda n: 0.0, drafts=2, conditional=[1.0, 1.0], gate=3, buckets=[4])
-    assert gated == pytest.approx(1e3 * 6 / t.gated_ms(4))
-    a = simulate_closed_loop(t, 4, 16, 32, lambda n: 1.0, drafts=4, conditional=HALF, seed=1)
-    assert a == simulate_closed_loop(t, 4, 16, 32, lambda n: 1.0, drafts=4, conditional=HALF, seed=1)
-    with pytest.raises(ValueError, match=">= 1"):
-        simulate_closed_loop(t, 0, 1, 1, lambda n: 0.0)

@@ -1,62 +1,88 @@
-"""The sweep's closed loop replayed on a cost table (engine/bench/costmodel.py): c slots, a finished
-request replaced at the next step by a prefill step, each speculative request-round committing a
-seeded draw from the acceptance profile capped like the engine's draft limit. Predicts an arm's
-end-to-end tok/s (prefill and drain included) without running a model."""
+"""The sweep's closed loop (engine/bench/load.py closed_loop) replayed on step costs
+(engine/bench/stepcosts.py): c slots; the requests that finish in a step are replaced at once and the
+engine's next step is one prefill of all of them (the scheduler admits every waiting request before
+any decode-side step); each speculative request-round commits a draw from the acceptance profile
+capped like the engine's draft limit. Predicts an arm's end-to-end tok/s (prefill and drain included)
+without running a model, and lists the steps it replayed (plan, batch) to compare with an engine's.
+"""
 
 from __future__ import annotations
 
 import bisect
 import itertools
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
-from engine.bench.costmodel import CostTable, committed_pmf
+from engine.bench.costmodel import committed_pmf
+from engine.bench.stepcosts import StepCosts
+from engine.scheduler import Plan
+
+
+@dataclass
+class SimResult:
+    steps: list[tuple[str, int]] = field(default_factory=list)  # (plan value, requests), in order
+    tokens: int = 0
+    ms: float = 0.0
+
+    @property
+    def tok_s(self) -> float:
+        return 1e3 * self.tokens / self.ms if self.ms > 0 else 0.0
 
 
 def simulate_closed_loop(
-    table: CostTable,
+    costs: StepCosts,
     concurrency: int,
     requests: int,
     new_tokens: int,
-    prefill_ms: Callable[[int], float],
     drafts: int | None = None,
     conditional: Sequence[float] = (),
     gate: int = 0,
     buckets: Sequence[int] = (),
     seed: int = 0,
-) -> float:
-    """Output tok/s of the closed loop. drafts None = plain decode; gate N gates rounds of >= N
-    requests; buckets: a step of n requests costs the table at the first bucket >= n (graph padding).
-    prefill_ms(n): one prefill step admitting n requests (each emits its first token)."""
+    draws: Iterator[int] | None = None,
+) -> SimResult:
+    """drafts None = plain decode on the plain engine; gate N gates rounds of >= N requests; buckets:
+    a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
+    accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`)."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
-    rng = random.Random(seed)
-    cdf = list(itertools.accumulate(committed_pmf(conditional, drafts))) if drafts is not None else []
-    waiting, running, clock, tokens = requests, [], 0.0, 0
+    if draws is None and drafts is not None:
+        draws = _profile_draws(conditional, drafts, seed)
+    engine = "plain" if drafts is None else "spec"
+    res = SimResult()
+    waiting, running = requests, []
     while waiting or running:
         if waiting and len(running) < concurrency:
             n = min(concurrency - len(running), waiting)
             waiting -= n
-            clock += prefill_ms(n)
-            tokens += n
+            res.steps.append((Plan.PREFILL.value, n))
+            res.ms += costs.prefill_ms(engine, n)
+            res.tokens += n  # each admitted request's first token
             running += [new_tokens - 1] * n
         else:
             n = len(running)
-            rows = _bucket(n, buckets)
-            if drafts is None or (gate and n >= gate):
-                clock += table.decode_ms(rows) if drafts is None else table.gated_ms(rows)
-                commits = [1] * n
+            if drafts is None:
+                plan = Plan.DECODE.value
             else:
-                clock += table.round_ms(rows, drafts)
-                commits = [1 + min(_draw(rng, cdf), drafts, left - 1) for left in running]
-            tokens += sum(commits)
+                plan = Plan.GATED.value if gate and n >= gate else Plan.SPECULATIVE.value
+            res.steps.append((plan, n))
+            res.ms += costs.step_ms(plan, n, _bucket(n, buckets), drafts or 0)
+            if plan == Plan.SPECULATIVE.value:
+                commits = [1 + min(next(draws), drafts, left - 1) for left in running]
+            else:
+                commits = [1] * n
+            res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
         running = [left for left in running if left > 0]
-    return 1e3 * tokens / clock
+    return res
 
 
-def _draw(rng: random.Random, cdf: Sequence[float]) -> int:
-    return min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
+def _profile_draws(conditional: Sequence[float], drafts: int, seed: int) -> Iterator[int]:
+    rng = random.Random(seed)
+    cdf = list(itertools.accumulate(committed_pmf(conditional, drafts)))
+    while True:
+        yield min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:

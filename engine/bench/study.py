@@ -6,7 +6,8 @@ modelled drafter (real forwards, modelled first wrong draft), one device run end
 Stages: build the pair on the device; the cost profile (verify per (batch, span), drafter per batch)
 and the same plain step on random 4B weights; the echo check (every greedy step repeats the last
 prompt token); the lossless check (every arm's output equals the target's greedy continuation); the
-sweep per concurrency and profile; τ observed vs modelled; the cost model's prediction beside it.
+host and prefill calibration (engine/bench/calibrate.py); the sweep per concurrency and profile; τ
+observed vs modelled; the cost model's prediction beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.bench.arms import ADAPTIVE_ARM, Arm, parse_arms
+from engine.bench.calibrate import add_calibration_args, budget_tokens, calib_batches, calibration_stage
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.costmodel import CostTable
 from engine.bench.geometry import random_pair
@@ -66,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         "(minus --reserve-s); >= 1 round per (c, profile) always runs",
     )
     p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
+    add_calibration_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parity-bar", type=float, default=0.02)
     add_device_args(p)
@@ -135,13 +138,13 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
     return rows
 
 
-def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, table) -> list[dict]:
+def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, costs) -> list[dict]:
     """Per concurrency (ascending) and profile: run_sweep over the arms that differ there. The budget
     is split by the cost model's predicted time of a round, so every c gets its warm-up and >= 1 round."""
-    buckets = engines["spec"].runner.graphs.buckets
+    buckets = graph_buckets(engines["spec"])
     weights = {}
     for c in args.concurrency:
-        weights[c] = predicted_seconds(table, c, arms_at(arms, c), profiles, args, waves_for(c), buckets)
+        weights[c] = predicted_seconds(costs, c, arms_at(arms, c), profiles, args, waves_for(c), buckets)
     start, rows = time.perf_counter(), []
     for i, c in enumerate(args.concurrency):
         for profile in profiles:
@@ -172,6 +175,12 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
     return rows
 
 
+def graph_buckets(engine: Engine) -> list[int]:
+    """The batch buckets a step's graphs run at (none when the engine runs eagerly)."""
+    graphs = engine.runner.graphs
+    return list(graphs.buckets) if graphs.enabled else []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
@@ -182,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(err)) from None
     if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
         raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
+    try:
+        args.calib_batches = calib_batches(args)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     meta = run_meta("study", device, list(argv) if argv is not None else None)
@@ -196,7 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
 
     context = args.prompt_len + args.new_tokens // 2
-    seq_tokens = args.prompt_len + max(args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1)
+    calib = budget_tokens(args.calib_steps + 2, per_round)
+    seq_tokens = args.prompt_len + max(
+        args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1, calib
+    )
     max_c = max(args.concurrency)
 
     def engine_of(target, drafter=None) -> Engine:
@@ -223,11 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
     mismatches = [r["mismatches"] for r in lossless]
     log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
+    costs = calibration_stage(engines, table, prompts, args, arms, per_round)
+    log.info("calibration done at %.0f s", time.perf_counter() - t0)
 
     if args.time_budget_s is not None:
         args.sweep_budget_s = max(0.0, args.time_budget_s - (time.perf_counter() - t0) - args.reserve_s)
         log.info("sweep budget %.0f s", args.sweep_budget_s)
-    rows = sweep_all(engines, drafter, profiles, arms, prompts, args, table)
+    rows = sweep_all(engines, drafter, profiles, arms, prompts, args, costs)
     meta.update(
         geometry=args.geometry,
         target=target.name,
@@ -237,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prompt_len=args.prompt_len,
         seconds=time.perf_counter() - t0,
     )
-    buckets = engines["spec"].runner.graphs.buckets
-    costs = {"spec": profile_rows, "plain": plain_rows, "random": equality}
-    write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, waves_for, buckets)
+    buckets = graph_buckets(engines["spec"])
+    profiled = {"spec": profile_rows, "plain": plain_rows, "random": equality}
+    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets)
     return 0
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Sequence
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, parse_arm
-from engine.bench.costmodel import CostTable, committed_pmf, expected_committed, truncated_tau
+from engine.bench.costmodel import committed_pmf, expected_committed, truncated_tau
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.meta import meta_lines
 from engine.bench.modelled import AcceptanceProfile
@@ -16,10 +17,12 @@ from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
+from engine.bench.stepcosts import StepCosts
+from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown
 from engine.bench.summary import summarize
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
-PREDICTION_BAR = 0.10
+PREDICT_SEEDS = 16  # replays per predicted cell
 
 log = logging.getLogger(__name__)
 
@@ -52,36 +55,40 @@ def arm_drafts(arm: Arm, per_round: int) -> int | None:
 
 
 def predict(
-    table: CostTable, c: int, arm: Arm, profile: AcceptanceProfile, args, waves: int, buckets: Sequence[int]
+    costs: StepCosts,
+    c: int,
+    arm: Arm,
+    profile: AcceptanceProfile,
+    args,
+    waves: int,
+    buckets: Sequence[int],
+    seeds: int = PREDICT_SEEDS,
 ) -> float | None:
-    """The cost model's tok/s for one arm-run of the sweep; None where the table lacks a point
-    (a profile cut short by its time budget) and for the adaptive arm (the model has no policy)."""
+    """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
+    replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
+    the table or the calibration lacks a point (a profile cut short by its time budget) and for the
+    adaptive arm (the model has no policy)."""
     if arm.adaptive:
         return None
+    drafts = arm_drafts(arm, len(profile.conditional))
     try:
-        return simulate_closed_loop(
-            table,
-            c,
-            waves * c,
-            args.new_tokens,
-            lambda n: table.verify_ms(n, args.prompt_len) + table.host_ms(n),
-            arm_drafts(arm, len(profile.conditional)),
-            profile.conditional,
-            arm.gate,
-            buckets,
-            seed=args.seed,
+        return statistics.median(
+            simulate_closed_loop(
+                costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets, seed=args.seed + i
+            ).tok_s
+            for i in range(1 if drafts is None else seeds)  # plain replays draw nothing
         )
     except ValueError as err:
         log.warning("no prediction for %s at c=%d: %s", arm.label, c, err)
         return None
 
 
-def predicted_seconds(table, c: int, arms, profiles, args, waves: int, buckets: Sequence[int]) -> float:
+def predicted_seconds(costs: StepCosts, c: int, arms, profiles, args, waves: int, buckets: Sequence[int]) -> float:
     """Predicted wall of one (c, every profile) sweep: warm-up + measured rounds of every arm."""
     total = 0.0
     for profile in profiles:
         for arm in arms:
-            tok_s = predict(table, c, arm, profile, args, waves, buckets)
+            tok_s = predict(costs, c, arm, profile, args, waves, buckets, seeds=1)  # a weight: one replay
             total += waves * c * args.new_tokens / tok_s if tok_s else 1.0
     return total * (args.rounds + 1)
 
@@ -94,13 +101,13 @@ def tau_model(profile: AcceptanceProfile, drafts: int, new_tokens: int, rounds: 
     return truncated_tau(profile.conditional, drafts, new_tokens - 1), math.sqrt(var / max(rounds, 1))
 
 
-def annotate(summary: list[dict], profile: AcceptanceProfile, table, args, waves_for, buckets) -> None:
+def annotate(summary: list[dict], profile: AcceptanceProfile, costs, args, waves_for, buckets) -> None:
     """Add predicted tok/s (and its ratio to the measured median) and τ modelled vs observed."""
     plain_pred: dict[int, float] = {}
     for s in summary:
         arm, c = parse_arm(s["arm"]), s["concurrency"]
         s["profile"] = profile.name
-        s["predicted_tok_s"] = predict(table, c, arm, profile, args, waves_for(c), buckets)
+        s["predicted_tok_s"] = predict(costs, c, arm, profile, args, waves_for(c), buckets)
         pred = s["predicted_tok_s"]
         s["predicted_vs_measured"] = pred / s["tok_s"] if pred and s["tok_s"] else None
         if s["arm"] == PLAIN:
@@ -176,20 +183,21 @@ def checks_markdown(costs: dict[str, list[dict]], echo: dict, lossless: list[dic
     return text + "\n"
 
 
-def write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, waves_for, buckets) -> None:
+def write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets) -> None:
     """study.md, study.json, sweep.csv, summary.csv and one sweep PNG per profile under args.out
-    (profile.csv is written by the study as soon as it is measured)."""
-    profile_rows = costs["spec"]
+    (profile.csv and calibration.csv are written by the study as soon as they are measured).
+    profiled: the profile rows by engine; costs: the step costs the predictions replay on."""
+    profile_rows = profiled["spec"]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
     title = "# The lever study: Qwen3-4B geometry, known continuation, modelled drafter"
     summaries, text = [], [f"{title}\n\n{meta_lines(meta)}\n"]
-    text += [MODELLED, "\n", checks_markdown(costs, echo, lossless), "\n"]
+    text += [MODELLED, "\n", checks_markdown(profiled, echo, lossless), "\n"]
     for profile in profiles:
         mine = [r for r in rows if r["profile"] == profile.name]
         summary = summarize(mine, labels, args.parity_bar)
-        annotate(summary, profile, table, args, waves_for, buckets)
+        annotate(summary, profile, costs, args, waves_for, buckets)
         summaries += summary
         cond = ", ".join(f"{a:.3f}" for a in profile.conditional)
         text.append(f"## Profile `{profile.name}` (conditional acceptance by position: {cond})\n\n")
@@ -200,11 +208,15 @@ def write_study(args, meta, profiles, arms, rows, costs, echo, lossless, table, 
         text.append(adaptive_markdown(mine, summary))
         png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
         sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
+    fit_text, fit = prediction_markdown(summaries)
+    text += ["## The cost model\n\n", fit_text, "\n", calibration_markdown(costs), "\n"]
     mark_over(profile_rows, 1.2)
     text += [L20, "\n## The cost profile (known-continuation target + DFlash-4B drafter)\n\n"]
     text.append(profile_markdown(profile_rows, 1.2))
     write_csv(out / "sweep.csv", rows)
     write_csv(out / "summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summaries])
     (out / "study.md").write_text("".join(text))
-    write_json(out / "study.json", {**meta, "echo": echo, "lossless": lossless, "summary": summaries})
+    write_json(
+        out / "study.json", {**meta, "echo": echo, "lossless": lossless, "prediction": fit, "summary": summaries}
+    )
     print("".join(text))

@@ -1,0 +1,164 @@
+"""The closed-loop replay (engine/bench/costsim.py): its arithmetic on synthetic step costs, and its
+steps against a real engine's: the tiny known-continuation pair under the sweep's closed loop, the
+modelled drafter's draws fed to the replay, must give the same (plan, batch) sequence step by step."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig
+from engine.bench.arms import parse_arm
+from engine.bench.calibrate import calibrate, calibration_stage
+from engine.bench.common import random_prompts
+from engine.bench.costmodel import CostTable
+from engine.bench.costsim import simulate_closed_loop
+from engine.bench.known_pair import known_pair
+from engine.bench.load import closed_loop
+from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.bench.stepcosts import StepCosts
+from engine.bench.study_report import arm_drafts, predict
+from engine.bench.sweep import engine_for
+from engine.scheduler import Plan
+
+DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.SPECULATIVE, Plan.PREFILL))
+HALF = [0.5] * 4
+
+
+def costs(prefill: float = 1.0, host: dict[str, dict[int, float]] | None = None) -> StepCosts:
+    """verify = 2 ms + 0.01 ms per row (spans 1..16); drafter 1 ms + 0.1 ms per request; batches 1, 4, 16;
+    a prefill step costs `prefill` ms on either engine whatever it admits."""
+    verify = {(b, s): 2.0 + 0.01 * b * s for b in (1, 4, 16) for s in range(1, 17)}
+    table = CostTable(verify, {b: 1.0 + 0.1 * b for b in (1, 4, 16)})
+    flat = {1: prefill, 16: prefill}
+    return StepCosts(table, host or {}, {"plain": flat, "spec": flat})
+
+
+def test_plain_waves_prefill_together_then_decode_in_lockstep():
+    c = costs(prefill=5.0)
+    got = simulate_closed_loop(c, 2, 4, 3)
+    assert got.steps == [(PREFILL, 2), (DECODE, 2), (DECODE, 2)] * 2
+    assert got.tokens == 12 and got.ms == pytest.approx(2 * 5.0 + 4 * c.table.decode_ms(2))
+    hosted = costs(5.0, {DECODE: {1: 0.5, 4: 2.0}})  # 1 ms at batch 2
+    assert simulate_closed_loop(hosted, 2, 4, 3).ms == pytest.approx(got.ms + 4 * 1.0)
+
+
+def test_staggered_finishes_prefill_each_replacement_as_it_comes():
+    c = costs()
+    # 2 slots, 3 requests of 7 tokens, 2 drafts: draws 2,0 | 2,2 | 0,1 | ... (capped at the tokens left).
+    got = simulate_closed_loop(c, 2, 3, 7, drafts=2, draws=iter([2, 0, 2, 2, 0, 1, 2, 2, 2]))
+    # left after prefill 6, 6 -> 3, 5 -> 0, 2 (first done) -> prefill the third -> 1 (of 2), 6 -> ...
+    assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1), (SPEC, 2), (SPEC, 2), (SPEC, 1)]
+    assert got.tokens == 21
+
+
+def test_buckets_pad_the_device_term_and_a_gate_makes_rounds_gated():
+    c = costs(host={SPEC: {1: 1.0, 16: 16.0}})  # 1 ms per request
+    pad = simulate_closed_loop(c, 3, 3, 2, drafts=2, conditional=[1.0, 1.0], buckets=[1, 4, 16])
+    assert pad.steps == [(PREFILL, 3), (SPEC, 3)]
+    assert pad.ms == pytest.approx(1.0 + c.table.round_ms(4, 2) + 3.0)  # device at 4 rows, host at 3
+    gated = simulate_closed_loop(c, 3, 3, 2, drafts=2, conditional=[1.0, 1.0], gate=3, buckets=[4])
+    assert gated.steps == [(PREFILL, 3), (GATED, 3)]
+    a = simulate_closed_loop(c, 4, 16, 32, drafts=4, conditional=HALF, seed=1)
+    assert a.steps == simulate_closed_loop(c, 4, 16, 32, drafts=4, conditional=HALF, seed=1).steps
+    assert a.tok_s == pytest.approx(1e3 * 16 * 32 / a.ms)
+
+
+def test_bad_loads_and_uncalibrated_engines_are_refused():
+    with pytest.raises(ValueError, match=">= 1"):
+        simulate_closed_loop(costs(), 0, 1, 1)
+    bare = StepCosts(costs().table)
+    with pytest.raises(ValueError, match="no prefill calibration for the plain engine"):
+        simulate_closed_loop(bare, 1, 1, 4)
+    with pytest.raises(ValueError, match="outside the calibrated range"):
+        simulate_closed_loop(costs(), 32, 32, 4)
+
+
+class RecordedDraws:
+    """Wraps the installed modelled drafter: the accepted-draft count it placed in each request-round's
+    drafts (the leading positions equal to the current token), in the order the engine drew them."""
+
+    def __init__(self, engine: Engine):
+        self.runner, self.inner, self.draws = engine.runner, engine.runner.draft, []
+        self.runner.draft = self
+
+    def __call__(self, reqs):
+        drafts = self.inner(reqs)
+        token = self.runner.field("token", len(reqs))
+        self.draws += (drafts == token[:, None]).to(torch.int64).cumprod(1).sum(1).tolist()
+        return drafts
+
+
+@pytest.fixture(scope="module")
+def engines(one_thread):
+    target, drafter = known_pair("tiny", torch.device("cpu"), torch.float32, seed=0)
+    cfg = {"device": "cpu", "max_num_seqs": 3, "max_model_len": 64, "trace": False}
+    spec = Engine(EngineConfig(model=target, draft_model=drafter, **cfg))
+    modelled = ModelledDrafter(spec, parse_profile("chat"), seed=3).install()
+    yield {"plain": Engine(EngineConfig(model=target, **cfg)), "spec": spec}
+    modelled.uninstall()
+
+
+@pytest.mark.parametrize("label", ["plain", "spec", "spec+trim=2", "spec+gate=3"])
+def test_the_replay_steps_like_the_engine(engines, label):
+    arm = parse_arm(label)
+    engine = engine_for(arm, engines)
+    recorder = RecordedDraws(engines["spec"])
+    try:
+        prompts = random_prompts(7, 5, engine.target_cfg.geometry.vocab_size, seed=2)
+        res = closed_loop(engine, prompts, 3, 7, 11)
+    finally:
+        engines["spec"].runner.draft = recorder.inner  # the modelled drafter again
+    drafts = arm_drafts(arm, engines["spec"].drafts_per_round)
+    sim = simulate_closed_loop(costs(), 3, 7, 11, drafts, gate=arm.gate, draws=iter(recorder.draws))
+    assert sim.steps == [(s.plan, s.batch) for s in res.steps]
+    assert sim.tokens == res.output_tokens == 7 * 11
+    if not arm.is_plain and not arm.gate:  # acceptance staggers the finishes: replacements prefill alone
+        assert sum(plan == PREFILL for plan, _ in sim.steps) > 2
+
+
+def test_calibration_on_real_engines_gives_rows_the_step_costs_read(engines):
+    spec = engines["spec"]
+    prompts = random_prompts(2, 5, spec.target_cfg.geometry.vocab_size, seed=5)
+    rows = calibrate(engines, costs().table, prompts, [1, 2], [2, spec.drafts_per_round], repeats=1, steps=1)
+    cases = {(r["kind"], r["engine"], r["plan"], r["batch"], r["drafts"]) for r in rows}
+    for b in (1, 2):
+        assert ("host", "plain", DECODE, b, 0) in cases and ("host", "spec", GATED, b, 0) in cases
+        assert {("host", "spec", SPEC, b, k) for k in (2, spec.drafts_per_round)} <= cases
+        assert ("prefill", "spec", PREFILL, b, 2) in cases and ("prefill", "plain", PREFILL, b, 0) in cases
+    assert len(rows) == 2 * 2 * 4  # (prefill, host) x batches x cases
+    got = StepCosts.from_rows(costs().table, rows)
+    assert set(got.host) == {DECODE, GATED, SPEC} and set(got.prefill) == {"plain", "spec"}
+    assert not spec.has_unfinished() and not engines["plain"].has_unfinished()
+    assert (spec.levers.max_batch, spec.levers.max_drafts) == (0, 0)
+
+
+def test_a_calibration_that_cannot_hold_its_batch_fails_loudly_and_leaves_the_engines_idle(engines):
+    prompts = random_prompts(4, 5, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
+    with pytest.raises(RuntimeError, match="Prefill of 3 requests, not a prefill of 4"):  # 3 slots
+        calibrate(engines, costs().table, prompts, [4], [2], repeats=1, steps=1)
+    assert not engines["plain"].has_unfinished() and not engines["spec"].has_unfinished()
+
+
+def test_the_study_falls_back_to_the_table_when_calibration_fails(engines, tmp_path, caplog):
+    args = argparse.Namespace(calib_batches=[4], calib_repeats=1, calib_steps=1, prompt_len=3, out=tmp_path)
+    prompts = random_prompts(4, 3, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
+    table = costs().table
+    got = calibration_stage(engines, table, prompts, args, [parse_arm("spec")], engines["spec"].drafts_per_round)
+    assert "calibration failed" in caplog.text and not (tmp_path / "calibration.csv").exists()
+    assert got.host == {} and got.prefill_ms("spec", 4) == table.verify_ms(4, 3)
+    assert got.prefill_ms("plain", 10) == table.verify_ms(10, 3)
+
+
+def test_a_prediction_is_the_median_of_seeded_replays(caplog):
+    args, half = argparse.Namespace(new_tokens=9, seed=3), AcceptanceProfile("half", (0.5,) * 4)
+    got = predict(costs(), 4, parse_arm("spec"), half, args, 2, [], seeds=5)
+    runs = [simulate_closed_loop(costs(), 4, 8, 9, 4, half.conditional, seed=3 + i).tok_s for i in range(5)]
+    assert got == statistics.median(runs) and len(set(runs)) > 1
+    plain = predict(costs(), 4, parse_arm("plain"), half, args, 2, [])
+    assert plain == simulate_closed_loop(costs(), 4, 8, 9).tok_s
+    assert predict(costs(), 32, parse_arm("spec"), half, args, 1, []) is None  # past the calibration
+    assert "no prediction for spec at c=32" in caplog.text
