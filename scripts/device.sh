@@ -129,8 +129,8 @@ run_serve_load_4b() {
     --arms plain spec spec+trim=4 spec+gate=32 --repeats 2 --duration-s 2 --max-tokens 64 --warmup-requests 64
 }
 stage study 480 "the 4B-geometry lever study (known-continuation target, modelled drafter, cost model)"
-run_study() {  # STUDY_BUDGET: the study's own wall budget (keep it under the stage cap)
-  python3 -m engine.bench study --out "$LOG/study" --time-budget-s "${STUDY_BUDGET:-420}" --profile-budget-s 90 --rounds 3
+run_study() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
+  python3 -m engine.bench study --out "$LOG/study" --time-budget-s "${STUDY_BUDGET:-420}" --profile-budget-s 90 --rounds 3 ${STUDY_ARGS:-}
 }
 stage ablate 560 "drafter ablation: one target and pool, then VARIANTS (\"name:k=v,k=v ...\") side by side"
 run_ablate() {
