@@ -6,8 +6,11 @@ batch: E[committed | K] from a per-position acceptance estimate, the round's tim
 (engine/costs.py). `choose_span` is the pure decision; `SpanPolicy` keeps the online acceptance
 estimate (an EMA of conditional acceptance per draft position, seeded optimistic) and the
 hysteresis: K moves only after the best variant beat the current one by `margin` for `patience`
-consecutive rounds. A gated round observes nothing, so the estimate relaxes toward its seed there:
-the policy probes again rather than latching at 0.
+consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis damps acceptance
+noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive
+arm held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated
+round observes nothing, so the estimate relaxes toward its seed there: the policy probes again
+rather than latching at 0.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ class SpanPolicy:
         margin: float = 0.05,
         patience: int = 3,
         relax: float = 0.01,
+        jump: float = 0.25,
     ):
         if 1 not in table.spans() or not table.draft:
             raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
@@ -78,7 +82,7 @@ class SpanPolicy:
         if len(self.prior) != per_round or not all(0.0 <= a <= 1.0 for a in self.prior):
             raise ValueError(f"prior {self.prior}: expected {per_round} acceptance rates in [0, 1]")
         self.conditional = list(self.prior)
-        self.ema, self.margin, self.patience, self.relax = ema, margin, patience, relax
+        self.ema, self.margin, self.patience, self.relax, self.jump = ema, margin, patience, relax, jump
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
@@ -98,7 +102,7 @@ class SpanPolicy:
             self.k, self._streak = best, 0
         elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
             self._streak += 1
-            if self._streak >= self.patience:
+            if self._streak >= self.patience or values[best] > values[self.k] * (1.0 + self.jump):
                 self.k, self._streak = best, 0
         else:
             self._streak = 0

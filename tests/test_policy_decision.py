@@ -54,10 +54,20 @@ def test_max_drafts_caps_and_max_batch_forces_zero():
     assert policy.decide(8, max_drafts=2) == 2
     assert policy.decide(8, max_drafts=2, max_batch=8) == 0
     assert policy.k == 2  # the K in force waits for the batch to shrink under MAX_BATCH
-    assert policy.decide(64) == 2  # all drafts now allowed and better, but hysteresis holds it ...
-    for _ in range(policy.patience - 1):
-        policy.decide(64)
-    assert policy.k == PER_ROUND  # ... for `patience` rounds
+    assert policy.decide(64) == PER_ROUND  # the cap lifted: all drafts, 5x the value, taken at once
+
+
+def test_a_small_lead_waits_for_patience_a_large_one_is_taken_at_once():
+    # K = 15 at batch 1 (rows nearly free); at batch 256 a 16-row verify costs 8x a gated round.
+    t = table(lambda b, s: 8.0 + 0.06 * b * (s - 1), lambda b: 0.5 + 0.05 * b, SPANS, batches=(1, 64, 256))
+    policy = SpanPolicy(t, PER_ROUND, prior=[0.85] * PER_ROUND)
+    assert policy.decide(1) == PER_ROUND
+    _, values = choose_span(t, 256, policy.conditional, span_candidates(PER_ROUND, 0, t))
+    assert values[0] > values[PER_ROUND] * (1 + policy.jump)
+    assert policy.decide(256) == 0  # no three rounds of K = 15 at batch 256
+    slow = SpanPolicy(t, PER_ROUND, prior=[0.85] * PER_ROUND, jump=float("inf"))
+    slow.decide(1)
+    assert [slow.decide(256) for _ in range(slow.patience)] == [PER_ROUND] * (slow.patience - 1) + [0]
 
 
 def test_batches_outside_the_table_take_its_nearest_end():
