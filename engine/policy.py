@@ -9,8 +9,10 @@ hysteresis: K moves only after the best variant beat the current one by `margin`
 consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis damps acceptance
 noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive
 arm held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated
-round observes nothing, so the estimate relaxes toward its seed there: the policy probes again
-rather than latching at 0.
+round observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its
+seed there, so the policy probes again rather than latching at 0; where only the batch's cost says
+0, it stays: the batch draining brings speculation back, and an estimate drifted up by hundreds of
+gated rounds would buy 16-row probes at batch 256 (the same study's next run).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class SpanPolicy:
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
+        self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
@@ -93,10 +96,7 @@ class SpanPolicy:
         if max_batch and batch >= max_batch:
             self.chosen[0] += 1
             return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
-        times = self._times.get((batch, max_drafts))
-        if times is None:
-            candidates = span_candidates(self.per_round, max_drafts, self.table)
-            times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
+        times = self._round_times(batch, max_drafts)
         best, values = best_span(times, batch, self.conditional)
         if self.k not in values:
             self.k, self._streak = best, 0
@@ -106,8 +106,21 @@ class SpanPolicy:
                 self.k, self._streak = best, 0
         else:
             self._streak = 0
+        self._starved = self.k == 0 and self._starved_at_one(max_drafts)
         self.chosen[self.k] += 1
         return self.k
+
+    def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
+        times = self._times.get((batch, max_drafts))
+        if times is None:
+            candidates = span_candidates(self.per_round, max_drafts, self.table)
+            times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
+        return times
+
+    def _starved_at_one(self, max_drafts: int) -> bool:
+        """Even one request's round gains no `margin` over the gated round on this estimate."""
+        best, values = best_span(self._round_times(1, max_drafts), 1, self.conditional)
+        return values[best] <= values[0] * (1.0 + self.margin)
 
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
         """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
@@ -122,5 +135,6 @@ class SpanPolicy:
                 self.conditional[i] += self.ema * (hits[i] / t - self.conditional[i])
 
     def gated(self) -> None:
-        """A round of K = 0: no acceptance seen; the estimate relaxes toward the seed."""
-        self.conditional = [c + self.relax * (p - c) for c, p in zip(self.conditional, self.prior, strict=True)]
+        """A round of K = 0: no acceptance seen; a starved estimate relaxes toward the seed."""
+        if self._starved:
+            self.conditional = [c + self.relax * (p - c) for c, p in zip(self.conditional, self.prior, strict=True)]

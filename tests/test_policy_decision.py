@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
-from engine.costs import expected_committed
+from engine.costs import expected_committed, read_cost_table
 from engine.policy import SpanPolicy, choose_span, round_times, span_candidates
 from tests.policy_tables import table
 
@@ -130,3 +131,37 @@ def test_a_table_without_span_1_or_drafter_rows_is_refused():
         SpanPolicy(table(lambda b, s: 1.0, lambda b: 1.0, (2, 3)), 2)
     with pytest.raises(ValueError, match=r"prior"):
         SpanPolicy(free_rows(), 2, prior=[1.5, 0.5])
+
+
+H200_4B = Path(__file__).parent / "data" / "policy" / "h200-4b-profile.csv"  # the study's profile, 56bd84f
+
+
+def test_cost_gated_rounds_do_not_drift_the_estimate_into_costly_probes():
+    # The H200's 4B-geometry table: at batch 256 a 16-row round costs ~70 ms against ~8 ms gated.
+    policy = SpanPolicy(read_cost_table(H200_4B), PER_ROUND)
+    for _ in range(20):  # code-like acceptance seen at a small batch
+        k = policy.decide(8)
+        policy.observe([k] * 8, [13, 0, 5, 15, 2, 7, 1, 9])
+    code_like = list(policy.conditional)
+    ks = []
+    for _ in range(300):  # a long stretch at batch 256: the batch's cost says 0
+        ks.append(policy.decide(256))
+        if ks[-1] == 0:
+            policy.gated()
+    assert set(ks[3:]) == {0} and policy.conditional == code_like
+    assert policy.decide(8) > 0  # the batch drained: speculation comes back on the same estimate
+
+
+def test_a_starved_estimate_relaxes_and_probes_again():
+    policy = SpanPolicy(read_cost_table(H200_4B), PER_ROUND)
+    for _ in range(100):  # nothing accepted at all, until it says 0 even for one request
+        k = policy.decide(1)
+        if k == 0:
+            break
+        policy.observe([k], [0])
+    assert k == 0
+    rounds = 0
+    while policy.decide(1) == 0 and rounds < 1000:
+        policy.gated()
+        rounds += 1
+    assert 0 < rounds < 1000  # it probes again rather than latching at 0
