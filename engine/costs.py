@@ -75,12 +75,12 @@ class CostTable:
         points = {b: ms for (b, s), ms in self.verify.items() if s == span}
         if not points:
             raise ValueError(f"span {span} was not profiled (spans {self.spans()})")
-        return _interpolate(points, batch, f"verify span {span}")
+        return interpolate(points, batch, f"verify span {span}")
 
     def draft_ms(self, batch: int) -> float:
         if not self.draft:
             raise ValueError("no drafter rows in the cost table")
-        return _interpolate(self.draft, batch, "draft")
+        return interpolate(self.draft, batch, "draft")
 
     def host_ms(self, batch: int) -> float:
         return self.host_a + self.host_b * batch
@@ -88,7 +88,7 @@ class CostTable:
     def decode_ms(self, batch: int) -> float:
         """One plain engine step: a one-row span per request."""
         if self.plain:
-            return _interpolate(self.plain, batch, "plain") + self.host_ms(batch)
+            return interpolate(self.plain, batch, "plain") + self.host_ms(batch)
         return self.gated_ms(batch)
 
     def gated_ms(self, batch: int) -> float:
@@ -100,10 +100,11 @@ class CostTable:
         return self.draft_ms(batch) + self.verify_ms(batch, 1 + drafts) + self.host_ms(batch)
 
 
-def _interpolate(points: dict[int, float], x: int, what: str) -> float:
+def interpolate(points: dict[int, float], x: int, what: str, measured: str = "profiled") -> float:
+    """Linear between the measured batches; a batch outside them is an error, never a guess."""
     xs = sorted(points)
     if not xs[0] <= x <= xs[-1]:
-        raise ValueError(f"{what}: batch {x} outside the profiled range {xs[0]}..{xs[-1]}")
+        raise ValueError(f"{what}: batch {x} outside the {measured} range {xs[0]}..{xs[-1]}")
     i = bisect.bisect_left(xs, x)
     if xs[i] == x:
         return points[x]

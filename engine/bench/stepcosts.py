@@ -16,12 +16,11 @@ wall_ms - device_ms) or `prefill` (the wall of one prefill step admitting `batch
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.costs import CostTable
+from engine.costs import CostTable, interpolate
 from engine.scheduler import Plan
 
 HOST_PLANS = (Plan.DECODE.value, Plan.GATED.value, Plan.SPECULATIVE.value)
@@ -63,13 +62,13 @@ class StepCosts:
         """0 for an uncalibrated plan. It may be negative: where the step's graphs run faster than
         the table's proxy for them, the residual corrects the table."""
         points = self.host.get(plan)
-        return 0.0 if not points else _interpolate(points, batch, f"{plan} host")
+        return 0.0 if not points else interpolate(points, batch, f"{plan} host", "calibrated")
 
     def prefill_ms(self, engine: str, n: int) -> float:
         points = self.prefill.get(engine)
         if not points:
             raise ValueError(f"no prefill calibration for the {engine} engine")
-        return _interpolate(points, n, f"{engine} prefill")
+        return interpolate(points, n, f"{engine} prefill", "calibrated")
 
     def step_ms(self, plan: str, batch: int, rows: int, drafts: int = 0) -> float:
         """One decode-side step of `batch` requests whose graphs run at `rows` (the padded bucket)."""
@@ -86,14 +85,3 @@ class StepCosts:
 
 def _medians(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
     return {key: {b: statistics.median(v) for b, v in per.items()} for key, per in samples.items()}
-
-
-def _interpolate(points: dict[int, float], x: int, what: str) -> float:
-    xs = sorted(points)
-    if not xs[0] <= x <= xs[-1]:
-        raise ValueError(f"{what}: batch {x} outside the calibrated range {xs[0]}..{xs[-1]}")
-    i = bisect.bisect_left(xs, x)
-    if xs[i] == x:
-        return points[x]
-    x0, x1 = xs[i - 1], xs[i]
-    return points[x0] + (points[x1] - points[x0]) * (x - x0) / (x1 - x0)
