@@ -96,7 +96,7 @@ run_small_spread() {
   done
   python3 -m engine.bench spread --builds "${args[@]}" ${REPEAT:+"$PAIRS/small-s${seeds[0]}r"} --out "$LOG/spread"
 }
-stage determinism 150 "a shortened small recipe built twice on the last GPU: same seed, same weights? (manifests' sha256)"
+stage determinism 200 "a shortened small recipe built twice on the last GPU: same seed, same weights? (manifests' sha256)"
 run_determinism() {
   local short="target_steps=100 drafter_steps=100 greedy_sequences=4096" gpu
   gpu=$(($(nvidia-smi -L | wc -l) - 1))
