@@ -10,6 +10,11 @@ modelled drafter's rewrite, the sync, acceptance and bookkeeping, the outputs) i
 that overlaps the device inside a step is hidden in its wall and is rightly not counted: timing the
 host side alone (a profiler's CPU time) would count it and over-predict at large batches. A prefill
 step runs eagerly (no graph), so it is timed whole: its wall, add_request included, is the cost.
+
+The host term is the mean over a window of steps, not the median: every KV block's worth of tokens a
+step grows every request's block table (outside the PhaseTimer, inside `engine.step()`: ~10 ms at 256
+requests on CPU against ~1.5 ms between), and the sweep pays those steps at their frequency. The
+default window (16 steps) holds one block of a plain request's tokens; a median of 6 dropped them.
 """
 
 from __future__ import annotations
@@ -90,12 +95,12 @@ def calibrate(
     batches: Sequence[int],
     spec_drafts: Sequence[int],
     repeats: int = 2,
-    steps: int = 6,
+    steps: int = 16,
     warmup: int = 2,
 ) -> list[dict]:
     """Calibration rows (stepcosts.py) for the plain engine's decode and the speculative engine's
     gated round and rounds of each of spec_drafts drafts, at each batch: `repeats` timed prefills of
-    `batch` requests (after one untimed, for one-time costs), and the median host ms of `steps` steps."""
+    `batch` requests (after one untimed, for one-time costs), and the mean host ms of `steps` steps."""
     if not batches or min(batches) < 1 or max(batches) > len(prompts):
         raise ValueError(f"calibration batches {list(batches)} must be >= 1 and <= {len(prompts)} prompts")
     if repeats < 1 or steps < 1 or warmup < 0:
@@ -118,7 +123,7 @@ def calibrate(
                     rows.append(_row("prefill", name, Plan.PREFILL.value, b, drafts, prefill, None))
                     plan = walls[0][0]
                     device = device_costs.step_ms(plan, b, engine.runner.graphs.rows(b), drafts)
-                    rows.append(_row("host", name, plan, b, drafts, statistics.median(w for *_, w in walls), device))
+                    rows.append(_row("host", name, plan, b, drafts, statistics.fmean(w for *_, w in walls), device))
                 prefill_ms, host = rows[-2]["wall_ms"], rows[-1]
                 log.info(
                     "calibrated %s %s batch %d: prefill %.2f ms, step %.2f ms (host %.2f)",
@@ -154,7 +159,9 @@ def add_calibration_args(p: argparse.ArgumentParser) -> None:
         help="batches of the host/prefill calibration (default: every --concurrency; 1 and the largest are "
         "always added, the replay's batches lie between them)",
     )
-    p.add_argument("--calib-steps", type=int, default=6, help="timed steps per calibration point")
+    p.add_argument(
+        "--calib-steps", type=int, default=16, help="timed steps per calibration point (their mean: 16 = a KV block)"
+    )
     p.add_argument("--calib-repeats", type=int, default=2, help="timed prefills (and step runs) per point")
 
 
