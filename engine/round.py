@@ -103,7 +103,7 @@ class Rounds:
         cost_table: CostTable | None = None,
     ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
-        self.cost_table, self.policy = cost_table, None
+        self.cost_table, self._span_policy = cost_table, None
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
@@ -116,18 +116,24 @@ class Rounds:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
         self.hedger.configure(levers)
-        if levers.policy != "adaptive" or not self.per_round:
-            self.policy = None
-        elif self.policy is None:
-            self.policy = SpanPolicy(self.cost_table, self.per_round)
+        if levers.policy == "adaptive" and self.per_round and self._span_policy is None:
+            self._span_policy = SpanPolicy(self.cost_table, self.per_round)
+
+    @property
+    def policy(self) -> SpanPolicy | None:
+        """The adaptive policy while the levers ask for it. Its acceptance estimate outlives lever
+        changes: it describes the workload, and a policy restarted from its optimistic seed at batch 256
+        spent its first rounds at K=15 (the H200 study's adaptive arm, re-created at every arm switch)."""
+        return self._span_policy if self.levers.policy == "adaptive" and self.per_round else None
 
     def set_cost_table(self, table: CostTable) -> None:
         """The adaptive policy's cost table (refused, nothing changed, when the policy cannot use it); a
-        policy in force restarts from its prior on it."""
+        policy already made keeps its acceptance estimate on the new table."""
         policy = SpanPolicy(table, self.per_round) if self.per_round else None
         self.cost_table = table
-        if self.policy is not None:
-            self.policy = policy
+        if self._span_policy is not None and policy is not None:
+            policy.conditional = list(self._span_policy.conditional)
+            self._span_policy = policy
 
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""

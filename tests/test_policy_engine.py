@@ -127,3 +127,27 @@ def test_a_bad_cost_table_file_is_refused_naming_it(tmp_path, text, why):
     with pytest.raises(ValueError, match=why) as err:
         Engine(EngineConfig(model="/nonexistent", device="cpu", levers={"policy": "adaptive"}, cost_table=path))
     assert str(path) in str(err.value)
+
+
+def test_the_acceptance_estimate_outlives_lever_changes_and_a_new_table(tiny_target, tiny_drafter):
+    # A bench interleaves arms on one engine: a policy re-created at each switch back to adaptive would
+    # start from its optimistic seed every run (K=15 rounds at batch 256 on the H200).
+    engine = Engine(
+        EngineConfig(
+            model=str(tiny_target),
+            draft_model=str(tiny_drafter),
+            device="cpu",
+            levers={"policy": "adaptive"},
+            cost_table=loses_from_3(),
+        )
+    )
+    engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    policy = engine.rounds.policy
+    learned = list(policy.conditional)
+    assert learned != policy.prior  # the rounds taught it something
+    engine.set_levers(policy="static")
+    assert engine.rounds.policy is None
+    engine.set_levers(policy="adaptive")
+    assert engine.rounds.policy is policy and policy.conditional == learned
+    engine.set_cost_table(loses_from_3())
+    assert engine.rounds.policy is not policy and engine.rounds.policy.conditional == learned
