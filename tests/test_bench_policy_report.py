@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench.arms import parse_arm
 from engine.bench.policy_report import adaptive_markdown, adaptive_rows, best_single_static, span_counts
-from engine.bench.study_report import predict
 from engine.bench.summary import add_paired_ratios, summarize
 
 ADAPTIVE = "spec+policy=adaptive"
@@ -78,7 +76,3 @@ def test_the_k_histogram_and_the_markdown(swept):
     assert "`spec+policy=adaptive` against the static arms" in text
     assert "4: 94% · 15: 6%" in text and "Best single static setting over the range: `spec+gate=8`" in text
     assert adaptive_markdown(rows, summarize(rows, ARMS[:4])) == ""
-
-
-def test_the_cost_model_leaves_the_adaptive_arm_unpredicted():
-    assert predict(None, 1, parse_arm(ADAPTIVE), None, None, 1, ()) is None  # the model has no policy

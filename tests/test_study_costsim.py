@@ -22,6 +22,7 @@ from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_prof
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study_report import arm_drafts, predict
 from engine.bench.sweep import engine_for
+from engine.policy import SpanPolicy
 from engine.scheduler import Plan
 
 DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.SPECULATIVE, Plan.PREFILL))
@@ -162,3 +163,18 @@ def test_a_prediction_is_the_median_of_seeded_replays(caplog):
     assert plain == simulate_closed_loop(costs(), 4, 8, 9).tok_s
     assert predict(costs(), 32, parse_arm("spec"), half, args, 1, []) is None  # past the calibration
     assert "no prediction for spec at c=32" in caplog.text
+
+
+def test_the_adaptive_policy_gates_where_rounds_are_dear_and_speculates_in_the_drain():
+    # Drafter rows cost 100 ms from 8 requests up, 1 ms below: the policy's K is 0 at 16 requests.
+    verify = {(b, s): 2.0 + 0.01 * b * s for b in (1, 4, 8, 16) for s in range(1, 17)}
+    table = CostTable(verify, {1: 1.0, 4: 1.0, 8: 100.0, 16: 100.0})
+    c = StepCosts(table, {}, {"plain": {1: 1.0, 16: 1.0}, "spec": {1: 1.0, 16: 1.0}})
+    # 16 slots, 20 requests: the first 16 run gated together, the last 4 alone, where K > 0 pays.
+    got = simulate_closed_loop(c, 16, 20, 40, drafts=15, conditional=[0.9] * 15, policy=SpanPolicy(table, 15))
+    assert {n for plan, n in got.steps if plan == GATED} == {16}
+    spec = {n for plan, n in got.steps if plan == SPEC}
+    assert 4 in spec and max(spec) == 4  # the last four and their drain
+    arm = parse_arm("spec+policy=adaptive")
+    args = argparse.Namespace(new_tokens=40, seed=0)
+    assert predict(c, 16, arm, AcceptanceProfile("flat", (0.9,) * 15), args, 1, []) > 0

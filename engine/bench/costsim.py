@@ -11,11 +11,12 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from engine.bench.costmodel import committed_pmf
 from engine.bench.stepcosts import StepCosts
+from engine.policy import SpanPolicy
 from engine.scheduler import Plan
 
 
@@ -41,14 +42,16 @@ def simulate_closed_loop(
     buckets: Sequence[int] = (),
     seed: int = 0,
     draws: Iterator[int] | None = None,
+    policy: SpanPolicy | None = None,
 ) -> SimResult:
     """drafts None = plain decode on the plain engine; gate N gates rounds of >= N requests; buckets:
     a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
-    accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`)."""
+    accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`).
+    policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round) and
+    observes its outcome, as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
-    if draws is None and drafts is not None:
-        draws = _profile_draws(conditional, drafts, seed)
+    draw = _drawer(conditional, seed) if draws is None else lambda _k: next(draws)
     engine = "plain" if drafts is None else "spec"
     res = SimResult()
     waiting, running = requests, []
@@ -61,28 +64,42 @@ def simulate_closed_loop(
             res.tokens += n  # each admitted request's first token
             running += [new_tokens - 1] * n
         else:
-            n = len(running)
+            n, k = len(running), drafts or 0
             if drafts is None:
                 plan = Plan.DECODE.value
             else:
-                plan = Plan.GATED.value if gate and n >= gate else Plan.SPECULATIVE.value
+                if policy is not None:
+                    k = policy.decide(n, drafts, gate)
+                gated = (gate and n >= gate) or k == 0
+                plan = Plan.GATED.value if gated else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
-            res.ms += costs.step_ms(plan, n, _bucket(n, buckets), drafts or 0)
+            res.ms += costs.step_ms(plan, n, _bucket(n, buckets), k)
             if plan == Plan.SPECULATIVE.value:
-                commits = [1 + min(next(draws), drafts, left - 1) for left in running]
+                limits = [min(k, left - 1) for left in running]
+                accepted = [min(draw(k), limit) for limit in limits]
+                if policy is not None:
+                    policy.observe(limits, accepted)
+                commits = [1 + a for a in accepted]
             else:
                 commits = [1] * n
+                if policy is not None and drafts is not None:
+                    policy.gated()
             res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
         running = [left for left in running if left > 0]
     return res
 
 
-def _profile_draws(conditional: Sequence[float], drafts: int, seed: int) -> Iterator[int]:
-    rng = random.Random(seed)
-    cdf = list(itertools.accumulate(committed_pmf(conditional, drafts)))
-    while True:
-        yield min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
+def _drawer(conditional: Sequence[float], seed: int) -> Callable[[int], int]:
+    """Seeded accepted-draft counts for rounds of k drafts (one generator for every k)."""
+    rng, cdfs = random.Random(seed), {}
+
+    def draw(k: int) -> int:
+        if k not in cdfs:
+            cdfs[k] = list(itertools.accumulate(committed_pmf(conditional, k)))
+        return min(bisect.bisect_right(cdfs[k], rng.random()), len(cdfs[k]) - 1)
+
+    return draw
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:

@@ -20,6 +20,7 @@ from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown
 from engine.bench.summary import summarize
+from engine.policy import SpanPolicy
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
 PREDICT_SEEDS = 16  # replays per predicted cell
@@ -66,15 +67,19 @@ def predict(
 ) -> float | None:
     """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
     replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
-    the table or the calibration lacks a point (a profile cut short by its time budget) and for the
-    adaptive arm (the model has no policy)."""
-    if arm.adaptive:
-        return None
+    the table or the calibration lacks a point (a profile cut short by its time budget). The adaptive
+    arm's replays each run a fresh policy on the table (the engine's carries its state across runs)."""
     drafts = arm_drafts(arm, len(profile.conditional))
+
+    def policy() -> SpanPolicy | None:
+        return SpanPolicy(costs.table, len(profile.conditional)) if arm.adaptive else None
+
     try:
         return statistics.median(
             simulate_closed_loop(
-                costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets, seed=args.seed + i
+                *(costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets),
+                seed=args.seed + i,
+                policy=policy(),
             ).tok_s
             for i in range(1 if drafts is None else seeds)  # plain replays draw nothing
         )
