@@ -6,6 +6,7 @@ import pytest
 
 from engine.bench.policy_report import adaptive_markdown, adaptive_rows, best_single_static, span_counts
 from engine.bench.summary import add_paired_ratios, summarize
+from tests.sweep_rows import sweep_row
 
 ADAPTIVE = "spec+policy=adaptive"
 ARMS = ["plain", "spec", "spec+trim=4", "spec+gate=8", ADAPTIVE, "plain#2", "spec#2"]
@@ -17,30 +18,11 @@ TOK = {
 }
 
 
-def row(c: int, rnd: int, arm: str, tok_s: float, choices: str = "") -> dict:
-    return {
-        "concurrency": c,
-        "round": rnd,
-        "arm": arm,
-        "tok_s": tok_s,
-        "request_rounds": 10,
-        "gated_rounds": 0,
-        "committed_tokens": 30,
-        "accept_hist": "",
-        "span_choices": choices,
-        "draft_ms": 1.0,
-        "target_ms": 1.0,
-        "other_ms": 1.0,
-        "steps_ms": 3.0,
-        "peak_mem_gib": None,
-    }
-
-
 @pytest.fixture
 def swept():
     choices = {1: "15:40", 8: "4:30 15:2", 16: "0:20 2:12"}
     rows = [
-        row(c, rnd, arm, tok * slow, choices[c] if arm == ADAPTIVE else "")
+        sweep_row(c, rnd, arm, tok * slow, choices[c] if arm == ADAPTIVE else "")
         for c, arms in TOK.items()
         for rnd, slow in ((1, 1.0), (2, 0.5))
         for arm, tok in arms.items()

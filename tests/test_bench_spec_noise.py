@@ -6,23 +6,7 @@ import pytest
 
 from engine.bench.arms import parse_arms
 from engine.bench.summary import add_paired_ratios, noise_floors, summarize
-
-
-def _row(rnd: int, arm: str, tok_s: float) -> dict:
-    return {
-        "concurrency": 4,
-        "round": rnd,
-        "arm": arm,
-        "tok_s": tok_s,
-        "request_rounds": 10,
-        "gated_rounds": 0,
-        "committed_tokens": 30,
-        "accept_hist": "",
-        "draft_ms": 1.0,
-        "target_ms": 1.0,
-        "other_ms": 1.0,
-        "steps_ms": 3.0,
-    }
+from tests.sweep_rows import sweep_row
 
 
 def test_spec_noise_arm_is_added_with_spec():
@@ -38,8 +22,8 @@ def test_speculative_verdicts_use_the_larger_of_both_floors():
     table = {1: (100, 102, 150, 195, 120), 2: (100, 99, 160, 160, 125)}
     rows = []
     for rnd, (plain, plain2, spec, spec2, trim) in table.items():
-        rows += [_row(rnd, "plain", plain), _row(rnd, "plain#2", plain2), _row(rnd, "spec", spec)]
-        rows += [_row(rnd, "spec#2", spec2), _row(rnd, "spec+trim=4", trim)]
+        arms = {"plain": plain, "plain#2": plain2, "spec": spec, "spec#2": spec2, "spec+trim=4": trim}
+        rows += [sweep_row(4, rnd, arm, tok_s) for arm, tok_s in arms.items()]
     add_paired_ratios(rows)
     assert noise_floors(rows)[4] == pytest.approx(0.02)
     assert noise_floors(rows, "spec#2", "spec")[4] == pytest.approx(0.3)
