@@ -151,7 +151,8 @@ class Engine:
         self.levers, self.scheduler.max_batch = levers, levers.max_batch
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table (e.g. one a benchmark measured); the policy restarts on it."""
+        """The adaptive policy's cost table (e.g. one a benchmark measured); the policy keeps its
+        acceptance estimate on it."""
         self.rounds.set_cost_table(table)
 
     def has_unfinished(self) -> bool:

@@ -124,7 +124,7 @@ class Rounds:
         """The adaptive policy while the levers ask for it. Its acceptance estimate outlives lever
         changes: it describes the workload, and a policy restarted from its optimistic seed at batch 256
         spent its first rounds at K=15 (the H200 study's adaptive arm, re-created at every arm switch)."""
-        return self._span_policy if self.levers.policy == "adaptive" and self.per_round else None
+        return self._span_policy if self.levers.policy == "adaptive" else None
 
     def set_cost_table(self, table: CostTable) -> None:
         """The adaptive policy's cost table (refused, nothing changed, when the policy cannot use it); a

@@ -11,7 +11,7 @@ lines of older logs lack `draft_ctx=` and `span_limit=`: those read as None.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 ROUND_MARKER = re.compile(r"\bDFlash round\b")
@@ -161,34 +161,26 @@ def hedge_trace_rows(lines: Iterable[str]) -> list[HedgeRow]:
     return rows
 
 
-def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
-    """One LosslessLine per `[lossless]` line printed by a lossless child test."""
+def _marked(lines: Iterable[str], marker: str, names: Sequence[str], counts: tuple[str, ...]) -> Iterator[dict]:
+    """The fields of each line carrying `marker`: the named text fields (each required) and the counts."""
     _check_lines(lines)
-    out = []
     for lineno, line in enumerate(lines, 1):
-        at = line.find(LOSSLESS_MARKER)
+        at = line.find(marker)
         if at < 0:
             continue
-        text = line[at + len(LOSSLESS_MARKER) :]
-        test = _value(text, "test")
-        if not test:
-            raise TraceError(f"line {lineno}: lacks field test=: {line.rstrip()!r}")
-        out.append(LosslessLine(test=test, **_counts(text, LOSSLESS_COUNTS, lineno, line)))
-    return out
+        text = line[at + len(marker) :]
+        fields = {name: _value(text, name) for name in names}
+        for name, value in fields.items():
+            if not value:
+                raise TraceError(f"line {lineno}: lacks field {name}=: {line.rstrip()!r}")
+        yield {**fields, **_counts(text, counts, lineno, line)}
+
+
+def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
+    """One LosslessLine per `[lossless]` line printed by a lossless child test."""
+    return [LosslessLine(**f) for f in _marked(lines, LOSSLESS_MARKER, ("test",), LOSSLESS_COUNTS)]
 
 
 def known_lines(lines: Iterable[str]) -> list[KnownLine]:
     """One KnownLine per `[known]` line printed by the known-continuation child."""
-    _check_lines(lines)
-    out = []
-    for lineno, line in enumerate(lines, 1):
-        at = line.find(KNOWN_MARKER)
-        if at < 0:
-            continue
-        text = line[at + len(KNOWN_MARKER) :]
-        names = {name: _value(text, name) for name in ("geometry", "profile")}
-        for name, value in names.items():
-            if not value:
-                raise TraceError(f"line {lineno}: lacks field {name}=: {line.rstrip()!r}")
-        out.append(KnownLine(**names, **_counts(text, KNOWN_COUNTS, lineno, line)))
-    return out
+    return [KnownLine(**f) for f in _marked(lines, KNOWN_MARKER, ("geometry", "profile"), KNOWN_COUNTS)]
