@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Device runs by named stage: `bash scripts/device.sh STAGE[:SECONDS][+STAGE...] ...`.
-# Stages run in the order given; `a+b` runs a and b side by side (e.g. a build beside the GPU tests).
+# Stages run in the order given; `a+b` runs a and b side by side (e.g. a build beside the GPU tests),
+# `a,b` runs b after a inside one side-by-side lane, and `NAME@G` pins a stage to GPU G and its share of
+# the host's cores (so two lanes on a two-GPU machine neither share a GPU nor contend for cores).
 # Each stage is capped (its default below, or :SECONDS), logs to $OUT/logs/STAGE.log, and its exit code
 # and seconds go to $OUT/logs/stages.txt; a failed stage never stops the next. `list` prints the stages.
 # Nothing here writes into the tree: pairs are built under $PAIRS (default /tmp), results under $OUT.
 #   bash scripts/device.sh gpu-tests+small-build sweep-small steps
+#   bash scripts/device.sh study@0,suite@0+small-build@1,sweep-adaptive@1
 #   PAIR=engine/fixture/data/tiny bash scripts/device.sh steps
 # Adding a stage: one `stage NAME SECONDS "what it does"` line and a `run_NAME` function (- as _).
 set -uo pipefail
@@ -75,6 +78,13 @@ run_sweep() {
     --prompts "$PAIR/prompts.jsonl" --out "$LOG/sweep" --concurrency 1 4 8 16 32 64 \
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
+}
+stage sweep-adaptive 200 "the adaptive span against the static levers on \$PAIR: c=1..256, both noise arms"
+run_sweep_adaptive() {
+  needs_pair && python3 -m engine.bench sweep --target "$PAIR/target" --drafter "$PAIR/drafter" \
+    --prompts "$PAIR/prompts.jsonl" --out "$LOG/sweep-adaptive" --concurrency 1 4 16 64 256 \
+    --arms plain spec spec+trim=4 spec+gate=16 spec+policy=adaptive --noise-arm --spec-noise-arm \
+    --rounds 4 --new-tokens 128 --time-budget-s 180 --no-progress
 }
 stage small-spread 560 "the small recipe for SEEDS (default 0 1 2; REPEAT=1 adds the first seed again), builds spread over the GPUs; c=1 plain vs spec on each seed's pair; logs/spread"
 run_small_spread() {
@@ -147,8 +157,9 @@ run_ablate() {
   echo "ablate: $((SECONDS - t0))s"
 }
 
-run_stage() {  # NAME[:SECONDS]: capped, logged, recorded; never aborts the caller
-  local name=${1%%:*} secs=${1#*:} t0=$SECONDS rc
+run_stage() {  # NAME[@GPU][:SECONDS]: capped, logged, recorded; never aborts the caller
+  local spec=${1%%:*} secs=${1#*:} t0=$SECONDS rc pin=()
+  local name=${spec%%@*} gpu=${spec#*@}
   [ "$secs" = "$1" ] && secs=${CAP[$name]:-}
   if [ -z "${HELP[$name]:-}" ]; then
     echo "$name unknown stage (bash scripts/device.sh list)" | tee -a "$LOG/stages.txt"
@@ -158,9 +169,17 @@ run_stage() {  # NAME[:SECONDS]: capped, logged, recorded; never aborts the call
     echo "$name bad cap '$secs' (whole seconds)" | tee -a "$LOG/stages.txt"
     return 2
   fi
-  timeout "$secs" bash -c "$(declare -f); run_${name//-/_}" >"$LOG/$name.log" 2>&1
+  if [ "$gpu" != "$spec" ]; then
+    local gpus cores share
+    gpus=$(nvidia-smi -L | wc -l) cores=$(nproc)
+    share=$((cores / gpus))
+    [[ $gpu =~ ^[0-9]+$ ]] && [ "$gpu" -lt "$gpus" ] ||
+      { echo "$name bad GPU '$gpu' ($gpus here)" | tee -a "$LOG/stages.txt"; return 2; }
+    pin=(env CUDA_VISIBLE_DEVICES="$gpu" taskset -c "$((gpu * share))-$((gpu * share + share - 1))")
+  fi
+  timeout "$secs" "${pin[@]}" bash -c "$(declare -f); run_${name//-/_}" >"$LOG/$name.log" 2>&1
   rc=$?
-  echo "$name rc=$rc $((SECONDS - t0))s (cap ${secs}s)" | tee -a "$LOG/stages.txt"
+  echo "$name${pin:+@$gpu} rc=$rc $((SECONDS - t0))s (cap ${secs}s)" | tee -a "$LOG/stages.txt"
   return $rc
 }
 
@@ -172,11 +191,14 @@ mkdir -p "$LOG"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; date -u; echo "commit ${PEGASPEC_COMMIT:-?}"; } \
   >>"$LOG/env.txt" 2>&1
 for group in "$@"; do
-  for part in ${group//+/ }; do run_stage "$part" & done
+  for lane in ${group//+/ }; do (for part in ${lane//,/ }; do run_stage "$part"; done) & done
   wait
 done
 tar czf "$OUT/logs.tgz" -C "$OUT" logs
 cat "$LOG/stages.txt"
 for group in "$@"; do
-  for part in ${group//+/ }; do echo "== ${part%%:*}"; tail -n 4 "$LOG/${part%%:*}.log" 2>/dev/null; done
+  for part in ${group//[+,]/ }; do
+    part=${part%%:*} && part=${part%%@*}
+    echo "== $part" && tail -n 4 "$LOG/$part.log" 2>/dev/null
+  done
 done
