@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import torch
@@ -200,6 +201,7 @@ class Engine:
         """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
         A RequestFailure finishes exactly its requests as `error` (the others run the step again); any
         other exception finishes every running request (docs/architecture.md, Failures)."""
+        start = time.perf_counter()
         step = self.scheduler.schedule()
         if step is None:
             if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
@@ -218,6 +220,9 @@ class Engine:
         except Exception as err:
             log.exception("%s step of %d request(s) failed", step.plan.value, len(step.reqs))
             return self._fail_running(f"{step.plan.value} step failed: {type(err).__name__}: {err}")
+        else:
+            if step.plan is not Plan.PREFILL:
+                self.rounds.step_wall(len(step.reqs), 1e3 * (time.perf_counter() - start))
         for r in step.reqs:
             if r.finished:
                 self.scheduler.release(r)

@@ -3,10 +3,12 @@
 K is taken from the span variants {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated
 one-token round that keeps the capture) to maximise expected committed tokens per millisecond of the
 batch: E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
-(engine/costs.py). `choose_span` is the pure decision; `SpanPolicy` keeps the online acceptance
-estimate (an EMA of conditional acceptance per draft position, seeded optimistic) and the
-hysteresis: K moves only after the best variant beat the current one by `margin` for `patience`
-consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis damps acceptance
+(engine/costs.py) plus the host time the table cannot see. `choose_span` is the pure decision;
+`SpanPolicy` keeps the online acceptance estimate (an EMA of conditional acceptance per draft
+position, seeded optimistic), the online host term (`HostTerm`: each round's measured wall minus the
+table's device time, per kind of round and batch) and the hysteresis: K moves only after the best
+variant beat the current one by `margin` for `patience` consecutive rounds, or at once when it is
+ahead by more than `jump`. The hysteresis damps acceptance
 noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive
 arm held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated
 round observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its
@@ -65,6 +67,47 @@ def resolve_table(source: str | Path | CostTable | None) -> CostTable | None:
     return read_cost_table(source)
 
 
+def _bucket(batch: int) -> int:
+    return 1 << max(batch - 1, 0).bit_length()
+
+
+class HostTerm:
+    """The ms a round costs beyond the table's device time, per kind (gated or speculative) and batch
+    bucket (the power of two at or above the batch): an EMA of each round's measured wall minus the
+    table's time for it. On a small model the speculative round's host work (settling, the scheduler,
+    the trace) outweighs its device time, so a table of graph replays alone speculates at a loss (the
+    small pair at c=16 and 64 on the H200). The first round of a (K, bucket) may capture its graph, so
+    it is not taken; later outliers (a GC pause) are clipped to the estimate plus the device time. A
+    bucket never seen takes the nearest seen one scaled by batch (host work is mostly per request): a
+    little optimistic below it, where probing is cheap, and pessimistic above it, where it is dear."""
+
+    def __init__(self, rate: float = 0.25):
+        self.rate = rate
+        self.ms: dict[tuple[bool, int], float] = {}  # (speculative, bucket) -> host ms
+        self._seen: set[tuple[int, int]] = set()  # (K, bucket) rounds whose first wall was skipped
+
+    def add(self, batch: int, k: int, wall_ms: float, device_ms: float) -> None:
+        bucket = _bucket(batch)
+        if (k, bucket) not in self._seen:
+            self._seen.add((k, bucket))
+            return
+        key = (k > 0, bucket)
+        old = self.ms.get(key)
+        residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
+        if old is None:
+            self.ms[key] = min(residual, device_ms)
+        else:
+            self.ms[key] = old + self.rate * (min(residual, old + device_ms) - old)
+
+    def predict(self, batch: int, speculative: bool) -> float:
+        bucket = _bucket(batch)
+        seen = [b for s, b in self.ms if s == speculative]
+        if not seen:
+            return 0.0
+        near = min(seen, key=lambda b: (abs(b - bucket), b))
+        return self.ms[speculative, near] * bucket / near
+
+
 class SpanPolicy:
     def __init__(
         self,
@@ -90,6 +133,7 @@ class SpanPolicy:
         self._streak = 0
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
+        self.host = HostTerm()
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
         """K for the next round of `batch` requests."""
@@ -111,11 +155,18 @@ class SpanPolicy:
         return self.k
 
     def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
+        """The table's ms per candidate K plus the host term measured so far."""
         times = self._times.get((batch, max_drafts))
         if times is None:
             candidates = span_candidates(self.per_round, max_drafts, self.table)
             times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
-        return times
+        gated, spec = self.host.predict(batch, False), self.host.predict(batch, True)
+        return {k: ms + (spec if k else gated) for k, ms in times.items()}
+
+    def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
+        """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
+        device = round_times(self.table, batch, [k])[k]
+        self.host.add(batch, k, wall_ms, device)
 
     def _starved_at_one(self, max_drafts: int) -> bool:
         """Even one request's round gains no `margin` over the gated round on this estimate."""

@@ -107,6 +107,7 @@ class Rounds:
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
+        self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
@@ -135,6 +136,13 @@ class Rounds:
             policy.conditional = list(self._span_policy.conditional)
             self._span_policy = policy
 
+    def step_wall(self, batch: int, ms: float) -> None:
+        """The engine's wall for the step that ran the last round: the policy's host term learns
+        from it (nothing to learn for a plain step or a prefill)."""
+        k, self._policy_k = self._policy_k, None
+        if k is not None and self.policy:
+            self.policy.observe_wall(batch, k, ms)
+
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""
         self.hedger.pause()
@@ -154,6 +162,7 @@ class Rounds:
         record_logprobs(reqs, res.logits, 1, committed)
         if not gated:
             self.hedger.pause()
+            self._policy_k = None
             return
         s = self.stats
         s.rounds += len(reqs)
@@ -165,6 +174,7 @@ class Rounds:
         self.hedger.gated()
         if self.policy:
             self.policy.gated()
+            self._policy_k = 0
 
     # -- the speculative round -------------------------------------------------------------------------
     def speculate(self, reqs: list[Request]) -> None:
@@ -197,6 +207,7 @@ class Rounds:
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
         if self.policy:
             self.policy.observe(limits, [o.accepted_draft for o in outcomes])
+            self._policy_k = k
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
         if self.trace:  # a request's hedge line follows its round line

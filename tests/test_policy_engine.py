@@ -71,6 +71,21 @@ def test_gated_under_load_then_resumes_and_stays_lossless(tiny_target, tiny_draf
     assert all(r.verified_draft <= r.span_limit for r in rows)
 
 
+def test_every_round_reports_its_wall_and_no_prefill_does(tiny_target, tiny_drafter, plain, capsys, one_thread):
+    engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    policy, walls = engine.rounds.policy, []
+
+    def observe_wall(batch, k, ms):
+        walls.append((batch, k, ms))
+        learn(batch, k, ms)
+
+    learn, policy.observe_wall = policy.observe_wall, observe_wall
+    _, rows = run(engine, capsys)
+    assert sum(b for b, _, _ in walls) == len(rows)  # one wall per round, one trace line per request in it
+    assert {k for _, k, _ in walls} == {0, engine.drafts_per_round} and all(ms > 0 for *_, ms in walls)
+    assert policy.host._seen  # the host term took them
+
+
 def test_cheap_drafter_speculates_every_round_with_all_drafts(tiny_target, tiny_drafter, plain, capsys, one_thread):
     engine = oracle_engine(tiny_target, tiny_drafter, plain, table(lambda b, s: 10.0, lambda b: 1.0, SPANS))
     outs, rows = run(engine, capsys)

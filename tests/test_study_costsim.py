@@ -178,3 +178,20 @@ def test_the_adaptive_policy_gates_where_rounds_are_dear_and_speculates_in_the_d
     arm = parse_arm("spec+policy=adaptive")
     args = argparse.Namespace(new_tokens=40, seed=0)
     assert predict(c, 16, arm, AcceptanceProfile("flat", (0.9,) * 15), args, 1, []) > 0
+
+
+def test_the_replayed_policy_learns_the_calibrated_host_term():
+    # On the device alone K > 0 pays at 16 requests; the calibration says a speculative step there costs
+    # 40 ms more on the host. The replay feeds each step's time to the policy, as the engine does.
+    verify = {(b, s): 2.0 + 0.001 * b * s for b in (1, 16) for s in range(1, 17)}
+    table = CostTable(verify, {1: 0.5, 16: 0.5})
+    host = {SPEC: {1: 40.0, 16: 40.0}, GATED: {1: 0.1, 16: 0.1}}
+    runs = {
+        name: simulate_closed_loop(
+            StepCosts(table, h, costs().prefill), 16, 16, 160, 15, [0.6] * 15, policy=SpanPolicy(table, 15)
+        )
+        for name, h in (("dear", host), ("cheap", {}))
+    }
+    assert all(plan != GATED for plan, _ in runs["cheap"].steps)
+    dear = [plan for plan, _ in runs["dear"].steps if plan != PREFILL]
+    assert dear[0] == SPEC and GATED in dear[:12] and dear[12:].count(GATED) > 0.8 * len(dear[12:])

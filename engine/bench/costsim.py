@@ -48,7 +48,7 @@ def simulate_closed_loop(
     a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
     accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`).
     policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round) and
-    observes its outcome, as the engine's does."""
+    observes its outcome and its step's time (host term included), as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _drawer(conditional, seed) if draws is None else lambda _k: next(draws)
@@ -73,7 +73,10 @@ def simulate_closed_loop(
                 gated = (gate and n >= gate) or k == 0
                 plan = Plan.GATED.value if gated else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
-            res.ms += costs.step_ms(plan, n, _bucket(n, buckets), k)
+            ms = costs.step_ms(plan, n, _bucket(n, buckets), k)
+            res.ms += ms
+            if policy is not None and drafts is not None:
+                policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
             if plan == Plan.SPECULATIVE.value:
                 limits = [min(k, left - 1) for left in running]
                 accepted = [min(draw(k), limit) for limit in limits]
