@@ -129,9 +129,10 @@ def _hedge_gated_problems(
 
 def _resume_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary) -> list[str]:
     # A request that finishes while still gated never gets the chance to resume (under a 4 -> 3
-    # shrink the shortest budget always does), so the per-request rule applies to every gated
-    # request that speculates again; and at least one gated request must resume and accept,
-    # which a gate that latches to plain decode can never show.
+    # shrink the shortest budget always does), nor does one whose later rounds verify no draft (one
+    # token left: its draft limit is 0; the H200's adaptive known case), so the per-request rule applies
+    # to every gated request that verifies drafts again; and at least one gated request must resume
+    # and accept, which a gate that latches to plain decode can never show.
     problems = []
     if s.gated_rounds == 0:
         problems.append(f"no gated round: the batch never exceeded {case.env_label}")
@@ -143,10 +144,12 @@ def _resume_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary)
             f"no gated request ({_requests(list(after))}) later speculated and accepted a draft: the gate latches"
         )
     stalled = [
-        req for req, later in after.items() if any(not r.gated for r in later) and not resumed_and_accepted(later)
+        req
+        for req, later in after.items()
+        if any(not r.gated and r.verified_draft > 0 for r in later) and not resumed_and_accepted(later)
     ]
     if stalled:
         problems.append(
-            f"{_requests(stalled)} speculated again after being gated but never verified and accepted a draft"
+            f"{_requests(stalled)} verified drafts again after being gated but never accepted one"
         )
     return problems

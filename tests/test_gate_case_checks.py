@@ -104,13 +104,19 @@ def test_resume_whose_later_rounds_verify_but_accept_nothing_fails():
     lines = gated_phase(range(4), 3) + [rnd(r, 0, 7, 0) for _ in range(5) for r in (0, 2, 3)]
     found = problems("concurrent-MAX_BATCH=3", lines)
     assert any("latches" in p for p in found)
-    assert any("req-0, req-2, req-3 speculated again" in p for p in found)
+    assert any("req-0, req-2, req-3 verified drafts again" in p for p in found)
 
 
 def test_one_resumed_request_does_not_excuse_another_that_accepts_nothing():
     lines = gated_phase(range(4), 3) + [rnd(0, 0, 7, 4), rnd(2, 0, 7, 0), rnd(0, 0, 7, 2), rnd(2, 0, 7, 0)]
     found = problems("concurrent-MAX_BATCH=3", lines)
-    assert found == ["req-2 speculated again after being gated but never verified and accepted a draft"]
+    assert found == ["req-2 verified drafts again after being gated but never accepted one"]
+
+
+def test_a_resume_with_no_draft_left_to_verify_is_no_chance_to_accept():
+    # req-1's budget ends one token after the gate lifts: its one speculative round verifies nothing.
+    lines = gated_phase(range(4), 3) + [rnd(0, 0, 7, 4), rnd(1, 0, 0, 0), rnd(0, 0, 7, 2)]
+    assert problems("concurrent-MAX_BATCH=3", lines) == []
 
 
 # ---- the cases and the child command ----
