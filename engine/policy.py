@@ -77,7 +77,9 @@ class HostTerm:
     table's time for it. On a small model the speculative round's host work (settling, the scheduler,
     the trace) outweighs its device time, so a table of graph replays alone speculates at a loss (the
     small pair at c=16 and 64 on the H200). The first round of a (K, bucket) may capture its graph, so
-    it is not taken; later outliers (a GC pause) are clipped to the estimate plus the device time. A
+    it is not taken; the next starts the term at most at the device time, and later walls are clipped
+    to three times the term plus the device time (a GC pause moves it a little; a host-bound round
+    that dwarfs its device time is learnt in a few rounds: the term grows 1.5x a round at most). A
     bucket never seen takes the nearest seen one scaled by batch (host work is mostly per request): a
     little optimistic below it, where probing is cheap, and pessimistic above it, where it is dear."""
 
@@ -97,7 +99,14 @@ class HostTerm:
         if old is None:
             self.ms[key] = min(residual, device_ms)
         else:
-            self.ms[key] = old + self.rate * (min(residual, old + device_ms) - old)
+            self.ms[key] = old + self.rate * (min(residual, 3.0 * old + device_ms) - old)
+
+    def relax(self, batch: int, rate: float) -> None:
+        """A policy-gated round: the speculative term at this bucket moves toward the gated one, so a
+        term that an outlier inflated is probed again rather than latching the policy at 0."""
+        spec, gated = self.ms.get((True, _bucket(batch))), self.ms.get((False, _bucket(batch)))
+        if spec is not None and gated is not None and spec > gated:
+            self.ms[True, _bucket(batch)] = spec - rate * (spec - gated)
 
     def predict(self, batch: int, speculative: bool) -> float:
         bucket = _bucket(batch)
@@ -119,6 +128,7 @@ class SpanPolicy:
         patience: int = 3,
         relax: float = 0.01,
         jump: float = 0.25,
+        host_relax: float = 0.002,
     ):
         if 1 not in table.spans() or not table.draft:
             raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
@@ -128,6 +138,7 @@ class SpanPolicy:
             raise ValueError(f"prior {self.prior}: expected {per_round} acceptance rates in [0, 1]")
         self.conditional = list(self.prior)
         self.ema, self.margin, self.patience, self.relax, self.jump = ema, margin, patience, relax, jump
+        self.host_relax = host_relax  # slow: each probe of a host-bound batch costs a few dear rounds
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
@@ -151,6 +162,8 @@ class SpanPolicy:
         else:
             self._streak = 0
         self._starved = self.k == 0 and self._starved_at_one(max_drafts)
+        if self.k == 0:
+            self.host.relax(batch, self.host_relax)
         self.chosen[self.k] += 1
         return self.k
 

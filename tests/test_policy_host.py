@@ -16,14 +16,27 @@ def test_the_first_wall_is_skipped_outliers_are_clipped_and_unseen_buckets_scale
     assert h.predict(16, True) == 0.0
     h.add(16, 4, 3.0, 2.0)
     assert h.predict(16, True) == 1.0
-    h.add(16, 4, 300.0, 2.0)  # a pause: clipped to the estimate plus the device time
-    assert h.predict(16, True) == 2.0
+    h.add(16, 4, 300.0, 2.0)  # a pause: clipped to three times the term plus the device time
+    assert h.predict(16, True) == 3.0
     h.add(9, 2, 9.0, 2.0)  # first of (K=2, bucket 16)
     h.add(9, 2, 1.0, 2.0)  # a wall under the table's time: no host work seen
-    assert h.predict(16, True) == 1.0
-    assert h.predict(64, True) == 4.0  # the nearest seen bucket, scaled: host work is per request
-    assert h.predict(3, True) == 0.25
+    assert h.predict(16, True) == 1.5
+    assert h.predict(64, True) == 6.0  # the nearest seen bucket, scaled: host work is per request
+    assert h.predict(3, True) == 0.375
     assert h.predict(16, False) == 0.0  # gated rounds: nothing seen yet
+    h.relax(16, 0.5)  # no gated term to relax toward
+    assert h.predict(16, True) == 1.5
+    h.add(16, 0, 1.0, 0.5)
+    h.add(16, 0, 1.0, 0.5)
+    h.relax(16, 0.5)
+    assert h.predict(16, False) == 0.5 and h.predict(16, True) == 1.0
+
+
+def test_a_host_bound_round_is_learnt_in_a_few_rounds():
+    h = HostTerm()
+    for _ in range(10):
+        h.add(64, 15, 30.0, 0.5)  # 29.5 ms of host work against 0.5 ms on the device
+    assert h.predict(64, True) > 10.0  # 1.5x a round from the device time's 0.5 ms
 
 
 def test_host_time_the_table_misses_turns_speculation_off():
