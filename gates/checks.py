@@ -149,7 +149,5 @@ def _resume_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary)
         if any(not r.gated and r.verified_draft > 0 for r in later) and not resumed_and_accepted(later)
     ]
     if stalled:
-        problems.append(
-            f"{_requests(stalled)} verified drafts again after being gated but never accepted one"
-        )
+        problems.append(f"{_requests(stalled)} verified drafts again after being gated but never accepted one")
     return problems
