@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.costs import expected_committed, read_cost_table
-from engine.policy import SpanPolicy, choose_span, round_times, span_candidates
+from engine.policy import SPEC_DISCOUNT, SpanPolicy, choose_span, round_times, span_candidates
 from tests.policy_tables import table
 
 PER_ROUND = 15
@@ -33,7 +33,17 @@ def test_candidates_are_the_variants_the_table_measured_up_to_the_cap():
 def test_all_drafts_when_rows_are_free_and_acceptance_high():
     k, values = choose_span(free_rows(), 16, [0.9] * PER_ROUND, span_candidates(PER_ROUND, 0, free_rows()))
     assert k == PER_ROUND
-    assert values[PER_ROUND] == pytest.approx(16 * expected_committed([0.9] * PER_ROUND, PER_ROUND) / 11.0)
+    expected = 16 * expected_committed([0.9] * PER_ROUND, PER_ROUND) / 11.0
+    assert values[PER_ROUND] == pytest.approx(expected / (1 + SPEC_DISCOUNT))
+    assert values[0] == pytest.approx(16 / 10.0)
+
+
+def test_near_break_even_the_gated_round_wins():
+    # K = 2 expects 2.44 tokens in 2.36x a gated round's time: 3.4 % ahead, inside the discount.
+    t = table(lambda b, s: 10.0 + 2.0 * (s - 1), lambda b: 9.6, SPANS)
+    k, values = choose_span(t, 16, [0.8] * PER_ROUND, [0, 2])
+    assert expected_committed([0.8] * PER_ROUND, 2) / 23.6 == pytest.approx(1.034 / 10.0, rel=1e-3)
+    assert k == 0 and values[0] > values[2]
 
 
 def test_zero_when_the_drafter_costs_more_than_it_saves():
