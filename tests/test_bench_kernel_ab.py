@@ -62,7 +62,10 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
     assert not any(label.startswith("norm") and m > 1 for label, m in rows)
     assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
-    assert all(tuning.check_config(c) is None and c.block_m == 1 for c in kernel_ab.CANDIDATES)
+    assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
+    for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:
+        assert tuning.check_config(c) is None and c.block_m == 1, c
+    assert all(c.split_k == 1 for c in kernel_ab.NORM_CANDIDATES)  # the prologue needs whole rows
 
 
 @pytest.mark.parametrize("argv", [["--ms", "0"], ["--ms", "1", "-3"]])

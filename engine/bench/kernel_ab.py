@@ -9,7 +9,7 @@ device whose table lists them, the one-row o and SwiGLU->down configs it was tun
 reduce kernel); "after" is the current dispatch. Rows:
 - o and SwiGLU->down at every --ms row count (above one row both sides run the same kernels);
 - norm->q|k|v and norm->gate|up at one row (the first weight tile before the PDL wait);
-- one-row candidates of the early-weights GEMV for o and SwiGLU->down ("o [config]"): the data to
+- one-row candidates of the early-weights GEMV for each of the four ("o [config]"): the data to
   retune the table's one-row entries (after = that config, before = the previous dispatch).
 
 Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
@@ -43,15 +43,19 @@ BEFORE_ENTRIES = {
     "linear": {(2560, 4096): SkinnyConfig(1, 16, 256, 4, 4, 2)},
     "silu_mul_linear": {(2560, 9728): SkinnyConfig(1, 8, 512, 2, 4, 1)},
 }
-# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py).
+# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py): for
+# o and SwiGLU->down, and (carried tiles of fewer registers than the table's) for the norm pairs.
 CANDIDATES = [
     SkinnyConfig(1, 8, 256, 1, 4, 2),
     SkinnyConfig(1, 16, 256, 1, 4, 2),
     SkinnyConfig(1, 16, 512, 1, 4, 2),
     SkinnyConfig(1, 8, 512, 1, 4, 1),
-    SkinnyConfig(1, 8, 512, 1, 2, 2),
     SkinnyConfig(1, 8, 512, 2, 4, 2),
-    SkinnyConfig(1, 16, 256, 2, 4, 2),
+]
+NORM_CANDIDATES = [
+    SkinnyConfig(1, 16, 256, 1, 4, 2),
+    SkinnyConfig(1, 32, 128, 1, 4, 2),
+    SkinnyConfig(1, 8, 512, 1, 4, 2),
 ]
 
 
@@ -86,7 +90,8 @@ def before(device: torch.device | None = None) -> Iterator[None]:
         tuning._by_device[key], gemm.EARLY_WEIGHTS = saved, saved_flag
 
 
-def norm_case(n: int, k: int, m: int):
+def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
+    """add + RMSNorm -> the projection as dispatched; with cfg, the "after" side runs that config."""
     nbytes, copies, ws = cases.rotated_weights(n, k)
     x, r = (
         torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
@@ -94,8 +99,9 @@ def norm_case(n: int, k: int, m: int):
     )
     nw = torch.rand(k, device=cases.DEVICE).add_(0.5).to(cases.DTYPE)
     fn = lambda i: fused_linear.add_rms_norm_linear(x, r, nw, EPS, ws[i])[0]  # noqa: E731
+    with_cfg = lambda i: fused_linear.add_rms_norm_linear_with_config(x, r, nw, EPS, ws[i], cfg)[0]  # noqa: E731
     ref = torch.nn.functional.linear(norm.add_rms_norm_ref(x.float(), r.float(), nw.float(), EPS)[0], ws[0].float())
-    return nbytes, copies, fn, ref, fn
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
 def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = None):
@@ -138,6 +144,9 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
     for cfg in CANDIDATES:
         yield f"o {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, q_size, 1, False, cfg)
         yield f"SwiGLU→down {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, inter, 1, True, cfg)
+    for cfg in NORM_CANDIDATES:
+        yield f"norm→q|k|v {list(cfg)}", 1, lambda cfg=cfg: norm_case(qkv_n, h, 1, cfg)
+        yield f"norm→gate|up {list(cfg)}", 1, lambda cfg=cfg: norm_case(gu_n, h, 1, cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,9 @@ At one row a projection is a weight stream: its time is bytes / (bytes in flight
 Two things keep bytes in flight that the wait-first GEMV in gemm.py leaves idle:
 - the first weight tile is loaded before `griddepcontrol.wait`: weights never depend on the previous
   kernel, so under PDL the tile streams while that kernel drains; only the activation (x, and r for
-  the NORM prologue) is read after the wait;
+  the NORM prologue) is read after the wait. The contract: W is not written by the kernel launched
+  just before (every caller passes model weights; earlier kernels are done, since each PDL kernel
+  waits before it lets its successor launch);
 - with CARRY (a config's num_stages >= 2; Triton 3.6 does not pipeline these loads, so num_stages
   meant nothing on the GEMV path) the loop carries the next weight tile in registers, loaded before
   the current one is used: two tiles in flight per program (2 x BLOCK_N x BLOCK_K x 2 bytes in
