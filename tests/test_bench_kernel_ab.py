@@ -1,5 +1,5 @@
-"""The kernel before/after bench: its switch back to the previous dispatch and its argument checks
-(the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switch back to the previous dispatch (the wait-first GEMV and
+the split-K one-row configs), its cases and its argument checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -7,27 +7,65 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab
-from engine.kernels import _triton, attention, fused_linear
-from tests.kernel_helpers import CUDA, randn
+from engine.kernels import fused_linear, gemm, linear, tuning
+from engine.kernels.tuning import SkinnyConfig, TunedTables
+from tests.kernel_helpers import CUDA, DEV, randn, use_tables
+
+O_SHAPE, DOWN = (2560, 4096), (2560, 9728)
+NEW_O, NEW_DOWN = SkinnyConfig(1, 8, 512, 1, 4, 2), SkinnyConfig(1, 8, 512, 1, 4, 2)
 
 
-def test_before_restores_the_current_dispatch():
-    saved = attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
+def test_before_restores_the_current_dispatch(monkeypatch):
+    dot = SkinnyConfig(16, 32, 128, 8, 4, 3)
+    t = TunedTables("test", linear={O_SHAPE: {1: NEW_O, 2: dot}}, silu_mul_linear={DOWN: {1: NEW_DOWN}})
+    use_tables(monkeypatch, t)
+    dev = torch.empty(0, device=DEV).device  # cuda:0, as the kernels see it
     with kernel_ab.before():
-        assert not _triton.PDL
-        assert fused_linear.add_rms_norm_linear_config(1, 64, 64) is None
-        assert attention.attention_config(64, 8, 4, 1, 512, torch.device("cpu"), False)[2] == attention.DECODE_BLOCK_N
-    assert (attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL) == saved
-    assert attention.attention_config(64, 8, 4, 1, 512, torch.device("cpu"), False)[2] == attention.DECODE_WIDE_BLOCK_N
+        assert not gemm.EARLY_WEIGHTS
+        assert linear.skinny_config(1, *O_SHAPE, tuning.tables_for(dev)) == (1, 16, 256, 4, 4, 2)
+        assert linear.skinny_config(2, *O_SHAPE, tuning.tables_for(dev)) == dot  # other buckets kept
+        assert fused_linear.silu_mul_linear_config(1, *DOWN, tuning.tables_for(dev)).split_k == 2
+    assert gemm.EARLY_WEIGHTS and tuning.tables_for(dev) is t
 
 
-def test_before_is_the_same_function():
+def test_before_leaves_unlisted_shapes_to_the_heuristic():
+    t = kernel_ab.before_tables(tuning.DEFAULT)
+    assert t.linear == {} and t.silu_mul_linear == {}
+    assert linear.skinny_config(8, *O_SHAPE, t) == linear.default_skinny_config(8, *O_SHAPE)
+
+
+def test_the_h200_table_is_what_before_replaces():
+    """BEFORE_ENTRIES replace the shipped H200 table's one-row o and down entries, nothing else."""
+    t = tuning.load("NVIDIA H200")
+    old = kernel_ab.before_tables(t)
+    assert t.linear[O_SHAPE][1] == NEW_O and t.silu_mul_linear[DOWN][1] == NEW_DOWN
+    assert old.linear[O_SHAPE] == {**t.linear[O_SHAPE], 1: kernel_ab.BEFORE_ENTRIES["linear"][O_SHAPE]}
+    assert old.silu_mul_linear[DOWN][1].split_k == 2 and old.add_rms_norm_linear == t.add_rms_norm_linear
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_before_is_the_same_function(swiglu):
     """Both sides of a pair compute the op to the dtype's tolerance (here: the interpreter, fp32)."""
-    x, r, nw, w = randn(2, 64), randn(2, 64), randn(64), randn(32, 64)
-    after = fused_linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
+    w = randn(32, 64)
+    x = randn(1, 128 if swiglu else 64)
+    op = fused_linear.silu_mul_linear if swiglu else linear.linear
+    after = op(x, w)
     with kernel_ab.before():
-        prev = fused_linear.add_rms_norm_linear(x, r, nw, 1e-6, w)
-    assert torch.equal(after[1], prev[1]) and torch.allclose(after[0], prev[0], rtol=1e-4, atol=1e-5)
+        prev = op(x, w)
+    assert torch.allclose(after, prev, rtol=1e-4, atol=1e-5)
+
+
+def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
+    rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 16, 64])]
+    for m in (1, 8, 16, 64):
+        assert ("o", m) in rows and ("SwiGLU→down", m) in rows
+    assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
+    assert not any(label.startswith("norm") and m > 1 for label, m in rows)
+    assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
+    assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
+    for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:
+        assert tuning.check_config(c) is None and c.block_m == 1, c
+    assert all(c.split_k == 1 for c in kernel_ab.NORM_CANDIDATES)  # the prologue needs whole rows
 
 
 @pytest.mark.parametrize("argv", [["--ms", "0"], ["--ms", "1", "-3"]])
@@ -40,3 +78,12 @@ def test_refuses_bad_row_counts(tmp_path, argv):
 def test_needs_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="CUDA"):
         kernel_ab.main(["--out", str(tmp_path)])
+
+
+def test_decode_runs_the_decode_bench_on_the_previous_dispatch(monkeypatch):
+    from engine.bench import decode
+
+    seen = []
+    monkeypatch.setattr(decode, "main", lambda argv: seen.append((list(argv), gemm.EARLY_WEIGHTS)) or 0)
+    assert kernel_ab.main(["decode", "--out", "x", "--no-peer"]) == 0
+    assert seen == [(["--out", "x", "--no-peer"], False)] and gemm.EARLY_WEIGHTS

@@ -1,23 +1,28 @@
 """Before / after of the decode-path kernel changes at the Qwen3-4B shapes, each op as the engine
 dispatches it on this device, in one process (GPU only):
 
-    python -m engine.bench.kernel_ab --out DIR [--ms 1 2 4 8 16 32 64]
+    python -m engine.bench.kernel_ab --out DIR [--ms 1 8 16 64]
+    python -m engine.bench.kernel_ab decode DECODE-ARGS...   (python -m engine.bench decode, on "before")
 
-- norm→q|k|v, norm→gate|up: add_rms_norm + the projection (before) vs `add_rms_norm_linear` (after:
-  the one-pass norm prologue wherever the Triton projection runs unsplit).
-- o, SwiGLU→down: the same kernels, launched plainly (before) vs with PDL (after).
-- attention decode (batch x context 256): 32-key tiles (before) vs 64 where the grid needs no split.
-- every Triton kernel of a layer: launched plainly (before) vs with programmatic dependent launch.
+"before" is the dispatch the early-weights GEMV replaced (issue 19): the wait-first GEMV, and on a
+device whose table lists them, the one-row o and SwiGLU->down configs it was tuned with (split-K +
+reduce kernel); "after" is the current dispatch. Rows:
+- o and SwiGLU->down at every --ms row count (above one row both sides run the same kernels);
+- norm->q|k|v and norm->gate|up at one row (the first weight tile before the PDL wait);
+- one-row candidates of the early-weights GEMV for each of the four ("o [config]"): the data to
+  retune the table's one-row entries (after = that config, before = the previous dispatch).
 
-Each op is a CUDA-graph replay over rotated weight / KV copies (kernel_timing.Timer). Writes
-DIR/kernel_ab.csv and prints a Markdown table: microseconds, after/before, the after path's weight
-(or KV) bytes over time as a fraction of the measured copy bandwidth.
+Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
+engine launches it. Writes DIR/kernel_ab.csv and prints a Markdown table: microseconds,
+after/before, the after path's weight bytes over time as a fraction of the measured copy bandwidth.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -28,26 +33,65 @@ from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import _triton, attention, fused_linear, linear, norm
+from engine.kernels import fused_linear, gemm, linear, norm, tuning
+from engine.kernels.tuning import SkinnyConfig
 
 log = logging.getLogger(__name__)
 EPS = 1e-6
-ATTN_CTX = 256
+# The H200 table's one-row entries before the early-weights GEMV: split-K + the reduce kernel.
+BEFORE_ENTRIES = {
+    "linear": {(2560, 4096): SkinnyConfig(1, 16, 256, 4, 4, 2)},
+    "silu_mul_linear": {(2560, 9728): SkinnyConfig(1, 8, 512, 2, 4, 1)},
+}
+# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py): for
+# o and SwiGLU->down, and (carried tiles of fewer registers than the table's) for the norm pairs.
+CANDIDATES = [
+    SkinnyConfig(1, 8, 256, 1, 4, 2),
+    SkinnyConfig(1, 16, 256, 1, 4, 2),
+    SkinnyConfig(1, 16, 512, 1, 4, 2),
+    SkinnyConfig(1, 8, 512, 1, 4, 1),
+    SkinnyConfig(1, 8, 512, 2, 4, 2),
+]
+NORM_CANDIDATES = [
+    SkinnyConfig(1, 16, 256, 1, 4, 2),
+    SkinnyConfig(1, 32, 128, 1, 4, 2),
+    SkinnyConfig(1, 8, 512, 1, 4, 2),
+]
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def before_tables(t: tuning.TunedTables) -> tuning.TunedTables:
+    """t with BEFORE_ENTRIES at bucket 1 of the shapes it lists (an unlisted shape keeps the
+    default heuristic, which BEFORE_ENTRIES would turn into cuBLAS above one row)."""
+    sections = {}
+    for section, entries in BEFORE_ENTRIES.items():
+        table = dict(getattr(t, section))
+        for shape, cfg in entries.items():
+            if shape in table:
+                table[shape] = {**table[shape], 1: cfg}
+        sections[section] = table
+    return dataclasses.replace(t, **sections)
 
 
 @contextmanager
-def before() -> Iterator[None]:
-    """The previous dispatch: no norm prologue, 32-key decode tiles, no PDL."""
-    saved = attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL
-    attention.DECODE_WIDE_BLOCK_N, _triton.PDL = attention.DECODE_BLOCK_N, False
-    fused_linear.add_rms_norm_linear_config = lambda *a, **k: None
+def before(device: torch.device | None = None) -> Iterator[None]:
+    """The previous dispatch on `device` (default: the current GPU, else the CPU): the wait-first
+    GEMV and BEFORE_ENTRIES (see before_tables)."""
+    dev = device or _device()
+    saved, saved_flag = tuning.tables_for(dev), gemm.EARLY_WEIGHTS
+    key = (dev.type, dev.index)
+    tuning._by_device[key], gemm.EARLY_WEIGHTS = before_tables(saved), False
     try:
         yield
     finally:
-        attention.DECODE_WIDE_BLOCK_N, fused_linear.add_rms_norm_linear_config, _triton.PDL = saved
+        tuning._by_device[key], gemm.EARLY_WEIGHTS = saved, saved_flag
 
 
-def norm_case(n: int, k: int, m: int):
+def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
+    """add + RMSNorm -> the projection as dispatched; with cfg, the "after" side runs that config."""
     nbytes, copies, ws = cases.rotated_weights(n, k)
     x, r = (
         torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
@@ -55,38 +99,32 @@ def norm_case(n: int, k: int, m: int):
     )
     nw = torch.rand(k, device=cases.DEVICE).add_(0.5).to(cases.DTYPE)
     fn = lambda i: fused_linear.add_rms_norm_linear(x, r, nw, EPS, ws[i])[0]  # noqa: E731
+    with_cfg = lambda i: fused_linear.add_rms_norm_linear_with_config(x, r, nw, EPS, ws[i], cfg)[0]  # noqa: E731
     ref = torch.nn.functional.linear(norm.add_rms_norm_ref(x.float(), r.float(), nw.float(), EPS)[0], ws[0].float())
-    return nbytes, copies, fn, ref
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
-def proj_case(n: int, k: int, m: int, swiglu: bool):
+def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = None):
+    """o (or SwiGLU->down) as dispatched; with cfg, the "after" side runs that config instead."""
     nbytes, copies, ws = cases.rotated_weights(n, k)
     x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
     if swiglu:
         fn = lambda i: fused_linear.silu_mul_linear(x, ws[i])  # noqa: E731
+        with_cfg = lambda i: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)  # noqa: E731
         ref = fused_linear.silu_mul_linear_ref(x.float(), ws[0].float())
     else:
         fn = lambda i: linear.linear(x, ws[i])  # noqa: E731
+        with_cfg = lambda i: linear.linear_with_config(x, ws[i], cfg)  # noqa: E731
         ref = linear.linear_ref(x.float(), ws[0].float())
-    return nbytes, copies, fn, ref
-
-
-def attention_case(batch: int, ctx: int):
-    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, **cases.ATTN_GEOMETRY)
-    kv_bytes = 2 * kc.numel() * kc.element_size()
-    copies = max(1, min(8, -(-cases.ROTATE_BYTES // kv_bytes)))
-    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
-    scale = cases.ATTN_GEOMETRY["d"] ** -0.5
-    fn = lambda i: attention.paged_attention(q, *caches[i], bt, seq_lens, qsl, 1, scale, True)  # noqa: E731
-    ref = attention.paged_attention_ref(q, kc, vc, bt, seq_lens, qsl, 1, scale)
-    return kv_bytes, copies, fn, ref
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
 def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
-    nbytes, copies, fn, ref = case
+    nbytes, copies, fn, ref, after_fn = case
     row: dict = {"op": label, "M": m}
     for side in ("before", "after"):
         with before() if side == "before" else nullcontext():
+            fn = fn if side == "before" else after_fn
             err = rel_err(fn(0), ref)
             if not err < 2e-2:
                 raise RuntimeError(f"{label} M={m} {side}: rel err {err:.2e}")
@@ -98,19 +136,29 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
 
 def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
+    yield "norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
+    yield "norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
     for m in ms:
-        yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
-        yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)
         yield "o", m, lambda m=m: proj_case(h, q_size, m, False)
         yield "SwiGLU→down", m, lambda m=m: proj_case(h, inter, m, True)
-    for b in (1, 8, 64):
-        yield f"attention ctx {ATTN_CTX}", b, lambda b=b: attention_case(b, ATTN_CTX)
+    for cfg in CANDIDATES:
+        yield f"o {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, q_size, 1, False, cfg)
+        yield f"SwiGLU→down {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, inter, 1, True, cfg)
+    for cfg in NORM_CANDIDATES:
+        yield f"norm→q|k|v {list(cfg)}", 1, lambda cfg=cfg: norm_case(qkv_n, h, 1, cfg)
+        yield f"norm→gate|up {list(cfg)}", 1, lambda cfg=cfg: norm_case(gu_n, h, 1, cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["decode"]:  # the end-to-end "before": the decode bench on the previous dispatch
+        from engine.bench import decode
+
+        with before():
+            return decode.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 64])
     args = p.parse_args(argv)
     if min(args.ms) < 1:
         raise SystemExit("--ms: row counts >= 1")
@@ -137,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for r in rows
     ]
-    header = ["op", "M (attention: batch)", "before µs", "after µs", "after/before", "after: of copy BW"]
+    header = ["op", "M", "before µs", "after µs", "after/before", "after: of copy BW"]
     print(f"copy bandwidth {bw:.0f} GB/s\n\n" + markdown_table(header, table))
     return 0
 

@@ -47,6 +47,8 @@ EXTENDED_GEMV = [
     (1, 32, 256, 4, 3),
     (1, 16, 256, 2, 1),
     (1, 8, 512, 4, 1),
+    (1, 8, 512, 4, 2),  # num_stages 2 on the GEMV: the next weight tile carried (gemv.py)
+    (1, 8, 256, 4, 2),
 ]
 EXTENDED_DOT = [
     (16, 16, 256, 4, 3),

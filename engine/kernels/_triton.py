@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-_lock = threading.Lock()
+_lock = threading.RLock()  # bind recurses into the modules of imported helpers
 
 
 def cdiv(a: int, b: int) -> int:
@@ -33,8 +33,9 @@ def next_pow2(n: int) -> int:
 
 
 # Programmatic dependent launch (sm90+): a kernel launched with it may start while the previous one
-# drains; it waits (griddepcontrol.wait) before touching memory, then lets the next one launch. The
-# kernels that take a PDL constexpr do both first thing. kernel_ab switches it off for its "before".
+# drains; it waits (griddepcontrol.wait) before touching the previous kernel's output, then lets the
+# next one launch. The kernels that take a PDL constexpr do both first thing, except the GEMV
+# (gemv.py), which issues its first weight tile before the wait.
 PDL = True
 
 
@@ -91,6 +92,8 @@ def bind(module_globals: dict) -> dict:
             _interpreter_fixups()
             for name, value in list(module_globals.items()):
                 if isinstance(value, LazyKernel):
+                    if value.fn.__globals__ is not module_globals:  # a helper imported from another module
+                        bind(value.fn.__globals__)  # resolves `tl` in its own module's globals
                     module_globals[name] = triton.jit(value.fn, **value.options)
             module_globals["tl"] = tl
     return module_globals

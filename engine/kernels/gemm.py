@@ -1,33 +1,21 @@
 """The skinny-M Triton GEMM behind every projection (linear.py dispatches to it): y = x @ W^T with
 optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
-for a residual add + RMSNorm before q|k|v and gate|up), and the deterministic split-K reduce. The
-prologue helpers live here because the lazy triton binding resolves a kernel's helpers in its module."""
+for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
+deterministic split-K reduce. One-row configs run gemv.py's kernel while EARLY_WEIGHTS is on."""
 
 from __future__ import annotations
 
 import torch
 
 from engine.kernels._triton import cdiv, jit, pdl
+from engine.kernels.gemm_prologues import _add_scale, _swiglu
+from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
-
-
-@jit
-def _swiglu(gate, up):
-    """silu(gate) * up, rounded as silu_and_mul_ref (and _silu_and_mul_kernel) round: silu in the
-    input dtype, then the product in the input dtype."""
-    g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-    return (act * up.to(tl.float32)).to(gate.dtype)
-
-
-@jit
-def _add_scale(x, r, nw):
-    """One tile of the NORM prologue: (s, s * nw) with s = x + r, both rounded to the input dtype as
-    add_rms_norm_ref rounds the sum; the row's 1/rms is applied to the accumulator at the end."""
-    s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-    return s, (s.to(tl.float32) * nw.to(tl.float32)).to(x.dtype)
+# block_m == 1 configs: gemv.py's kernel (first weight tile before the PDL wait, the next tile carried
+# in registers); off: this module's wait-first GEMV path. kernel_ab switches it off for its "before".
+EARLY_WEIGHTS = True
 
 
 @jit(do_not_specialize=["M"])
@@ -180,37 +168,16 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: boo
     split = cfg.split_k > 1
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
-    _linear_kernel[grid](
-        x,
-        weight,
-        y,
-        parts,
-        m,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        y.stride(0),
-        k_per_split,
-        k if swiglu else 0,
-        r,
-        nw,
-        summed,
-        r.stride(0),
-        summed.stride(0),
-        eps,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        SPLIT=split,
-        EVEN_K=k % cfg.block_k == 0,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        SWIGLU=swiglu,
-        NORM=norm is not None,
-        num_warps=cfg.num_warps,
-        **pdl(x.device),
-        num_stages=cfg.num_stages,
-    )
+    args = (x, weight, y, parts, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split)
+    args += (k if swiglu else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
+    meta = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, SWIGLU=swiglu, NORM=norm is not None)
+    meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device))
+    if cfg.block_m == 1 and EARLY_WEIGHTS:
+        meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
+        _gemv_kernel[grid](*args, EVEN_K=k % cfg.block_k == 0 and not split, **meta)
+    else:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        _linear_kernel[grid](*args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, **meta)
     if split:
         block = 1024
         _splitk_reduce_kernel[(cdiv(m * n, block),)](

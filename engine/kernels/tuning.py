@@ -58,7 +58,7 @@ class SkinnyConfig(NamedTuple):
     block_k: int
     split_k: int
     num_warps: int
-    num_stages: int
+    num_stages: int  # tl.dot path: Triton's pipeline stages; GEMV: >= 2 carries the next weight tile (gemv.py)
 
 
 Table = Mapping[tuple[int, int], Mapping[int, SkinnyConfig]]
