@@ -5,12 +5,14 @@ one-token round that keeps the capture) to maximise expected committed tokens pe
 batch: E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
 (engine/costs.py) plus the host time the table cannot see. `choose_span` is the pure decision;
 `SpanPolicy` keeps the online acceptance estimate (an EMA of conditional acceptance per draft
-position, seeded optimistic), the online host term (`HostTerm`: each round's measured wall minus the
-table's device time, per kind of round and batch) and the hysteresis: K moves only after the best
-variant beat the current one by `margin` for `patience` consecutive rounds, or at once when it is
-ahead by more than `jump`. The hysteresis damps acceptance
-noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive
-arm held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated
+position, per request-round observed there, seeded optimistic: at 16 requests a round moves it
+~20 %, at one request 1.5 %, so a few unlucky rounds of a lone request no longer gate it), the online
+host term (`HostTerm`: each round's measured wall minus the table's device time, per kind of round
+and batch) and the hysteresis: K moves only after the best variant beat the current one by `margin`
+for `patience` consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis
+damps acceptance noise; a batch or cap that changed under the K in force is no noise (the H200
+study's c=256 adaptive arm held K=15 at batch 256 for three rounds left over from the last drain,
+71 ms each). A gated
 round observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its
 seed there, so the policy probes again rather than latching at 0; where only the batch's cost says
 0, it stays: the batch draining brings speculation back, and an estimate drifted up by hundreds of
@@ -19,6 +21,7 @@ gated rounds would buy 16-row probes at batch 256 (the same study's next run).
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,8 +92,10 @@ class HostTerm:
     it is not taken; the next starts the term at most at the device time, and later walls are clipped
     to three times the term plus the device time (a GC pause moves it a little; a host-bound round
     that dwarfs its device time is learnt in a few rounds: the term grows 1.5x a round at most). A
-    bucket never seen takes the nearest seen one scaled by batch (host work is mostly per request): a
-    little optimistic below it, where probing is cheap, and pessimistic above it, where it is dear."""
+    bucket never seen is read off the line through its nearest seen buckets (one seen: its term as
+    it is) until it learns its own: scaled by batch alone, one request's term (mostly a step's fixed
+    work) made a gated round of 16 look 16 times dearer and kept the small pair speculating at a loss
+    (H200, 03985b1)."""
 
     def __init__(self, rate: float = 0.25):
         self.rate = rate
@@ -122,8 +127,12 @@ class HostTerm:
         seen = [b for s, b in self.ms if s == speculative]
         if not seen:
             return 0.0
-        near = min(seen, key=lambda b: (abs(b - bucket), b))
-        return self.ms[speculative, near] * bucket / near
+        if len(seen) == 1:
+            return self.ms[speculative, seen[0]]
+        xs = sorted(seen)
+        i = min(max(bisect.bisect_left(xs, bucket), 1), len(xs) - 1)  # the segment at or beside bucket
+        (x0, x1), (y0, y1) = xs[i - 1 : i + 1], (self.ms[speculative, xs[i - 1]], self.ms[speculative, xs[i]])
+        return max(y0 + (y1 - y0) * (bucket - x0) / (x1 - x0), 0.0)
 
 
 class SpanPolicy:
@@ -132,7 +141,7 @@ class SpanPolicy:
         table: CostTable,
         per_round: int,
         prior: Sequence[float] | None = None,
-        ema: float = 0.2,
+        ema: float = 0.015,
         margin: float = 0.05,
         patience: int = 3,
         relax: float = 0.01,
@@ -204,8 +213,9 @@ class SpanPolicy:
                 tried[i] += count
                 hits[i] += count * (i < n)
         for i, t in enumerate(tried):
-            if t:
-                self.conditional[i] += self.ema * (hits[i] / t - self.conditional[i])
+            if t:  # t samples weigh as t one-sample updates: a lone request's round moves it little
+                step = 1.0 - (1.0 - self.ema) ** t
+                self.conditional[i] += step * (hits[i] / t - self.conditional[i])
 
     def gated(self) -> None:
         """A round of K = 0: no acceptance seen; a starved estimate relaxes toward the seed."""

@@ -21,8 +21,12 @@ def test_the_first_wall_is_skipped_outliers_are_clipped_and_unseen_buckets_scale
     h.add(9, 2, 9.0, 2.0)  # first of (K=2, bucket 16)
     h.add(9, 2, 1.0, 2.0)  # a wall under the table's time: no host work seen
     assert h.predict(16, True) == 1.5
-    assert h.predict(64, True) == 6.0  # the nearest seen bucket, scaled: host work is per request
-    assert h.predict(3, True) == 0.375
+    assert h.predict(64, True) == h.predict(3, True) == 1.5  # one bucket seen: its term everywhere
+    h.add(40, 4, 9.0, 2.0)  # bucket 64
+    h.add(40, 4, 6.0, 3.0)
+    assert h.predict(64, True) == 3.0 and h.predict(32, True) == 1.5 + 1.5 * 16 / 48  # on the line
+    assert h.predict(256, True) == 1.5 + 1.5 * 240 / 48 and h.predict(2, True) == 1.5 - 1.5 * 14 / 48
+    assert h.predict(1, False) == 0.0
     assert h.predict(16, False) == 0.0  # gated rounds: nothing seen yet
     h.relax(16, 0.5)  # no gated term to relax toward
     assert h.predict(16, True) == 1.5
@@ -50,7 +54,6 @@ def test_host_time_the_table_misses_turns_speculation_off():
         ks.append(k)
         policy.observe_wall(64, k, round_times(t, 64, [k])[k] + (3.0 if k else 0.1))
     assert ks[0] > 0 and ks[-4:] == [0] * 4
-    assert policy.decide(1) > 0  # one request: the host term is per bucket, speculation still pays
 
 
 def test_the_policy_stays_on_where_the_host_term_is_small():
