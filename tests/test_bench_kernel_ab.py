@@ -1,5 +1,5 @@
-"""The kernel before/after bench: its switch back to the previous dispatch (the wait-first GEMV and
-the split-K one-row configs), its cases and its argument checks (the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switch back to the previous dispatch (every one-row GEMV waits
+first), its cases and its argument checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -8,39 +8,29 @@ import torch
 
 from engine.bench import kernel_ab
 from engine.kernels import fused_linear, gemm, linear, tuning
-from engine.kernels.tuning import SkinnyConfig, TunedTables
-from tests.kernel_helpers import CUDA, DEV, randn, use_tables
+from engine.kernels.tuning import SkinnyConfig
+from tests.kernel_helpers import CUDA, randn
 
 O_SHAPE, DOWN = (2560, 4096), (2560, 9728)
-NEW_O, NEW_DOWN = SkinnyConfig(1, 8, 512, 1, 4, 2), SkinnyConfig(1, 8, 512, 1, 4, 2)
 
 
-def test_before_restores_the_current_dispatch(monkeypatch):
-    dot = SkinnyConfig(16, 32, 128, 8, 4, 3)
-    t = TunedTables("test", linear={O_SHAPE: {1: NEW_O, 2: dot}}, silu_mul_linear={DOWN: {1: NEW_DOWN}})
-    use_tables(monkeypatch, t)
-    dev = torch.empty(0, device=DEV).device  # cuda:0, as the kernels see it
+def test_before_makes_every_one_row_gemv_wait_first_and_restores_the_dispatch():
+    assert sorted(gemm.EARLY_WEIGHTS) == ["norm"]  # measured faster on the H200 with the norm prologue only
     with kernel_ab.before():
         assert not gemm.EARLY_WEIGHTS
-        assert linear.skinny_config(1, *O_SHAPE, tuning.tables_for(dev)) == (1, 16, 256, 4, 4, 2)
-        assert linear.skinny_config(2, *O_SHAPE, tuning.tables_for(dev)) == dot  # other buckets kept
-        assert fused_linear.silu_mul_linear_config(1, *DOWN, tuning.tables_for(dev)).split_k == 2
-    assert gemm.EARLY_WEIGHTS and tuning.tables_for(dev) is t
+    assert sorted(gemm.EARLY_WEIGHTS) == ["norm"]
 
 
-def test_before_leaves_unlisted_shapes_to_the_heuristic():
-    t = kernel_ab.before_tables(tuning.DEFAULT)
-    assert t.linear == {} and t.silu_mul_linear == {}
-    assert linear.skinny_config(8, *O_SHAPE, t) == linear.default_skinny_config(8, *O_SHAPE)
-
-
-def test_the_h200_table_is_what_before_replaces():
-    """BEFORE_ENTRIES replace the shipped H200 table's one-row o and down entries, nothing else."""
+def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
     t = tuning.load("NVIDIA H200")
-    old = kernel_ab.before_tables(t)
-    assert t.linear[O_SHAPE][1] == NEW_O and t.silu_mul_linear[DOWN][1] == NEW_DOWN
-    assert old.linear[O_SHAPE] == {**t.linear[O_SHAPE], 1: kernel_ab.BEFORE_ENTRIES["linear"][O_SHAPE]}
-    assert old.silu_mul_linear[DOWN][1].split_k == 2 and old.add_rms_norm_linear == t.add_rms_norm_linear
+    assert t.linear[O_SHAPE][1] == SkinnyConfig(1, 16, 256, 4, 4, 2)
+    assert t.silu_mul_linear[DOWN][1] == SkinnyConfig(1, 8, 512, 2, 4, 1)
+
+
+def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
+    seen = []
+    kernel_ab.on_gemv(lambda: seen.append(gemm.EARLY_WEIGHTS))
+    assert seen == [gemm.PROLOGUES] and sorted(gemm.EARLY_WEIGHTS) == ["norm"]
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
@@ -86,4 +76,4 @@ def test_decode_runs_the_decode_bench_on_the_previous_dispatch(monkeypatch):
     seen = []
     monkeypatch.setattr(decode, "main", lambda argv: seen.append((list(argv), gemm.EARLY_WEIGHTS)) or 0)
     assert kernel_ab.main(["decode", "--out", "x", "--no-peer"]) == 0
-    assert seen == [(["--out", "x", "--no-peer"], False)] and gemm.EARLY_WEIGHTS
+    assert seen == [(["--out", "x", "--no-peer"], frozenset())] and sorted(gemm.EARLY_WEIGHTS) == ["norm"]

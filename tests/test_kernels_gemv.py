@@ -38,10 +38,10 @@ GEMV_CASES = [
 
 def both_paths(run, monkeypatch):
     """run() with the early-weights GEMV, then with the wait-first one."""
+    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)
     after = run()
-    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", False)
+    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", frozenset())
     before = run()
-    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", True)
     return after, before
 
 

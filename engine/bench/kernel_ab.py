@@ -4,13 +4,13 @@ dispatches it on this device, in one process (GPU only):
     python -m engine.bench.kernel_ab --out DIR [--ms 1 8 16 64]
     python -m engine.bench.kernel_ab decode DECODE-ARGS...   (python -m engine.bench decode, on "before")
 
-"before" is the dispatch the early-weights GEMV replaced (issue 19): the wait-first GEMV, and on a
-device whose table lists them, the one-row o and SwiGLU->down configs it was tuned with (split-K +
-reduce kernel); "after" is the current dispatch. Rows:
+"before" is the dispatch the early-weights GEMV replaced (issue 19): every one-row GEMV waits for its
+predecessor before its first load; "after" is the current dispatch (gemm.EARLY_WEIGHTS). Rows:
 - o and SwiGLU->down at every --ms row count (above one row both sides run the same kernels);
 - norm->q|k|v and norm->gate|up at one row (the first weight tile before the PDL wait);
-- one-row candidates of the early-weights GEMV for each of the four ("o [config]"): the data to
-  retune the table's one-row entries (after = that config, before = the previous dispatch).
+- one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
+  where the dispatch does not take it): the data to retune the table's one-row entries (after = that
+  config, before = the previous dispatch).
 
 Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
 engine launches it. Writes DIR/kernel_ab.csv and prints a Markdown table: microseconds,
@@ -20,7 +20,7 @@ after/before, the after path's weight bytes over time as a fraction of the measu
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -33,18 +33,13 @@ from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import fused_linear, gemm, linear, norm, tuning
+from engine.kernels import fused_linear, gemm, linear, norm
 from engine.kernels.tuning import SkinnyConfig
 
 log = logging.getLogger(__name__)
 EPS = 1e-6
-# The H200 table's one-row entries before the early-weights GEMV: split-K + the reduce kernel.
-BEFORE_ENTRIES = {
-    "linear": {(2560, 4096): SkinnyConfig(1, 16, 256, 4, 4, 2)},
-    "silu_mul_linear": {(2560, 9728): SkinnyConfig(1, 8, 512, 2, 4, 1)},
-}
-# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py): for
-# o and SwiGLU->down, and (carried tiles of fewer registers than the table's) for the norm pairs.
+# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py), run on
+# it for o and SwiGLU->down too (which dispatch to the wait-first path), for a later retune.
 CANDIDATES = [
     SkinnyConfig(1, 8, 256, 1, 4, 2),
     SkinnyConfig(1, 16, 256, 1, 4, 2),
@@ -59,35 +54,18 @@ NORM_CANDIDATES = [
 ]
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def before_tables(t: tuning.TunedTables) -> tuning.TunedTables:
-    """t with BEFORE_ENTRIES at bucket 1 of the shapes it lists (an unlisted shape keeps the
-    default heuristic, which BEFORE_ENTRIES would turn into cuBLAS above one row)."""
-    sections = {}
-    for section, entries in BEFORE_ENTRIES.items():
-        table = dict(getattr(t, section))
-        for shape, cfg in entries.items():
-            if shape in table:
-                table[shape] = {**table[shape], 1: cfg}
-        sections[section] = table
-    return dataclasses.replace(t, **sections)
-
-
 @contextmanager
-def before(device: torch.device | None = None) -> Iterator[None]:
-    """The previous dispatch on `device` (default: the current GPU, else the CPU): the wait-first
-    GEMV and BEFORE_ENTRIES (see before_tables)."""
-    dev = device or _device()
-    saved, saved_flag = tuning.tables_for(dev), gemm.EARLY_WEIGHTS
-    key = (dev.type, dev.index)
-    tuning._by_device[key], gemm.EARLY_WEIGHTS = before_tables(saved), False
+def early_weights(prologues: frozenset[str]) -> Iterator[None]:
+    saved, gemm.EARLY_WEIGHTS = gemm.EARLY_WEIGHTS, prologues
     try:
         yield
     finally:
-        tuning._by_device[key], gemm.EARLY_WEIGHTS = saved, saved_flag
+        gemm.EARLY_WEIGHTS = saved
+
+
+def before() -> contextlib.AbstractContextManager:
+    """The previous dispatch: every one-row GEMV waits before its first load."""
+    return early_weights(frozenset())
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
@@ -104,17 +82,22 @@ def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
+def on_gemv(fn: Callable, *args) -> torch.Tensor:
+    with early_weights(gemm.PROLOGUES):
+        return fn(*args)
+
+
 def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = None):
     """o (or SwiGLU->down) as dispatched; with cfg, the "after" side runs that config instead."""
     nbytes, copies, ws = cases.rotated_weights(n, k)
     x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
     if swiglu:
         fn = lambda i: fused_linear.silu_mul_linear(x, ws[i])  # noqa: E731
-        with_cfg = lambda i: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)  # noqa: E731
+        with_cfg = lambda i: on_gemv(fused_linear.silu_mul_linear_with_config, x, ws[i], cfg)  # noqa: E731
         ref = fused_linear.silu_mul_linear_ref(x.float(), ws[0].float())
     else:
         fn = lambda i: linear.linear(x, ws[i])  # noqa: E731
-        with_cfg = lambda i: linear.linear_with_config(x, ws[i], cfg)  # noqa: E731
+        with_cfg = lambda i: on_gemv(linear.linear_with_config, x, ws[i], cfg)  # noqa: E731
         ref = linear.linear_ref(x.float(), ws[0].float())
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 

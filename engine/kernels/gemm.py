@@ -1,7 +1,7 @@
 """The skinny-M Triton GEMM behind every projection (linear.py dispatches to it): y = x @ W^T with
 optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
 for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
-deterministic split-K reduce. One-row configs run gemv.py's kernel while EARLY_WEIGHTS is on."""
+deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel."""
 
 from __future__ import annotations
 
@@ -13,9 +13,12 @@ from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
-# block_m == 1 configs: gemv.py's kernel (first weight tile before the PDL wait, the next tile carried
-# in registers); off: this module's wait-first GEMV path. kernel_ab switches it off for its "before".
-EARLY_WEIGHTS = True
+# One-row configs of these prologues run gemv.py's kernel (the first weight tile before the PDL wait,
+# the next carried in registers); the others this module's wait-first path. On the H200 (kernel_ab at
+# 03985b1) it won with the norm prologue (q|k|v 9.5 -> 8.7 us, gate|up 28.6 -> 27.2) and lost for o
+# (7.6 -> 7.8 at best) and SwiGLU->down (15.2 -> 15.6 at best). kernel_ab empties it for its "before".
+PROLOGUES = frozenset({"plain", "swiglu", "norm"})
+EARLY_WEIGHTS: frozenset[str] = frozenset({"norm"})
 
 
 @jit(do_not_specialize=["M"])
@@ -172,7 +175,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: boo
     args += (k if swiglu else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
     meta = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, SWIGLU=swiglu, NORM=norm is not None)
     meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device))
-    if cfg.block_m == 1 and EARLY_WEIGHTS:
+    prologue = "norm" if norm is not None else "swiglu" if swiglu else "plain"
+    if cfg.block_m == 1 and prologue in EARLY_WEIGHTS:
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         _gemv_kernel[grid](*args, EVEN_K=k % cfg.block_k == 0 and not split, **meta)
     else:

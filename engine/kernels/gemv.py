@@ -1,5 +1,5 @@
 """The one-row projection (GEMV) with its weight stream started before the PDL wait (gemm.launch
-runs it for block_m == 1 configs while gemm.EARLY_WEIGHTS is on).
+runs it for block_m == 1 configs whose prologue is in gemm.EARLY_WEIGHTS).
 
 At one row a projection is a weight stream: its time is bytes / (bytes in flight per SM / latency).
 Two things keep bytes in flight that the wait-first GEMV in gemm.py leaves idle:
