@@ -55,7 +55,7 @@ def test_outputs_and_complete_rows(swept):
     assert len(rows) == 2 * 2 * 6  # concurrencies x measured rounds x arms (warm-up discarded)
     for r in rows:
         c = int(r["concurrency"])
-        for key in ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq"):
+        for key in ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq", "gc_ms"):
             assert r[key] != "", (key, r)
         assert int(r["requests"]) == 2 * c  # two waves of c
         assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored

@@ -12,7 +12,7 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import parse_arm
-from engine.bench.calibrate import calibrate, calibration_stage
+from engine.bench.calibrate import calibrate, calibration_stage, centred_warmup
 from engine.bench.common import random_prompts
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
@@ -137,6 +137,29 @@ def test_calibration_on_real_engines_gives_rows_the_step_costs_read(engines):
     assert (spec.levers.max_batch, spec.levers.max_drafts) == (0, 0)
 
 
+def test_one_token_steps_are_timed_at_the_tables_context(engines):
+    """The device ms subtracted are the table's at its context: the timed plain steps' mean KV length
+    must be that context (right after the prefill it was prompt + warm-up + half the window)."""
+    plain, kv = engines["plain"], []
+    real = plain.step
+
+    def step():
+        decoding = [r.num_kv for r in plain.scheduler.running if r.output_ids]
+        if decoding:
+            kv.append(statistics.fmean(decoding))
+        return real()
+
+    prompts = random_prompts(2, 5, plain.target_cfg.geometry.vocab_size, seed=7)
+    plain.step = step
+    try:
+        calibrate({"plain": plain}, costs().table, prompts, [2], [], repeats=1, steps=5, warmup=2, context=12)
+    finally:
+        del plain.step
+    assert centred_warmup(12, 5, 5, 2) == 5 and len(kv) == 5 + 5
+    assert statistics.fmean(kv[-5:]) == 12  # KV 10..14 before the five timed steps
+    assert centred_warmup(6, 5, 16, 2) == 2  # a context the window cannot centre on: the least warm-up
+
+
 def test_a_calibration_that_cannot_hold_its_batch_fails_loudly_and_leaves_the_engines_idle(engines):
     prompts = random_prompts(4, 5, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
     with pytest.raises(RuntimeError, match="Prefill of 3 requests, not a prefill of 4"):  # 3 slots
@@ -145,7 +168,9 @@ def test_a_calibration_that_cannot_hold_its_batch_fails_loudly_and_leaves_the_en
 
 
 def test_the_study_falls_back_to_the_table_when_calibration_fails(engines, tmp_path, caplog):
-    args = argparse.Namespace(calib_batches=[4], calib_repeats=1, calib_steps=1, prompt_len=3, out=tmp_path)
+    args = argparse.Namespace(
+        calib_batches=[4], calib_repeats=1, calib_steps=1, prompt_len=3, new_tokens=4, out=tmp_path
+    )
     prompts = random_prompts(4, 3, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
     table = costs().table
     got = calibration_stage(engines, table, prompts, args, [parse_arm("spec")], engines["spec"].drafts_per_round)

@@ -22,6 +22,7 @@ COMMANDS = {
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
     "spread": ("engine.bench.spread", "a fixture recipe over builds: τ and the c=1 ratio per seed, same-seed weights"),
+    "hostgap": ("engine.bench.hostgap", "a closed-loop run's wall outside its timed steps, part by part, and its GC"),
     "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
 }
 

@@ -15,6 +15,12 @@ The host term is the mean over a window of steps, not the median: every KV block
 step grows every request's block table (outside the PhaseTimer, inside `engine.step()`: ~10 ms at 256
 requests on CPU against ~1.5 ms between), and the sweep pays those steps at their frequency. The
 default window (16 steps) holds one block of a plain request's tokens; a median of 6 dropped them.
+The device ms subtracted are the table's at its context (the KV length its profile ran at: the
+study's prompt + half its new tokens), so a one-token step (plain decode, gated round) is timed in a
+window whose mean KV length is that context: timed right after the prefill instead (KV ~prompt + 10
+at the defaults), the wall lacks the attention over the tokens between, and the residual booked as
+host time comes out short by exactly that, more so the larger the batch. A speculative round adds
+several tokens a step, so its window starts right after the warm-up.
 """
 
 from __future__ import annotations
@@ -41,6 +47,17 @@ def budget_tokens(steps: int, drafts: int) -> int:
     """max_tokens that keeps a request running through `steps` decode-side steps of up to 1 + drafts
     tokens each after its prefill (so the batch stays whole while it is timed)."""
     return (steps + 1) * (1 + drafts) + 1
+
+
+def table_context(args: argparse.Namespace) -> int:
+    """The KV length the study's cost table is profiled at: the mean over a request's decode steps."""
+    return args.prompt_len + args.new_tokens // 2
+
+
+def centred_warmup(context: int, prompt_len: float, steps: int, least: int) -> int:
+    """Untimed one-token steps before `steps` timed ones, so the timed steps' mean KV length is
+    `context`: after its prefill a request holds its prompt's KV, and each step adds one token."""
+    return max(least, round(context - prompt_len - (steps - 1) / 2))
 
 
 def timed_steps(
@@ -97,10 +114,12 @@ def calibrate(
     repeats: int = 2,
     steps: int = 16,
     warmup: int = 2,
+    context: int | None = None,
 ) -> list[dict]:
     """Calibration rows (stepcosts.py) for the plain engine's decode and the speculative engine's
     gated round and rounds of each of spec_drafts drafts, at each batch: `repeats` timed prefills of
-    `batch` requests (after one untimed, for one-time costs), and the mean host ms of `steps` steps."""
+    `batch` requests (after one untimed, for one-time costs), and the mean host ms of `steps` steps,
+    those of one token each centred on the table's `context` (None: right after `warmup` steps)."""
     if not batches or min(batches) < 1 or max(batches) > len(prompts):
         raise ValueError(f"calibration batches {list(batches)} must be >= 1 and <= {len(prompts)} prompts")
     if repeats < 1 or steps < 1 or warmup < 0:
@@ -118,8 +137,11 @@ def calibrate(
         try:
             for b in batches:
                 timed_steps(engine, prompts[:b], 0, 0, drafts)  # one-time costs of this prefill shape
+                lead = warmup
+                if context is not None and not drafts:
+                    lead = centred_warmup(context, statistics.fmean(map(len, prompts[:b])), steps, warmup)
                 for _ in range(repeats):
-                    prefill, walls = timed_steps(engine, prompts[:b], warmup, steps, drafts)
+                    prefill, walls = timed_steps(engine, prompts[:b], lead, steps, drafts)
                     rows.append(_row("prefill", name, Plan.PREFILL.value, b, drafts, prefill, None))
                     plan = walls[0][0]
                     device = device_costs.step_ms(plan, b, engine.runner.graphs.rows(b), drafts)
@@ -185,7 +207,9 @@ def calibration_stage(
     spec_drafts = sorted({drafts[0], drafts[-1]}) if drafts else []
     try:
         rows = calibrate(
-            engines, table, prompts, args.calib_batches, spec_drafts, args.calib_repeats, args.calib_steps, warmup=2
+            *(engines, table, prompts, args.calib_batches, spec_drafts, args.calib_repeats, args.calib_steps),
+            warmup=2,
+            context=table_context(args),
         )
     except Exception:  # the sweep still runs; its predictions fall back to the device table alone
         log.exception("calibration failed: predictions without host terms, prefill as a graph replay")

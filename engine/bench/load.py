@@ -4,10 +4,12 @@ fixed number of requests has completed. Greedy, fixed output length (EOS ignored
 from __future__ import annotations
 
 import copy
+import gc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from engine.bench.gcstate import GcWatch
 from engine.bench.hw import peak_memory_gib, reset_peak_memory
 from engine.config import SamplingParams
 from engine.engine import Engine, SpecStats
@@ -23,6 +25,8 @@ class LoadResult:
     steps: list[StepTiming] = field(default_factory=list)
     stats: SpecStats = field(default_factory=SpecStats)  # this run's delta
     peak_mem_gib: float | None = None
+    gc_ms: float = 0.0  # in cyclic-GC collections during the run (part of wall_s)
+    gc_full: int = 0  # of them, full (generation 2) collections
 
     @property
     def tok_s(self) -> float:
@@ -39,7 +43,8 @@ def closed_loop(
 ) -> LoadResult:
     """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
     prompts[(first + i) % len(prompts)]. Prefill steps are part of the wall time (output tok/s is end
-    to end)."""
+    to end). The young GC generations are collected before the clock starts, so every run starts from
+    the same collector state; the collections the run pays are reported (gcstate.py)."""
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(
             f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
@@ -53,10 +58,10 @@ def closed_loop(
     first_step = len(engine.timer.records)
     before = copy.deepcopy(engine.stats)
     reset_peak_memory(engine.device)
+    gc.collect(1)
     sync(engine.device)
 
     submitted = done = tokens = in_flight = max_in_flight = 0
-    t0 = time.perf_counter()
 
     def submit() -> None:
         nonlocal submitted, in_flight, max_in_flight
@@ -65,23 +70,25 @@ def closed_loop(
         in_flight += 1
         max_in_flight = max(max_in_flight, in_flight)
 
-    while submitted < min(concurrency, num_requests):
-        submit()
-    while done < num_requests:
-        if not engine.has_unfinished():
-            raise RuntimeError(f"engine idle with {num_requests - done} requests unaccounted for")
-        for out in engine.step():
-            tokens += len(out.new_token_ids)
-            if not out.finished:
-                continue
-            if out.finish_reason == "rejected":
-                raise RuntimeError(f"{out.request_id} rejected: {out.error}")
-            done += 1
-            in_flight -= 1
-            if submitted < num_requests:
-                submit()
-    sync(engine.device)
-    wall = time.perf_counter() - t0
+    with GcWatch() as watch:
+        t0 = time.perf_counter()
+        while submitted < min(concurrency, num_requests):
+            submit()
+        while done < num_requests:
+            if not engine.has_unfinished():
+                raise RuntimeError(f"engine idle with {num_requests - done} requests unaccounted for")
+            for out in engine.step():
+                tokens += len(out.new_token_ids)
+                if not out.finished:
+                    continue
+                if out.finish_reason == "rejected":
+                    raise RuntimeError(f"{out.request_id} rejected: {out.error}")
+                done += 1
+                in_flight -= 1
+                if submitted < num_requests:
+                    submit()
+        sync(engine.device)
+        wall = time.perf_counter() - t0
     return LoadResult(
         wall_s=wall,
         requests=done,
@@ -90,6 +97,8 @@ def closed_loop(
         steps=engine.timer.records[first_step:],
         stats=stats_delta(before, engine.stats),
         peak_mem_gib=peak_memory_gib(engine.device),
+        gc_ms=watch.total_ms,
+        gc_full=watch.count[2],
     )
 
 

@@ -22,7 +22,14 @@ from pathlib import Path
 import torch
 
 from engine.bench.arms import ADAPTIVE_ARM, Arm, parse_arms
-from engine.bench.calibrate import add_calibration_args, budget_tokens, calib_batches, calibration_stage
+from engine.bench.calibrate import (
+    add_calibration_args,
+    budget_tokens,
+    calib_batches,
+    calibration_stage,
+    centred_warmup,
+    table_context,
+)
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.costmodel import CostTable
 from engine.bench.geometry import random_pair
@@ -208,8 +215,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a.adaptive for a in arms):
         spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
 
-    context = args.prompt_len + args.new_tokens // 2
-    calib = budget_tokens(args.calib_steps + 2, per_round)
+    context = table_context(args)
+    plain_lead = centred_warmup(context, args.prompt_len, args.calib_steps, 2)
+    calib = max(budget_tokens(args.calib_steps + 2, per_round), budget_tokens(plain_lead + args.calib_steps, 0))
     seq_tokens = args.prompt_len + max(
         args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1, calib
     )

@@ -27,6 +27,7 @@ from engine.bench.common import (
     setup_logging,
     weights_of,
 )
+from engine.bench.gcstate import frozen_heap
 from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
@@ -87,6 +88,8 @@ def round_row(
         "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
         **phase_split(res.steps),
         "peak_mem_gib": res.peak_mem_gib,
+        "gc_ms": res.gc_ms,  # collections inside wall_s, in a step or between steps
+        "gc_full": res.gc_full,
     }
 
 
@@ -106,7 +109,15 @@ def run_sweep(
     `rounds` rounds, round r starting at arm r mod n and on prompts from r * waves * c on (so c=1 does
     not measure the same two prompts every round). The budget is shared evenly by the concurrencies
     not yet run; a round is skipped when the slowest measured round would overrun its share (at least
-    one measured round always runs)."""
+    one measured round always runs). The start-up heap is frozen for the sweep (gcstate.py), so no
+    run pays a full collection of it."""
+    with frozen_heap():
+        rows, trimmed = _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress)
+    add_paired_ratios(rows)
+    return rows, trimmed
+
+
+def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress):
     rows: list[dict] = []
     trimmed: dict[int, int] = {}
     seq, start = 0, time.perf_counter()
@@ -137,7 +148,6 @@ def run_sweep(
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)
     bar.close()
-    add_paired_ratios(rows)
     return rows, trimmed
 
 
