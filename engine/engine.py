@@ -152,8 +152,9 @@ class Engine:
         self.levers, self.scheduler.max_batch = levers, levers.max_batch
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table (e.g. one a benchmark measured); the policy keeps its
-        acceptance estimate on it."""
+        """The adaptive policy's cost table, measured on this device (e.g. by a benchmark): the policy
+        keeps its acceptance estimate and learns the host time the table misses. A table given at
+        start (EngineConfig.cost_table, PEGAINFER_SPEC_COST_TABLE) is taken as the whole cost."""
         self.rounds.set_cost_table(table)
 
     def has_unfinished(self) -> bool:

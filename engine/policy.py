@@ -147,6 +147,7 @@ class SpanPolicy:
         relax: float = 0.01,
         jump: float = 0.25,
         host_relax: float = 0.002,
+        learn_host: bool = True,
     ):
         if 1 not in table.spans() or not table.draft:
             raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
@@ -163,6 +164,7 @@ class SpanPolicy:
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
+        self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
         """K for the next round of `batch` requests."""
@@ -196,6 +198,8 @@ class SpanPolicy:
 
     def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
         """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
+        if not self.learn_host:
+            return
         device = round_times(self.table, batch, [k])[k]
         self.host.add(batch, k, wall_ms, device)
 

@@ -104,6 +104,7 @@ class Rounds:
     ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
         self.cost_table, self._span_policy = cost_table, None
+        self.learn_host = cost_table is None  # a table given at start is taken as the whole cost
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
@@ -118,7 +119,7 @@ class Rounds:
         self.levers = levers
         self.hedger.configure(levers)
         if levers.policy == "adaptive" and self.per_round and self._span_policy is None:
-            self._span_policy = SpanPolicy(self.cost_table, self.per_round)
+            self._span_policy = SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host)
 
     @property
     def policy(self) -> SpanPolicy | None:
@@ -128,10 +129,11 @@ class Rounds:
         return self._span_policy if self.levers.policy == "adaptive" else None
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table (refused, nothing changed, when the policy cannot use it); a
-        policy already made keeps its acceptance estimate on the new table."""
+        """The adaptive policy's cost table, measured on this device (refused, nothing changed, when the
+        policy cannot use it): the policy learns the host time it misses. A policy already made keeps
+        its acceptance estimate on the new table."""
         policy = SpanPolicy(table, self.per_round) if self.per_round else None
-        self.cost_table = table
+        self.cost_table, self.learn_host = table, True
         if self._span_policy is not None and policy is not None:
             policy.conditional = list(self._span_policy.conditional)
             self._span_policy = policy

@@ -18,12 +18,22 @@ from engine.bench.load import LoadResult, closed_loop
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture
+def thawed():
+    """A heap nothing froze before the test (a process that ran other code may have; re-frozen after)."""
+    was = gc.get_freeze_count()
+    gc.unfreeze()
+    yield
+    if was:
+        gc.freeze()
+
+
 class Node:
     def __init__(self) -> None:
         self.me = self  # a cycle: only the cyclic collector frees it
 
 
-def test_frozen_heap_collects_first_freezes_the_survivors_and_thaws_them_after():
+def test_frozen_heap_collects_first_freezes_the_survivors_and_thaws_them_after(thawed):
     garbage = Node()
     dead = weakref.ref(garbage)
     del garbage
@@ -68,7 +78,7 @@ def test_closed_loop_reports_the_full_collections_its_steps_paid(tiny_target):
     assert 0 < res.gc_ms < res.wall_s * 1e3
 
 
-def test_the_sweep_runs_every_closed_loop_on_a_frozen_heap(monkeypatch):
+def test_the_sweep_runs_every_closed_loop_on_a_frozen_heap(monkeypatch, thawed):
     frozen = []
 
     def fake_loop(engine, prompts, c, n, new_tokens, first=0):

@@ -73,6 +73,8 @@ def test_gated_under_load_then_resumes_and_stays_lossless(tiny_target, tiny_draf
 
 def test_every_round_reports_its_wall_and_no_prefill_does(tiny_target, tiny_drafter, plain, capsys, one_thread):
     engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    assert not engine.rounds.policy.learn_host  # a table given at start is the whole cost
+    engine.set_cost_table(loses_from_3())  # as a benchmark sets one it measured: the host term learns
     policy, walls = engine.rounds.policy, []
 
     def observe_wall(batch, k, ms):

@@ -63,3 +63,12 @@ def test_the_policy_stays_on_where_the_host_term_is_small():
         k = policy.decide(64)
         policy.observe_wall(64, k, round_times(t, 64, [k])[k] + (0.2 if k else 0.1))
     assert policy.k > 0
+
+
+def test_a_table_given_as_the_whole_cost_learns_no_host_term():
+    t = table(lambda b, s: 1.0 + 0.0005 * b * s, lambda b: 0.5, SPANS, batches=(1, 8, 64))
+    policy = SpanPolicy(t, PER_ROUND, prior=[0.6] * PER_ROUND, learn_host=False)
+    for _ in range(12):
+        k = policy.decide(64)
+        policy.observe_wall(64, k, round_times(t, 64, [k])[k] + (3.0 if k else 0.1))
+    assert policy.k > 0 and not policy.host.ms
