@@ -23,9 +23,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import mul
 from pathlib import Path
 
-from engine.costs import CostTable, expected_committed, read_cost_table
+from engine.costs import CostTable, read_cost_table
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one
@@ -63,10 +65,8 @@ def choose_span(
 def best_span(times: dict[int, float], batch: int, conditional: Sequence[float]) -> tuple[int, dict[int, float]]:
     """The best K and every K's value: expected committed tokens per ms, a speculative K's discounted
     by SPEC_DISCOUNT."""
-    values = {
-        k: batch * expected_committed(conditional, k) / ms / (1.0 + SPEC_DISCOUNT if k else 1.0)
-        for k, ms in times.items()
-    }
+    committed = list(accumulate(accumulate(conditional, mul), initial=1.0))  # [K] = expected_committed(., K)
+    values = {k: batch * committed[k] / ms / (1.0 + SPEC_DISCOUNT if k else 1.0) for k, ms in times.items()}
     return max(values, key=lambda k: (values[k], -k)), values
 
 
@@ -155,6 +155,7 @@ class SpanPolicy:
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
+        self._device: dict[tuple[int, int], float] = {}  # (batch, K) -> the table's ms
         self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
     def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
@@ -191,7 +192,9 @@ class SpanPolicy:
         """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
         if not self.learn_host:
             return
-        device = round_times(self.table, batch, [k])[k]
+        device = self._device.get((batch, k))
+        if device is None:
+            device = self._device[batch, k] = round_times(self.table, batch, [k])[k]
         self.host.add(batch, k, wall_ms, device)
 
     def _starved_at_one(self, max_drafts: int) -> bool:

@@ -1,5 +1,5 @@
-"""The adaptive span policy's host cost per round: `SpanPolicy.decide` plus `observe` on a synthetic
-profile-shaped cost table, timed on the host (no device work is involved).
+"""The adaptive span policy's host cost per round: `SpanPolicy.decide`, `observe` and `observe_wall`
+(the host term) on a synthetic profile-shaped cost table, timed on the host (no device work).
 
     python -m engine.bench policy-cost --batches 1 16 64 256 --out policy-cost.csv
 """
@@ -35,13 +35,15 @@ def synthetic_table(per_round: int) -> CostTable:
 
 
 def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random) -> list[float]:
-    """Microseconds of one decide + observe, per round."""
+    """Microseconds of one decide + observe + observe_wall, per round."""
     times = []
     for _ in range(rounds):
         accepted = [rng.randint(0, policy.per_round) for _ in range(batch)]
+        wall_ms = 10.0 + rng.random()
         start = time.perf_counter()
         k = policy.decide(batch)
         policy.observe([k] * batch, [min(a, k) for a in accepted])
+        policy.observe_wall(batch, k, wall_ms)
         times.append((time.perf_counter() - start) * 1e6)
     return times
 
