@@ -118,8 +118,10 @@ def test_levers_take_effect_per_arm(swept):
             chosen = {int(k): int(n) for k, n in (item.split(":") for item in r["span_choices"].split())}
             assert sum(chosen.values()) == int(r["spec_steps"]) > 0 and set(chosen) <= {0, 1, 2, 4, 5}
             assert int(r["drafts_verified"]) <= 5 * (rounds - int(r["gated_rounds"]))
+            terms = dict(item.split(":") for item in r["host_terms"].split())  # what the choices rested on
+            assert terms and all(key.split("@")[0] in ("spec", "gated") and float(ms) >= 0 for key, ms in terms.items())
         else:
-            assert r["span_choices"] == ""
+            assert r["span_choices"] == "" and r["host_terms"] == ""
             k = 2 if arm == "spec+trim=2" else 5  # the tiny drafter: block 6, 5 drafts a round
             assert int(r["gated_rounds"]) == 0 and int(r["spec_steps"]) > 0
             assert int(r["drafts_verified"]) <= k * rounds

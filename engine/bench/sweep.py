@@ -56,8 +56,23 @@ def policy_choices(engine: Engine) -> Counter:
     return Counter(policy.chosen) if policy else Counter()
 
 
+def policy_host(engine: Engine) -> str:
+    """The adaptive policy's learnt host terms after a run, ms per kind and batch bucket
+    ("spec@16:2.10 gated@16:0.39"; empty under the static policy): what its choices rested on."""
+    policy = engine.rounds.policy
+    terms = sorted(policy.host.ms.items()) if policy else []
+    return " ".join(f"{'spec' if spec else 'gated'}@{bucket}:{ms:.3f}" for (spec, bucket), ms in terms)
+
+
 def round_row(
-    c: int, round_index: int, slot: int, seq: int, arm: Arm, res: LoadResult, chosen: Counter | None = None
+    c: int,
+    round_index: int,
+    slot: int,
+    seq: int,
+    arm: Arm,
+    res: LoadResult,
+    chosen: Counter | None = None,
+    host_terms: str = "",
 ) -> dict:
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
@@ -86,6 +101,7 @@ def round_row(
         "tokens_per_round": (s.committed_tokens - s.gated_rounds) / spec_rounds if spec_rounds else None,
         "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
         "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
+        "host_terms": host_terms,  # the adaptive policy's host term after the run (policy_host)
         **phase_split(res.steps),
         "peak_mem_gib": res.peak_mem_gib,
         "gc_ms": res.gc_ms,  # collections inside wall_s, in a step or between steps
@@ -143,7 +159,8 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
                 res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
                 if r:
-                    rows.append(round_row(c, r, slot, seq, arm, res, policy_choices(engine) - before))
+                    chosen = policy_choices(engine) - before
+                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, policy_host(engine) if chosen else ""))
                     seq += 1
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)
