@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from engine.__main__ import _parser
@@ -106,3 +108,30 @@ def test_completion_fields_map_to_sampling_params():
     assert (p.stop, p.min_tokens, p.logprobs) == (("\n",), 2, 0)
     chat = parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}, str)
     assert chat.params.logprobs == 3
+
+
+def test_serve_freezes_the_start_up_heap_before_it_serves(monkeypatch, tmp_path):
+    uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed (pip install -e '.[serve]')")
+    pytest.importorskip("starlette", reason="starlette is not installed (pip install -e '.[serve]')")
+    from engine.serve import cli
+
+    class Worker:
+        def __init__(self, engine):
+            pass
+
+        start = stop = lambda self: None  # noqa: E731
+
+    frozen = []
+    monkeypatch.setattr("engine.engine.Engine", lambda config: object())
+    monkeypatch.setattr("engine.serve.worker.EngineWorker", Worker)
+    monkeypatch.setattr("engine.serve.app.build_app", lambda worker, name: None)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: frozen.append(gc.get_freeze_count()))
+    was = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        assert cli.run(_parser().parse_args(["serve", "--model", str(tmp_path)])) == 0
+    finally:
+        gc.unfreeze()
+        if was:
+            gc.freeze()
+    assert frozen and frozen[0] > 0
