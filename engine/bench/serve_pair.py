@@ -26,6 +26,7 @@ from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_prof
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.levers import Levers
+from engine.serve.cli import freeze_start_up_heap
 from engine.serve.protocol import BadRequest  # the app's refusal: HTTP 400 with this message
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
     log.info("known-%s pair, arm %s, profile %s: serving", args.geometry, args.arm.label, args.profile.name)
+    freeze_start_up_heap()  # as `python -m engine serve` does
     worker = EngineWorker(engine)
     worker.start()
     try:

@@ -34,6 +34,13 @@ def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse
     return s
 
 
+def freeze_start_up_heap() -> None:
+    """The start-up heap (torch, the models, the graphs) leaves the cyclic collector's reach, as vLLM
+    does: a full collection over it stops the engine loop for ~0.5 s on a CI core."""
+    gc.collect()
+    gc.freeze()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -45,10 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.serve.worker import EngineWorker
 
     engine = Engine(engine_config(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len))
-    # The start-up heap (torch, the models, the graphs) leaves the cyclic collector's reach, as vLLM
-    # does: a full collection over it stops the engine loop for ~0.5 s on a CI core.
-    gc.collect()
-    gc.freeze()
+    freeze_start_up_heap()
     worker = EngineWorker(engine)
     name = args.served_model_name or Path(args.model).name
     worker.start()
