@@ -3,6 +3,8 @@ from the cost table, gated (K = 0) under load past break-even, and speculation r
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -168,3 +170,30 @@ def test_the_acceptance_estimate_outlives_lever_changes_and_a_new_table(tiny_tar
     assert engine.rounds.policy is policy and policy.conditional == learned
     engine.set_cost_table(loses_from_3())
     assert engine.rounds.policy is not policy and engine.rounds.policy.conditional == learned
+
+
+def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, capsys, one_thread):
+    # The table says a round of all drafts costs what a gated one does; every speculative round's wall
+    # carries 150 ms the table cannot see (a host-bound drafter's bookkeeping, here a sleep). Learnt from
+    # the walls, that turns the policy to K = 0 while both requests still run, losslessly.
+    prompts, budgets = [PROMPTS[0], PROMPTS[3]], [96, 80]
+    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in budgets]
+    plain = Engine(EngineConfig(model=str(tiny_target), device="cpu")).generate(prompts, params)
+    flat = table(lambda b, s: 5.0, lambda b: 0.1, SPANS)
+    reference = {tuple(p): o.token_ids for p, o in zip(prompts, plain, strict=True)}
+    engine = oracle_engine(tiny_target, tiny_drafter, reference, flat)
+    engine.set_cost_table(flat)  # as measured on this device: the host term learns
+    oracle = engine.runner.draft
+
+    def host_bound(reqs):
+        time.sleep(0.15)
+        return oracle(reqs)
+
+    engine.runner.draft = host_bound
+    outs = engine.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+    rows = levers_trace_rows(capsys.readouterr().err.splitlines())
+    both = [r.span_limit for r in rows if r.request == 1]  # the shorter request: the batch is 2 throughout
+    assert both[0] == engine.drafts_per_round and both[-3:] == [0, 0, 0]
+    host = engine.rounds.policy.host
+    assert host.predict(2, True) > 20 * host.predict(2, False)
