@@ -202,7 +202,7 @@ class Engine:
         """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
         A RequestFailure finishes exactly its requests as `error` (the others run the step again); any
         other exception finishes every running request (docs/architecture.md, Failures)."""
-        start = time.perf_counter()
+        start, captures = time.perf_counter(), self.runner.graphs.captures
         step = self.scheduler.schedule()
         if step is None:
             if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
@@ -222,8 +222,9 @@ class Engine:
             log.exception("%s step of %d request(s) failed", step.plan.value, len(step.reqs))
             return self._fail_running(f"{step.plan.value} step failed: {type(err).__name__}: {err}")
         else:
-            if step.plan is not Plan.PREFILL:
-                self.rounds.step_wall(len(step.reqs), 1e3 * (time.perf_counter() - start))
+            if step.plan is not Plan.PREFILL:  # a step that captured a graph timed the capture, not the round
+                wall = None if self.runner.graphs.captures != captures else 1e3 * (time.perf_counter() - start)
+                self.rounds.step_wall(len(step.reqs), wall)
         for r in step.reqs:
             if r.finished:
                 self.scheduler.release(r)

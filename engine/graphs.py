@@ -45,6 +45,7 @@ class StepGraphs:
     def __init__(self, enabled: bool, buckets: list[int]):
         self.enabled, self.buckets = enabled, buckets
         self.captured: dict[tuple, CapturedStep] = {}
+        self.captures = 0  # graphs captured so far: a step that captured one is no timing sample
         self._pool = torch.cuda.graph_pool_handle() if enabled else None
 
     def bucket(self, n: int) -> int | None:
@@ -77,6 +78,7 @@ class StepGraphs:
             log.debug("capturing CUDA graph %s", key)
             inputs = {k: v if k in shared else v.clone() for k, v in values.items()}
             graph = self.captured[key] = CapturedStep(fn, inputs, self._pool)
+            self.captures += 1
         return graph.replay(**values)
 
 

@@ -86,11 +86,12 @@ class HostTerm:
     """The ms a round costs beyond the table's device time, per kind (gated or speculative) and batch
     bucket (the power of two at or above the batch): an EMA of each round's measured wall minus the
     table's time for it. On a small model the speculative round's host work (settling, the scheduler,
-    the trace) outweighs its device time, so a table of graph replays alone speculates at a loss (the
-    small pair at c=16 and 64 on the H200). The first round of a (K, bucket) may capture its graph, so
-    it is not taken; the next starts the term at most at the device time, and later walls are clipped
-    to three times the term plus the device time (a GC pause moves it a little; a host-bound round
-    that dwarfs its device time is learnt in a few rounds: the term grows 1.5x a round at most). A
+    the trace) outweighs its device time, so a table of graph replays alone speculates at a loss. A
+    step that captured a graph never arrives here (the engine drops its wall: on the H200 4B study a
+    bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated `code` at c=64, where
+    speculation wins by 26 %, ec1e906). The first wall starts the term at most at the device time, and
+    later walls are clipped to three times the term plus the device time (a GC pause moves it a little;
+    a host-bound round that dwarfs its device time is learnt in a few rounds: 1.5x a round at most). A
     kind never seen at a bucket counts 0 there, so it is tried and learnt: read off other buckets,
     a term misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
     round of 16 look 16 times dearer and kept the small pair speculating at a loss, 03985b1; on the
@@ -100,14 +101,9 @@ class HostTerm:
     def __init__(self, rate: float = 0.25):
         self.rate = rate
         self.ms: dict[tuple[bool, int], float] = {}  # (speculative, bucket) -> host ms
-        self._seen: set[tuple[int, int]] = set()  # (K, bucket) rounds whose first wall was skipped
 
     def add(self, batch: int, k: int, wall_ms: float, device_ms: float) -> None:
-        bucket = _bucket(batch)
-        if (k, bucket) not in self._seen:
-            self._seen.add((k, bucket))
-            return
-        key = (k > 0, bucket)
+        key = (k > 0, _bucket(batch))
         old = self.ms.get(key)
         residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
         if old is None:

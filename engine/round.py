@@ -138,11 +138,11 @@ class Rounds:
             policy.conditional = list(self._span_policy.conditional)
             self._span_policy = policy
 
-    def step_wall(self, batch: int, ms: float) -> None:
-        """The engine's wall for the step that ran the last round: the policy's host term learns
-        from it (nothing to learn for a plain step or a prefill)."""
+    def step_wall(self, batch: int, ms: float | None) -> None:
+        """The engine's wall for the step that ran the last round (None: it captured a graph): the
+        policy's host term learns from it (nothing to learn for a plain step or a prefill)."""
         k, self._policy_k = self._policy_k, None
-        if k is not None and self.policy:
+        if k is not None and ms is not None and self.policy:
             self.policy.observe_wall(batch, k, ms)
 
     def pause(self) -> None:

@@ -87,7 +87,23 @@ def test_every_round_reports_its_wall_and_no_prefill_does(tiny_target, tiny_draf
     _, rows = run(engine, capsys)
     assert sum(b for b, _, _ in walls) == len(rows)  # one wall per round, one trace line per request in it
     assert {k for _, k, _ in walls} == {0, engine.drafts_per_round} and all(ms > 0 for *_, ms in walls)
-    assert policy.host._seen  # the host term took them
+    assert policy.host.ms  # the host term took them
+
+
+def test_a_step_that_captured_a_graph_sends_no_wall(tiny_target, tiny_drafter, plain, capsys, one_thread):
+    # On the H200 the captures of a bucket's batches 40, 48 and 56 taught the host term 3.2 ms there.
+    engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    engine.set_cost_table(loses_from_3())
+    walls, graphs, run_step = [], engine.runner.graphs, engine._run
+    engine.rounds.policy.observe_wall = lambda batch, k, ms: walls.append(batch)
+
+    def capturing(step):
+        run_step(step)
+        graphs.captures += len(step.reqs) % 2  # every step of an odd batch "captured" a graph
+
+    engine._run = capturing
+    run(engine, capsys)
+    assert 2 in walls and 4 in walls and not {1, 3} & set(walls)
 
 
 def test_cheap_drafter_speculates_every_round_with_all_drafts(tiny_target, tiny_drafter, plain, capsys, one_thread):
@@ -196,4 +212,4 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     both = [r.span_limit for r in rows if r.request == 1]  # the shorter request: the batch is 2 throughout
     assert both[0] == engine.drafts_per_round and both[-3:] == [0, 0, 0]
     host = engine.rounds.policy.host
-    assert host.predict(2, True) > 20 * host.predict(2, False)
+    assert host.predict(2, True) > 50.0 > 5 * host.predict(2, False)  # the sleep, not the gated round's host work

@@ -10,16 +10,15 @@ PER_ROUND = 15
 SPANS = (1, 2, 3, 5, 9, 16)
 
 
-def test_the_first_wall_is_skipped_outliers_are_clipped_and_unseen_buckets_count_zero():
+def test_the_first_wall_is_capped_outliers_are_clipped_and_unseen_buckets_count_zero():
     h = HostTerm(rate=0.5)
-    h.add(16, 4, 500.0, 2.0)  # the first round of (K=4, bucket 16) may capture its graph: not taken
-    assert h.predict(16, True) == 0.0
-    h.add(16, 4, 3.0, 2.0)
+    h.add(16, 4, 500.0, 2.0)  # the first wall starts the term at most at the device time
+    assert h.predict(16, True) == 2.0
+    h.add(16, 4, 0.0, 2.0)  # a wall under the table's time: no host work seen
     assert h.predict(16, True) == 1.0
     h.add(16, 4, 300.0, 2.0)  # a pause: clipped to three times the term plus the device time
     assert h.predict(16, True) == 3.0
-    h.add(9, 2, 9.0, 2.0)  # first of (K=2, bucket 16)
-    h.add(9, 2, 1.0, 2.0)  # a wall under the table's time: no host work seen
+    h.add(9, 2, 1.0, 2.0)  # another K, the same kind and bucket
     assert h.predict(16, True) == 1.5
     assert h.predict(64, True) == h.predict(3, True) == 0.0  # unseen buckets count 0: tried, then learnt
     assert h.predict(16, False) == 0.0  # gated rounds: nothing seen yet
