@@ -12,7 +12,7 @@ import torch
 from engine.bench import sweep
 from engine.bench.arms import parse_arms, round_order
 from engine.bench.common import make_engine
-from engine.bench.load import LoadResult, acceptance_histogram, closed_loop
+from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch
 from engine.bench.report import read_csv
 from engine.engine import SpecStats
 from engine.provenance import git_commit
@@ -55,7 +55,8 @@ def test_outputs_and_complete_rows(swept):
     assert len(rows) == 2 * 2 * 6  # concurrencies x measured rounds x arms (warm-up discarded)
     for r in rows:
         c = int(r["concurrency"])
-        for key in ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq", "gc_ms"):
+        keys = ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq", "gc_ms")
+        for key in (*keys, "mean_batch"):
             assert r[key] != "", (key, r)
         assert int(r["requests"]) == 2 * c  # two waves of c
         assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored
@@ -174,6 +175,9 @@ def test_closed_loop_keeps_c_in_flight_and_counts_acceptance(tiny_target, tiny_d
     assert (res.requests, res.output_tokens, res.max_in_flight) == (7, 42, 3)
     assert res.stats.committed_tokens == 7 * 5  # every token after the prefill's comes from a verify round
     assert sum(acceptance_histogram(res.stats)) == res.stats.drafts
+    decode_side = [s.batch for s in res.steps if s.plan != "Prefill"]
+    assert 1 <= mean_batch(res.steps) == sum(decode_side) / len(decode_side) <= 3
+    assert mean_batch([s for s in res.steps if s.plan == "Prefill"]) is None
     with pytest.raises(ValueError, match="concurrency"):
         closed_loop(engine, [[1]], concurrency=0, num_requests=1, max_tokens=2)
 

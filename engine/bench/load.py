@@ -13,6 +13,7 @@ from engine.bench.gcstate import GcWatch
 from engine.bench.hw import peak_memory_gib, reset_peak_memory
 from engine.config import SamplingParams
 from engine.engine import Engine, SpecStats
+from engine.scheduler import Plan
 from engine.timing import PhaseTimer, StepTiming, sync
 
 
@@ -135,6 +136,14 @@ def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
     target = sum(s.phases.get("target", 0.0) for s in steps)
     total = sum(s.total for s in steps)
     return {"draft_ms": draft, "target_ms": target, "other_ms": max(0.0, total - draft - target), "steps_ms": total}
+
+
+def mean_batch(steps: Sequence[StepTiming]) -> float | None:
+    """Requests per decode-side step (plain, speculative or gated): how full the batch ran. In a closed
+    loop of fixed-length requests a speculative arm's finishes scatter, so its batch drains and refills
+    while a plain arm's stays full in lockstep."""
+    batches = [s.batch for s in steps if s.plan != Plan.PREFILL.value]
+    return sum(batches) / len(batches) if batches else None
 
 
 def plan_counts(steps: Sequence[StepTiming]) -> dict[str, int]:

@@ -46,6 +46,11 @@ def _pooled_hist(group: Sequence[dict]) -> list[int]:
     return [sum(h[i] if i < len(h) else 0 for h in hists) for i in range(width)]
 
 
+def _median_of(group: Sequence[dict], key: str) -> float | None:
+    values = [r[key] for r in group if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
 def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> list[dict]:
     """One dict per (concurrency, arm) in concurrency-then-arm order."""
     floors, spec_floors = noise_floors(rows), noise_floors(rows, SPEC_NOISE_ARM, SPEC)
@@ -86,6 +91,7 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> li
                         (sum(r["committed_tokens"] for r in g) - gated) / spec_rounds if spec_rounds else None
                     ),
                     "gated_share": gated / rounds if rounds else None,
+                    "mean_batch": _median_of(g, "mean_batch"),
                     "accept_hist": _pooled_hist(g),
                     "draft_share": sum(r["draft_ms"] for r in g) / steps_ms,
                     "target_share": sum(r["target_ms"] for r in g) / steps_ms,
@@ -123,6 +129,7 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
                 s["verdict"],
                 fmt(s["tokens_per_round"], 2),
                 "—" if s["gated_share"] is None or s["arm"].startswith(PLAIN) else f"{100 * s['gated_share']:.0f} %",
+                fmt(s.get("mean_batch"), 1),
                 split,
                 fmt(s["peak_mem_gib"], 2),
             ]
@@ -137,6 +144,7 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
         "verdict",
         "τ",
         "gated",
+        "batch",
         "draft/target/other %",
         "peak GiB",
     ]
@@ -150,7 +158,9 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
         f"\nvs plain: median over rounds of the per-round paired ratio (same round, same concurrency); noise: the "
         f"largest |plain#2/plain − 1| over rounds (speculative arms, with spec#2: the larger of that and "
         f"|spec#2/spec − 1|); verdict parity when |median − 1| ≤ max(noise, {100 * bar:.1f} %). "
-        "τ: committed tokens per speculating request-round (accepted drafts + 1).\n"
+        "τ: committed tokens per speculating request-round (accepted drafts + 1). batch: requests per "
+        "decode-side step (median over rounds): a speculative arm's scattered finishes drain the batch that "
+        "plain keeps full in lockstep.\n"
     )
     if acc:
         text += "\nAccepted drafts per speculating request-round (share of rounds):\n\n"

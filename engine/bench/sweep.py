@@ -28,7 +28,7 @@ from engine.bench.common import (
     weights_of,
 )
 from engine.bench.gcstate import frozen_heap
-from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, phase_split, plan_counts
+from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch, phase_split, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
@@ -88,6 +88,7 @@ def round_row(
         "tok_s": res.tok_s,
         "ratio_vs_plain": None,
         "max_in_flight": res.max_in_flight,
+        "mean_batch": mean_batch(res.steps),
         "steps": len(res.steps),
         "prefill_steps": plans.get(Plan.PREFILL.value, 0),
         "decode_steps": plans.get(Plan.DECODE.value, 0),
