@@ -22,6 +22,10 @@ COMMANDS = {
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
     "spread": ("engine.bench.spread", "a fixture recipe over builds: τ and the c=1 ratio per seed, same-seed weights"),
+    "study-files": (
+        "engine.bench.study_files",
+        "a study's report from its files (a run cut short after its sweep)",
+    ),
     "hostgap": ("engine.bench.hostgap", "a closed-loop run's wall outside its timed steps, part by part, and its GC"),
     "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
 }

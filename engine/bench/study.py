@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ from engine.bench.meta import run_meta
 from engine.bench.modelled import ModelledDrafter, parse_profile
 from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
+from engine.bench.study_files import write_checks, write_meta
 from engine.bench.study_report import arm_drafts, predicted_seconds, write_study
 from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
@@ -204,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(err)) from None
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
-    meta = run_meta("study", device, list(argv) if argv is not None else None)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    meta = run_meta("study", device, argv)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     target, drafter_ckpt = known_pair(args.geometry, device, dtype, args.seed)
@@ -237,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
+    write_meta(args.out, meta, argv, graph_buckets(engines["spec"]))  # what a report from the files needs
     write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, equality))
     log.info("profiles done at %.0f s", time.perf_counter() - t0)
 
@@ -245,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     echo = echo_check(engines["plain"], prompts[: args.echo_batch], args.echo_steps)
     drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
     lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
+    write_checks(args.out, echo, lossless)
     mismatches = [r["mismatches"] for r in lossless]
     log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
     costs = calibration_stage(engines, table, prompts, args, arms, per_round)

@@ -1,0 +1,82 @@
+"""A study's report from its files: a run cut short after its sweep (a device call's cap) keeps
+profile.csv, calibration.csv, sweep.csv and the meta.json and checks.json written as they are known;
+this writes study.md, summary.csv and the PNGs from them on any machine.
+
+    python -m engine.bench.study_files DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine.bench.arms import parse_arms
+from engine.bench.costmodel import CostTable
+from engine.bench.modelled import parse_profile
+from engine.bench.report import read_csv, write_json
+from engine.bench.stepcosts import StepCosts
+from engine.bench.study_report import write_study
+
+PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
+
+
+def write_meta(out: Path, meta: dict, argv: list[str], buckets: list[int]) -> None:
+    write_json(out / "meta.json", {**meta, "argv": argv, "buckets": buckets})
+
+
+def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
+    write_json(out / "checks.json", {"echo": echo, "lossless": lossless})
+
+
+def typed(row: dict) -> dict:
+    """A CSV row's cells as the study wrote them: '' -> None, numbers as int or float."""
+    out = {}
+    for key, value in row.items():
+        if value == "":
+            out[key] = None
+            continue
+        for kind in (int, float):
+            try:
+                out[key] = kind(value)
+                break
+            except ValueError:
+                pass
+        else:
+            out[key] = value
+    return out
+
+
+def report(directory: Path, parser: argparse.ArgumentParser, waves_for) -> None:
+    """study.md, summary.csv, study.json and the PNGs from a study directory's files."""
+    meta = json.loads((directory / "meta.json").read_text())
+    checks = json.loads((directory / "checks.json").read_text())
+    args = parser.parse_args([*meta["argv"], "--out", str(directory)])
+    profiled_rows = [typed(r) for r in read_csv(directory / "profile.csv")]
+    profiled = {key: [r for r in profiled_rows if r["engine"] == name] for key, name in PROFILED.items()}
+    table = CostTable.from_rows(profiled["spec"], profiled["plain"])
+    costs = StepCosts.from_rows(table, read_csv(directory / "calibration.csv"))
+    per_round = next(r["span"] for r in profiled["spec"] if r["kind"] == "draft")
+    profiles = [parse_profile(p).first(per_round) for p in args.profiles]
+    arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
+    rows = [typed(r) for r in read_csv(directory / "sweep.csv")]
+    echo, lossless = checks["echo"], checks["lossless"]
+    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, meta["buckets"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from engine.bench.study import _parser, waves_for
+
+    p = argparse.ArgumentParser(prog="python -m engine.bench.study_files", description=__doc__.split("\n\n")[0])
+    p.add_argument("study", type=Path, help="a study's output directory")
+    args = p.parse_args(argv)
+    try:
+        report(args.study, _parser(), waves_for)
+    except (OSError, KeyError, ValueError) as err:
+        raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""A study cut short after its sweep is reported from its files: the tiny geometry's study on the CPU,
+its report removed, then rebuilt by `engine.bench.study_files` to the same summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.bench.report import read_csv
+from engine.bench.study import main as study_main
+from engine.bench.study_files import main as files_main
+from engine.bench.study_files import typed
+
+FLAGS = ["--geometry", "tiny", "--device", "cpu", "--concurrency", "1", "2", "--rounds", "1", "--new-tokens", "4"]
+FLAGS += ["--profile-budget-s", "3", "--echo-steps", "8", "--echo-batch", "2", "--calib-steps", "4"]
+FLAGS += ["--calib-repeats", "1", "--arms", "spec", "spec+trim=2"]
+
+
+def test_a_study_is_reported_again_from_its_files(tmp_path, capsys):
+    study_main(["--out", str(tmp_path), *FLAGS])
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    checks = json.loads((tmp_path / "checks.json").read_text())
+    assert meta["argv"][-2:] == ["spec", "spec+trim=2"] and meta["buckets"] == []  # eager on the CPU
+    assert not checks["echo"]["failures"] and {r["arm"] for r in checks["lossless"]} == {"spec", "spec+trim=2"}
+    first, text = read_csv(tmp_path / "summary.csv"), (tmp_path / "study.md").read_text()
+    (tmp_path / "summary.csv").unlink()
+    (tmp_path / "study.md").unlink()
+    assert files_main([str(tmp_path)]) == 0
+    assert read_csv(tmp_path / "summary.csv") == first
+    assert (tmp_path / "study.md").read_text() == text
+    (tmp_path / "checks.json").unlink()  # a run cut before its checks cannot be reported
+    with pytest.raises(SystemExit, match="FileNotFoundError"):
+        files_main([str(tmp_path)])
+
+
+def test_csv_cells_come_back_typed():
+    row = typed({"a": "", "b": "3", "c": "2.5", "d": "15:23", "e": "spec+trim=2", "f": "1e-3"})
+    assert row == {"a": None, "b": 3, "c": 2.5, "d": "15:23", "e": "spec+trim=2", "f": 0.001}
