@@ -3,6 +3,8 @@ online, so a table of graph replays alone does not speculate where host work mak
 
 from __future__ import annotations
 
+import pytest
+
 from engine.policy import HostTerm, SpanPolicy, round_times
 from tests.policy_tables import table
 
@@ -10,15 +12,18 @@ PER_ROUND = 15
 SPANS = (1, 2, 3, 5, 9, 16)
 
 
-def test_the_first_wall_is_capped_outliers_are_clipped_and_unseen_buckets_count_zero():
+def test_first_walls_are_skipped_then_capped_outliers_clipped_and_unseen_buckets_count_zero():
     h = HostTerm(rate=0.5)
-    h.add(16, 4, 500.0, 2.0)  # the first wall starts the term at most at the device time
+    h.add(16, 4, 900.0, 2.0)  # the first round of (K=4, batch 16) pays one-off costs: not taken
+    assert h.predict(16, True) == 0.0
+    h.add(16, 4, 500.0, 2.0)  # the first wall taken starts the term at most at the device time
     assert h.predict(16, True) == 2.0
     h.add(16, 4, 0.0, 2.0)  # a wall under the table's time: no host work seen
     assert h.predict(16, True) == 1.0
     h.add(16, 4, 300.0, 2.0)  # a pause: clipped to three times the term plus the device time
     assert h.predict(16, True) == 3.0
-    h.add(9, 2, 1.0, 2.0)  # another K, the same kind and bucket
+    h.add(9, 2, 9.0, 2.0)  # first of (K=2, batch 9)
+    h.add(9, 2, 1.0, 2.0)  # another K and batch, the same kind and bucket
     assert h.predict(16, True) == 1.5
     assert h.predict(64, True) == h.predict(3, True) == 0.0  # unseen buckets count 0: tried, then learnt
     assert h.predict(16, False) == 0.0  # gated rounds: nothing seen yet
@@ -26,8 +31,20 @@ def test_the_first_wall_is_capped_outliers_are_clipped_and_unseen_buckets_count_
     assert h.predict(16, True) == 1.5
     h.add(16, 0, 1.0, 0.5)
     h.add(16, 0, 1.0, 0.5)
+    h.add(16, 0, 1.0, 0.5)
     h.relax(16, 0.5)
     assert h.predict(16, False) == 0.5 and h.predict(16, True) == 1.0
+
+
+def test_a_gated_term_never_exceeds_the_speculative_one_at_its_bucket():
+    h = HostTerm(rate=1.0)
+    for wall in (9.0, 9.0, 9.0):  # gated rounds at 128 with 3.3 ms of one-off host work
+        h.add(128, 0, wall, 5.7)
+    assert h.predict(128, False) == pytest.approx(3.3)  # no speculative term yet: the gated one stands
+    for wall in (20.0, 20.0):
+        h.add(128, 4, wall, 18.5)
+    assert h.predict(128, True) == h.predict(128, False) == pytest.approx(1.5)
+    assert h.ms[False, 128] == pytest.approx(3.3)  # kept: it falls back if the speculative term grows
 
 
 def test_a_host_bound_round_is_learnt_in_a_few_rounds():
