@@ -212,4 +212,4 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     both = [r.span_limit for r in rows if r.request == 1]  # the shorter request: the batch is 2 throughout
     assert both[0] == engine.drafts_per_round and both[-3:] == [0, 0, 0]
     host = engine.rounds.policy.host
-    assert host.predict(2, True) > 50.0 > 5 * host.predict(2, False)  # the sleep, not the gated round's host work
+    assert host.predict(2, True) > 4 * max(host.predict(2, False), 5.0)  # the sleep, not the gated round's host work

@@ -39,8 +39,7 @@ from engine.bench.meta import run_meta
 from engine.bench.modelled import ModelledDrafter, parse_profile
 from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
-from engine.bench.study_files import write_checks, write_meta
-from engine.bench.study_report import arm_drafts, predicted_seconds, write_study
+from engine.bench.study_report import arm_drafts, predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
 from engine.config import SamplingParams

@@ -15,19 +15,12 @@ from pathlib import Path
 from engine.bench.arms import parse_arms
 from engine.bench.costmodel import CostTable
 from engine.bench.modelled import parse_profile
-from engine.bench.report import read_csv, write_json
+from engine.bench.report import read_csv
 from engine.bench.stepcosts import StepCosts
+from engine.bench.study import _parser, waves_for
 from engine.bench.study_report import write_study
 
 PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
-
-
-def write_meta(out: Path, meta: dict, argv: list[str], buckets: list[int]) -> None:
-    write_json(out / "meta.json", {**meta, "argv": argv, "buckets": buckets})
-
-
-def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
-    write_json(out / "checks.json", {"echo": echo, "lossless": lossless})
 
 
 def typed(row: dict) -> dict:
@@ -48,11 +41,12 @@ def typed(row: dict) -> dict:
     return out
 
 
-def report(directory: Path, parser: argparse.ArgumentParser, waves_for) -> None:
-    """study.md, summary.csv, study.json and the PNGs from a study directory's files."""
+def report(directory: Path) -> None:
+    """study.md, summary.csv, study.json and the PNGs from a study directory's files (meta.json and
+    checks.json: engine/bench/study_report.py write_meta, write_checks)."""
     meta = json.loads((directory / "meta.json").read_text())
     checks = json.loads((directory / "checks.json").read_text())
-    args = parser.parse_args([*meta["argv"], "--out", str(directory)])
+    args = _parser().parse_args([*meta["argv"], "--out", str(directory)])
     profiled_rows = [typed(r) for r in read_csv(directory / "profile.csv")]
     profiled = {key: [r for r in profiled_rows if r["engine"] == name] for key, name in PROFILED.items()}
     table = CostTable.from_rows(profiled["spec"], profiled["plain"])
@@ -66,13 +60,11 @@ def report(directory: Path, parser: argparse.ArgumentParser, waves_for) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from engine.bench.study import _parser, waves_for
-
     p = argparse.ArgumentParser(prog="python -m engine.bench.study_files", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="a study's output directory")
     args = p.parse_args(argv)
     try:
-        report(args.study, _parser(), waves_for)
+        report(args.study)
     except (OSError, KeyError, ValueError) as err:
         raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
     return 0

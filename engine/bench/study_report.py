@@ -7,6 +7,7 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, parse_arm
 from engine.bench.costmodel import committed_pmf, expected_committed, truncated_tau
@@ -186,6 +187,15 @@ def checks_markdown(costs: dict[str, list[dict]], echo: dict, lossless: list[dic
         [[r["arm"], r["requests"], r["compared_tokens"], r["mismatches"]] for r in lossless],
     )
     return text + "\n"
+
+
+def write_meta(out: Path, meta: dict, argv: list[str], buckets: list[int]) -> None:
+    """What a report from the files needs beside the CSVs (engine/bench/study_files.py)."""
+    write_json(out / "meta.json", {**meta, "argv": argv, "buckets": buckets})
+
+
+def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
+    write_json(out / "checks.json", {"echo": echo, "lossless": lossless})
 
 
 def write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets) -> None:
