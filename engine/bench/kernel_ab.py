@@ -2,7 +2,8 @@
 dispatches it on this device, in one process (GPU only):
 
     python -m engine.bench.kernel_ab --out DIR [--ms 1 8 16 64]
-    python -m engine.bench.kernel_ab decode DECODE-ARGS...   (python -m engine.bench decode, on "before")
+
+(end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
 "before" is the dispatch the early-weights GEMV replaced (issue 19): every one-row GEMV waits for its
 predecessor before its first load; "after" is the current dispatch (gemm.EARLY_WEIGHTS). Rows:
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -133,12 +133,6 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["decode"]:  # the end-to-end "before": the decode bench on the previous dispatch
-        from engine.bench import decode
-
-        with before():
-            return decode.main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 64])

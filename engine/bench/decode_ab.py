@@ -1,0 +1,127 @@
+"""The decode dispatch A/B, interleaved: two engines on one set of random weights, one run under the
+previous dispatch (kernel_ab.before: every one-row GEMV waits before its first load) and one under
+the current; per concurrency the repeats alternate the two (the first arm rotating), so a machine
+whose speed drifts during the call moves both arms alike. At a8d8ca0 the "before" run last in the
+same call measured 343 tok/s at c=1 against the "after"'s 311, while the per-op A/B had the after
+faster: an order confound this bench removes.
+
+    python -m engine.bench.decode_ab --out DIR [--concurrency 1 64] [--repeats 6]
+
+Writes DIR/decode_ab.csv (one row per run) and decode_ab.md: per c each arm's median tok/s, decode
+step and device ms, and the median (min … max) of the paired ratio after / before (same repeat).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+
+from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.decode import engine_run
+from engine.bench.geometry import GEOMETRIES, target_config
+from engine.bench.kernel_ab import before
+from engine.bench.meta import meta_lines, run_meta
+from engine.bench.peer import as_checkpoint, build_hf_model
+from engine.bench.report import markdown_table, write_csv, write_json
+
+ARMS = {"before": before, "after": nullcontext}
+
+
+def interleaved(runs: dict, concurrency: Sequence[int], repeats: int, run) -> list[dict]:
+    """Rows of run(arm, c) for every c, repeat and arm, the arms alternating with a rotating start."""
+    rows = []
+    for c in concurrency:
+        for arm in runs:
+            with runs[arm]():
+                run(arm, c)  # warm-up: graph capture under the arm's dispatch
+        names = list(runs)
+        for rep in range(repeats):
+            for arm in names[rep % 2 :] + names[: rep % 2]:
+                with runs[arm]():
+                    rows.append({"arm": arm, "concurrency": c, "repeat": rep, **run(arm, c)})
+    return rows
+
+
+def summary(rows: Sequence[dict]) -> list[dict]:
+    out = []
+    for c in sorted({r["concurrency"] for r in rows}):
+        mine = {arm: [r for r in rows if r["concurrency"] == c and r["arm"] == arm] for arm in ARMS}
+        ratios = [a["tok_s"] / b["tok_s"] for b, a in zip(mine["before"], mine["after"], strict=True)]
+        cell = {"concurrency": c, "after_over_before": statistics.median(ratios)}
+        cell |= {"ratio_min": min(ratios), "ratio_max": max(ratios)}
+        for arm, runs in mine.items():
+            cell[f"{arm}_tok_s"] = statistics.median(r["tok_s"] for r in runs)
+            for key in ("step_ms", "target_ms"):
+                values = [r[key] for r in runs if r[key] is not None]
+                cell[f"{arm}_{key}"] = statistics.median(values) if values else None
+        out.append(cell)
+    return out
+
+
+def markdown(cells: Sequence[dict]) -> str:
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v:.3f}"
+
+    rows = [
+        [
+            c["concurrency"],
+            f"{c['before_tok_s']:,.0f}",
+            f"{c['after_tok_s']:,.0f}",
+            f"{c['after_over_before']:.3f} ({c['ratio_min']:.3f} … {c['ratio_max']:.3f})",
+            f"{ms(c['before_step_ms'])} / {ms(c['after_step_ms'])}",
+            f"{ms(c['before_target_ms'])} / {ms(c['after_target_ms'])}",
+        ]
+        for c in cells
+    ]
+    header = ["c", "before tok/s", "after tok/s", "after / before (paired)", "step ms b / a", "device ms b / a"]
+    return markdown_table(header, rows)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.decode_ab", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=6, help="paired repeats per concurrency (each arm once)")
+    p.add_argument("--geometry", default="4b", choices=GEOMETRIES)
+    p.add_argument("--std", type=float, default=0.02)
+    p.add_argument("--seed", type=int, default=0)
+    add_device_args(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.repeats < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
+        raise SystemExit("need --repeats, --concurrency and --prompt-len >= 1 and --new-tokens >= 2")
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype, device)
+    config = target_config(args.geometry)
+    checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
+    seq_tokens = args.prompt_len + args.new_tokens
+    engines = {
+        arm: make_engine(checkpoint, None, args, device, max_num_seqs=max(args.concurrency), seq_tokens=seq_tokens)
+        for arm in ARMS
+    }
+    prompts = random_prompts(max(args.concurrency), args.prompt_len, config["vocab_size"], args.seed)
+    rows = interleaved(
+        ARMS, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
+    )
+    cells = summary(rows)
+    meta = run_meta("decode_ab", device, list(argv) if argv is not None else None)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / "decode_ab.csv", rows)
+    text = f"# Decode dispatch A/B, interleaved: {args.geometry}\n\n{meta_lines(meta)}\n{markdown(cells)}\n"
+    (args.out / "decode_ab.md").write_text(text)
+    write_json(args.out / "decode_ab.json", {**meta, "summary": cells})
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""The interleaved decode dispatch A/B: arms alternate per repeat with a rotating start, each warmed
+up once under its own dispatch, and the paired ratio is taken within a repeat."""
+
+from __future__ import annotations
+
+import csv
+from contextlib import contextmanager
+
+from engine.bench import decode_ab
+from engine.kernels import gemm
+
+
+def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
+    seen = []
+
+    @contextmanager
+    def tag(name):
+        seen.append(("enter", name))
+        yield
+
+    runs = {"before": lambda: tag("before"), "after": lambda: tag("after")}
+    calls = []
+    rows = decode_ab.interleaved(runs, [1, 4], 3, lambda arm, c: calls.append((arm, c)) or {"tok_s": 1.0})
+    assert calls[:2] == [("before", 1), ("after", 1)]  # the warm-ups
+    order = [(r["arm"], r["repeat"]) for r in rows if r["concurrency"] == 1]
+    assert order == [("before", 0), ("after", 0), ("after", 1), ("before", 1), ("before", 2), ("after", 2)]
+    assert [e[1] for e in seen] == [a for a, _ in calls]  # every run inside its arm's context
+
+
+def test_the_before_arm_runs_the_previous_dispatch():
+    inside = []
+    rows = decode_ab.interleaved(
+        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, gemm.EARLY_WEIGHTS)) or {"tok_s": 1.0}
+    )
+    assert ("before", frozenset()) in inside and ("after", gemm.EARLY_WEIGHTS) in inside and len(rows) == 2
+
+
+def test_paired_ratio_is_within_a_repeat():
+    rows = [
+        {"arm": "before", "concurrency": 1, "repeat": 0, "tok_s": 100.0, "step_ms": 3.0, "target_ms": 2.9},
+        {"arm": "after", "concurrency": 1, "repeat": 0, "tok_s": 110.0, "step_ms": 2.8, "target_ms": 2.7},
+        {"arm": "after", "concurrency": 1, "repeat": 1, "tok_s": 90.0, "step_ms": 3.1, "target_ms": 3.0},
+        {"arm": "before", "concurrency": 1, "repeat": 1, "tok_s": 80.0, "step_ms": 3.3, "target_ms": 3.2},
+    ]
+    (cell,) = decode_ab.summary(sorted(rows, key=lambda r: (r["repeat"], r["arm"] != "before")))
+    assert cell["ratio_min"] == 1.1 and cell["ratio_max"] == 1.125
+    assert cell["before_tok_s"] == 90.0 and cell["after_step_ms"] == 2.95
+
+
+def test_runs_end_to_end_on_the_tiny_geometry(tmp_path, capsys):
+    argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "1", "2"]
+    assert decode_ab.main([*argv, "--repeats", "2", "--new-tokens", "4", "--prompt-len", "8"]) == 0
+    with (tmp_path / "decode_ab.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2 * 2 and {r["arm"] for r in rows} == {"before", "after"}
+    assert "after / before (paired)" in (tmp_path / "decode_ab.md").read_text()
