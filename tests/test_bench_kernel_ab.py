@@ -68,12 +68,3 @@ def test_refuses_bad_row_counts(tmp_path, argv):
 def test_needs_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="CUDA"):
         kernel_ab.main(["--out", str(tmp_path)])
-
-
-def test_decode_runs_the_decode_bench_on_the_previous_dispatch(monkeypatch):
-    from engine.bench import decode
-
-    seen = []
-    monkeypatch.setattr(decode, "main", lambda argv: seen.append((list(argv), gemm.EARLY_WEIGHTS)) or 0)
-    assert kernel_ab.main(["decode", "--out", "x", "--no-peer"]) == 0
-    assert seen == [(["--out", "x", "--no-peer"], frozenset())] and sorted(gemm.EARLY_WEIGHTS) == ["norm"]
