@@ -91,12 +91,12 @@ run_sweep() {
     --arms plain spec spec+trim=2 spec+trim=4 spec+trim=8 spec+gate=16 --noise-arm \
     --rounds 8 --new-tokens 128 --time-budget-s 270 --no-progress
 }
-stage sweep-adaptive 200 "the adaptive span against the static levers on \$PAIR: c=1..256, both noise arms"
+stage sweep-adaptive 200 "the adaptive span against the static levers on \$PAIR: c=1..256, both noise arms (LENGTH_SPREAD=S: varied output lengths)"
 run_sweep_adaptive() {
   needs_pair && python3 -m engine.bench sweep --target "$PAIR/target" --drafter "$PAIR/drafter" \
     --prompts "$PAIR/prompts.jsonl" --out "$LOG/sweep-adaptive" --concurrency 1 4 16 64 256 \
     --arms plain spec spec+trim=4 spec+gate=16 spec+policy=adaptive --noise-arm --spec-noise-arm \
-    --rounds 4 --new-tokens 128 --time-budget-s 180 --no-progress
+    --rounds 4 --new-tokens 128 --length-spread "${LENGTH_SPREAD:-0}" --time-budget-s 180 --no-progress
 }
 stage small-spread 560 "the small recipe for SEEDS (default 0 1 2; REPEAT=1 adds the first seed again), builds spread over the GPUs; c=1 plain vs spec on each seed's pair; logs/spread"
 run_small_spread() {

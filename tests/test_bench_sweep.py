@@ -12,7 +12,7 @@ import torch
 from engine.bench import sweep
 from engine.bench.arms import parse_arms, round_order
 from engine.bench.common import make_engine
-from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch
+from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch, output_lengths
 from engine.bench.report import read_csv
 from engine.engine import SpecStats
 from engine.provenance import git_commit
@@ -224,3 +224,25 @@ def test_closed_loop_starts_at_the_given_prompt(tiny_target):
     prompts = [[1, 2], [3, 4], [5, 6]]
     closed_loop(engine, prompts, concurrency=2, num_requests=4, max_tokens=2, first=2)
     assert seen == [[5, 6], [1, 2], [3, 4], [5, 6]]
+
+
+def test_output_lengths_are_seeded_spread_and_refuse_a_bad_spread():
+    lengths = output_lengths(200, 64, 0.5)
+    assert lengths == output_lengths(200, 64, 0.5) != output_lengths(200, 64, 0.5, seed=1)
+    assert 32 <= min(lengths) < 40 and 88 < max(lengths) <= 96 and output_lengths(3, 64, 0.0) == [64] * 3
+    for spread in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="spread"):
+            output_lengths(3, 64, spread)
+
+
+def test_varied_lengths_are_the_same_for_every_arm(tiny_target, tiny_drafter, prompts_file, tmp_path):
+    argv = ["--target", str(tiny_target), "--drafter", str(tiny_drafter), "--prompts", str(prompts_file)]
+    argv += ["--out", str(tmp_path), "--concurrency", "2", "--rounds", "1", "--new-tokens", "6"]
+    argv += ["--arms", "plain", "spec", "--length-spread", "0.5", "--device", "cpu", "--no-progress"]
+    assert sweep.main(argv) == 0
+    rows = read_csv(tmp_path / "sweep.csv")
+    lengths = output_lengths(3, 6, 0.5)  # three prompts; round 1 takes requests 4..7 of the cycle
+    assert {int(r["output_tokens"]) for r in rows} == {sum(lengths[i % 3] for i in range(4, 8))}
+    assert json.loads((tmp_path / "sweep.json").read_text())["length_spread"] == 0.5
+    with pytest.raises(SystemExit, match="--length-spread"):
+        sweep.main([*argv[:-5], "--length-spread", "1.5", "--device", "cpu"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,11 +40,12 @@ def closed_loop(
     prompts: Sequence[Sequence[int]],
     concurrency: int,
     num_requests: int,
-    max_tokens: int,
+    max_tokens: int | Sequence[int],
     first: int = 0,
 ) -> LoadResult:
     """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
-    prompts[(first + i) % len(prompts)]. Prefill steps are part of the wall time (output tok/s is end
+    prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence (output_lengths), the
+    length at the same index. Prefill steps are part of the wall time (output tok/s is end
     to end). The young GC generations are collected before the clock starts, so every run starts from
     the same collector state; the collections the run pays are reported (gcstate.py)."""
     if concurrency < 1 or num_requests < 1 or not prompts:
@@ -53,7 +55,8 @@ def closed_loop(
         )
     if engine.has_unfinished():
         raise RuntimeError("closed_loop needs an idle engine")
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    lengths = [max_tokens] if isinstance(max_tokens, int) else list(max_tokens)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
     if engine.timer is None:
         engine.timer = PhaseTimer(engine.device)
     first_step = len(engine.timer.records)
@@ -66,7 +69,8 @@ def closed_loop(
 
     def submit() -> None:
         nonlocal submitted, in_flight, max_in_flight
-        engine.add_request(list(prompts[(first + submitted) % len(prompts)]), params)
+        i = first + submitted
+        engine.add_request(list(prompts[i % len(prompts)]), params[i % len(params)])
         submitted += 1
         in_flight += 1
         max_in_flight = max(max_in_flight, in_flight)
@@ -101,6 +105,17 @@ def closed_loop(
         gc_ms=watch.total_ms,
         gc_full=watch.count[2],
     )
+
+
+def output_lengths(n: int, mean: int, spread: float, seed: int = 0) -> list[int]:
+    """Per prompt index, an output length uniform in mean x [1 - spread, 1 + spread], seeded, so every
+    arm gets the same length for the same prompt. With fixed lengths plain decode runs in lockstep
+    (its requests finish together and refill in one prefill) while a speculative arm's finishes
+    scatter, and its batch drains: a workload of varied lengths takes that edge away from plain."""
+    if not 0.0 <= spread < 1.0 or mean < 1:
+        raise ValueError(f"output lengths: spread {spread} must be in [0, 1) and mean {mean} >= 1")
+    rng = random.Random(seed)
+    return [max(1, round(mean * (1 + spread * (2 * rng.random() - 1)))) for _ in range(n)]
 
 
 def stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:

@@ -28,7 +28,15 @@ from engine.bench.common import (
     weights_of,
 )
 from engine.bench.gcstate import frozen_heap
-from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch, phase_split, plan_counts
+from engine.bench.load import (
+    LoadResult,
+    acceptance_histogram,
+    closed_loop,
+    mean_batch,
+    output_lengths,
+    phase_split,
+    plan_counts,
+)
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
@@ -116,12 +124,13 @@ def run_sweep(
     prompts: Sequence[Sequence[int]],
     concurrency: Sequence[int],
     rounds: int,
-    new_tokens: int,
+    new_tokens: int | Sequence[int],
     waves: int = 2,
     time_budget_s: float | None = None,
     progress: bool = True,
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
+    new_tokens: one output length, or one per prompt (load.output_lengths).
     Per concurrency: one warm-up round (every arm once: graph captures, compiles; discarded), then
     `rounds` rounds, round r starting at arm r mod n and on prompts from r * waves * c on (so c=1 does
     not measure the same two prompts every round). The budget is shared evenly by the concurrencies
@@ -179,6 +188,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-noise-arm", action="store_true", help="add spec#2, the speculative arms' noise floor")
     p.add_argument("--rounds", type=int, default=8, help="measured rounds per concurrency (+1 warm-up)")
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument(
+        "--length-spread",
+        type=float,
+        default=0.0,
+        help="output lengths uniform in new-tokens x [1 - S, 1 + S] per prompt, the same for every arm (0: fixed)",
+    )
     p.add_argument("--waves", type=int, default=2, help="requests per round = waves x concurrency")
     p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
     p.add_argument(
@@ -207,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if drafter is None and any(not a.is_plain for a in arms):
         raise SystemExit("spec arms need --drafter (or --recipe)")
     prompts = load_prompts(prompt_path, target, args.max_prompt_len)
-    seq_tokens = max(len(p) for p in prompts) + args.new_tokens
+    try:
+        lengths = output_lengths(len(prompts), args.new_tokens, args.length_spread) if args.length_spread else None
+    except ValueError as err:
+        raise SystemExit(f"--length-spread: {err}") from None
+    seq_tokens = max(len(p) for p in prompts) + (max(lengths) if lengths else args.new_tokens)
     max_c = max(args.concurrency)
     engines = {"plain": make_engine(target, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)}
     if drafter is not None:
@@ -216,13 +235,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     meta = run_meta("sweep", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
+    meta.update(length_spread=args.length_spread)
     rows, trimmed = run_sweep(
         engines,
         arms,
         prompts,
         args.concurrency,
         args.rounds,
-        args.new_tokens,
+        lengths or args.new_tokens,
         args.waves,
         args.time_budget_s,
         progress=not args.no_progress,
