@@ -210,6 +210,7 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
     rows = levers_trace_rows(capsys.readouterr().err.splitlines())
     both = [r.span_limit for r in rows if r.request == 1]  # the shorter request: the batch is 2 throughout
-    assert both[0] == engine.drafts_per_round and both[-3:] == [0, 0, 0]
+    later = both[len(both) // 2 :]  # learnt within a few rounds; a rare probe of K > 0 may follow
+    assert both[0] == engine.drafts_per_round and later.count(0) >= 0.8 * len(later) and both[-1] == 0
     host = engine.rounds.policy.host
     assert host.predict(2, True) > 4 * max(host.predict(2, False), 5.0)  # the sleep, not the gated round's host work
