@@ -92,12 +92,11 @@ class HostTerm:
     speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). The first wall
     taken starts the term at most at the device time, later walls are clipped to three times the term
     plus the device time (a GC pause moves it a little; a host-bound round that dwarfs its device time
-    is learnt in a few rounds: 1.5x a round at most). A
-    kind never seen at a bucket counts 0 there, so it is tried and learnt: read off other buckets,
-    a term misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
-    round of 16 look 16 times dearer and kept the small pair speculating at a loss, 03985b1; on the
-    line through buckets 16 and 32, an unseen speculative term at 64 gated the 4B `code` arm at c=64,
-    where speculation wins by 26 %, db862e5)."""
+    is learnt in a few rounds: 1.5x a round at most). A kind never seen at a bucket counts 0 there,
+    so it is tried and learnt: read off other buckets, a term misled the policy both ways on the H200
+    (scaled by batch, one request's term made a gated round of 16 look 16 times dearer and kept the
+    small pair speculating at a loss, 03985b1; on the line through buckets 16 and 32, an unseen
+    speculative term at 64 gated the 4B `code` arm at c=64, where speculation wins by 26 %, db862e5)."""
 
     def __init__(self, rate: float = 0.25):
         self.rate = rate
