@@ -154,9 +154,8 @@ def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
 
 
 def mean_batch(steps: Sequence[StepTiming]) -> float | None:
-    """Requests per decode-side step (plain, speculative or gated): how full the batch ran. In a closed
-    loop of fixed-length requests a speculative arm's finishes scatter, so its batch drains and refills
-    while a plain arm's stays full in lockstep."""
+    """Requests per decode-side step (plain, speculative or gated): how full the batch ran (see
+    output_lengths for why it differs between arms)."""
     batches = [s.batch for s in steps if s.plan != Plan.PREFILL.value]
     return sum(batches) / len(batches) if batches else None
 

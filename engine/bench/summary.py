@@ -129,7 +129,7 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
                 s["verdict"],
                 fmt(s["tokens_per_round"], 2),
                 "—" if s["gated_share"] is None or s["arm"].startswith(PLAIN) else f"{100 * s['gated_share']:.0f} %",
-                fmt(s.get("mean_batch"), 1),
+                fmt(s["mean_batch"], 1),
                 split,
                 fmt(s["peak_mem_gib"], 2),
             ]
