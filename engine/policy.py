@@ -21,6 +21,7 @@ gated rounds would buy 16-row probes at batch 256 (the same study's next run).
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate
@@ -34,6 +35,7 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # (on the H200 4B study the cost model over-predicted speculative arms at c >= 64, and the policy's
 # break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
 SPEC_DISCOUNT = 0.05
+FIRST_WALLS = 3  # a host term starts from the median of this many walls
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -89,31 +91,37 @@ class HostTerm:
     the trace) outweighs its device time, so a table of graph replays alone speculates at a loss. A
     step that captured a graph never arrives here (the engine drops its wall: on the H200 4B study a
     bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated `code` at c=64, where
-    speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). The first wall
-    taken starts the term at most at the device time, later walls are clipped to three times the term
-    plus the device time (a GC pause moves it a little; a host-bound round that dwarfs its device time
-    is learnt in a few rounds: 1.5x a round at most). A kind never seen at a bucket counts 0 there,
-    so it is tried and learnt: read off other buckets, a term misled the policy both ways on the H200
-    (scaled by batch, one request's term made a gated round of 16 look 16 times dearer and kept the
-    small pair speculating at a loss, 03985b1; on the line through buckets 16 and 32, an unseen
-    speculative term at 64 gated the 4B `code` arm at c=64, where speculation wins by 26 %, db862e5)."""
+    speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). A term starts as
+    the median of its first three walls, each capped at the device time (a kind the policy seldom
+    chooses is learnt from few walls: at 98faeda the gated term at 128 started at 2.1 ms, nearly three
+    times its later 0.74, and the `code` arm verified 4 drafts there, 9.5 % under the gate); later
+    walls are clipped to three times the term plus the device time (a GC pause moves it a little; a
+    host-bound round that dwarfs its device time is learnt in a few rounds: 1.5x a round at most). A
+    kind never seen at a bucket counts 0 there, so it is tried and learnt: read off other buckets, a
+    term misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
+    round of 16 look 16 times dearer and kept the small pair speculating at a loss, 03985b1; on the
+    line through buckets 16 and 32, an unseen speculative term at 64 gated the 4B `code` arm at c=64,
+    where speculation wins by 26 %, db862e5)."""
 
     def __init__(self, rate: float = 0.25):
         self.rate = rate
         self.ms: dict[tuple[bool, int], float] = {}  # (speculative, bucket) -> host ms
         self._seen: set[tuple[int, int]] = set()  # (K, batch) whose first wall was skipped
+        self._first: dict[tuple[bool, int], list[float]] = {}  # the walls a term starts from
 
     def add(self, batch: int, k: int, wall_ms: float, device_ms: float) -> None:
         if (k, batch) not in self._seen:  # a new shape's first round pays one-off costs (allocations)
             self._seen.add((k, batch))
             return
         key = (k > 0, _bucket(batch))
-        old = self.ms.get(key)
         residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
-        if old is None:
-            self.ms[key] = min(residual, device_ms)
-        else:
-            self.ms[key] = old + self.rate * (min(residual, 3.0 * old + device_ms) - old)
+        first = self._first.setdefault(key, [])
+        if len(first) < FIRST_WALLS:  # a robust start: the median of the first walls, each capped
+            first.append(min(residual, device_ms))
+            self.ms[key] = statistics.median(first)
+            return
+        old = self.ms[key]
+        self.ms[key] = old + self.rate * (min(residual, 3.0 * old + device_ms) - old)
 
     def relax(self, batch: int, rate: float) -> None:
         """A policy-gated round: the speculative term at this bucket moves toward the gated one, so a
