@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 from contextlib import contextmanager
 
+import pytest
+
 from engine.bench import decode_ab
 from engine.kernels import gemm
 
@@ -54,3 +56,9 @@ def test_runs_end_to_end_on_the_tiny_geometry(tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * 2 and {r["arm"] for r in rows} == {"before", "after"}
     assert "after / before (paired)" in (tmp_path / "decode_ab.md").read_text()
+
+
+def test_bad_values_are_refused_before_any_weights_are_built(tmp_path):
+    for flags in (["--repeats", "0"], ["--concurrency", "0"], ["--new-tokens", "1"], ["--prompt-len", "0"]):
+        with pytest.raises(SystemExit, match="need --repeats"):
+            decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *flags])
