@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.costs import expected_committed, read_cost_table
-from engine.policy import SPEC_DISCOUNT, SpanPolicy, choose_span, round_times, span_candidates
+from engine.policy import PROBE_FIRST, SPEC_DISCOUNT, SpanPolicy, choose_span, round_times, span_candidates
 from tests.policy_tables import table
 
 PER_ROUND = 15
@@ -175,3 +175,56 @@ def test_a_starved_estimate_relaxes_and_probes_again():
         policy.gated()
         rounds += 1
     assert 0 < rounds < 1000  # it probes again rather than latching at 0
+
+
+def _profile(first: float, last: float) -> list[float]:
+    return [first + (last - first) * i / (PER_ROUND - 1) for i in range(PER_ROUND)]
+
+
+def _run(policy: SpanPolicy, rng: random.Random, batch: int, conditional: list[float], rounds: int) -> list[int]:
+    """Rounds of `batch` requests whose drafts are accepted by `conditional`; the K of each."""
+    ks = []
+    for _ in range(rounds):
+        k = policy.decide(batch)
+        ks.append(k)
+        if k == 0:
+            policy.gated()
+            continue
+        accepted = []
+        for _ in range(batch):
+            n = 0
+            while n < k and rng.random() < conditional[n]:
+                n += 1
+            accepted.append(n)
+        policy.observe([k] * batch, accepted)
+    return ks
+
+
+def test_a_cost_gated_estimate_is_probed_and_follows_acceptance_back_up():
+    # The H200 study at b0194de: a low-acceptance stretch left an estimate that gates batch 64, and with
+    # nothing observed while gated, `code` c=64 stayed at 0 where 8 drafts win by a quarter.
+    policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND), random.Random(0)
+    _run(policy, rng, 32, _profile(0.5, 0.4), 200)
+    ks = _run(policy, rng, 64, _profile(0.87, 0.78), 300)
+    first = ks.index(next(k for k in ks if k))
+    assert first == PROBE_FIRST - 1  # gated until the first probe
+    assert 0 not in ks[4 * PROBE_FIRST :]  # the second probe's estimate speculates, and it holds
+    assert policy.k == 8  # probes of larger K refresh the positions past the K in force: 2, then 4, then 8
+
+
+def test_probes_back_off_where_acceptance_stays_low():
+    policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND), random.Random(0)
+    low = _profile(0.5, 0.4)
+    _run(policy, rng, 32, low, 200)
+    ks = _run(policy, rng, 64, low, 1000)
+    probes = [i for i, k in enumerate(ks) if k]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    assert probes[0] == PROBE_FIRST - 1 and gaps == [n * PROBE_FIRST for n in (2, 4, 8, 16)]
+    assert max(ks) <= 4  # each probe takes the best speculative K, never the full span
+
+
+def test_no_probe_where_speculation_is_far_behind():
+    policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND), random.Random(0)
+    code = _profile(0.87, 0.78)
+    _run(policy, rng, 8, code, 50)
+    assert set(_run(policy, rng, 256, code, 600)[3:]) == {0}  # the 4B table at 256: 0.62 of the gated value

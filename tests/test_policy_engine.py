@@ -211,6 +211,8 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     rows = levers_trace_rows(capsys.readouterr().err.splitlines())
     both = [r.span_limit for r in rows if r.request == 1]  # the shorter request: the batch is 2 throughout
     later = both[len(both) // 2 :]  # learnt within a few rounds; a rare probe of K > 0 may follow
-    assert both[0] == engine.drafts_per_round and later.count(0) >= 0.8 * len(later) and both[-1] == 0
+    assert both[0] == engine.drafts_per_round and later.count(0) >= 0.8 * len(later)
+    tail = both[2 * len(both) // 3 :]
+    assert not any(a and b for a, b in zip(tail, tail[1:], strict=False))  # a probe is a lone round
     host = engine.rounds.policy.host
     assert host.predict(2, True) > 4 * max(host.predict(2, False), 5.0)  # the sleep, not the gated round's host work
