@@ -2,7 +2,8 @@
 # Device runs by named stage: `bash scripts/device.sh STAGE[:SECONDS][+STAGE...] ...`.
 # Stages run in the order given; `a+b` runs a and b side by side (e.g. a build beside the GPU tests),
 # `a,b` runs b after a inside one side-by-side lane, and `NAME@G` pins a stage to GPU G and its share of
-# the host's cores (so two lanes on a two-GPU machine neither share a GPU nor contend for cores).
+# the host's cores (so two lanes on a two-GPU machine neither share a GPU nor contend for cores) and
+# its output to logs/gG/ (its log to logs/NAME-gG.log), so `study@0+study@1` keeps both runs.
 # Each stage is capped (its default below, or :SECONDS), logs to $OUT/logs/STAGE.log, and its exit code
 # and seconds go to $OUT/logs/stages.txt; a failed stage never stops the next. `list` prints the stages.
 # Nothing here writes into the tree: pairs are built under $PAIRS (default /tmp), results under $OUT.
@@ -189,7 +190,9 @@ run_stage() {  # NAME[@GPU][:SECONDS]: capped, logged, recorded; never aborts th
       { echo "$name bad GPU '$gpu' ($gpus here)" | tee -a "$LOG/stages.txt"; return 2; }
     pin=(env CUDA_VISIBLE_DEVICES="$gpu" taskset -c "$((gpu * share))-$((gpu * share + share - 1))")
   fi
-  timeout "$secs" "${pin[@]}" bash -c "$(declare -f); run_${name//-/_}" >"$LOG/$name.log" 2>&1
+  local log=$LOG out=$LOG/$name.log  # a pinned stage writes under logs/gG/: the same stage may run on each GPU
+  [ -n "${pin:-}" ] && log=$LOG/g$gpu out=$LOG/$name-g$gpu.log && mkdir -p "$log"
+  LOG=$log timeout "$secs" "${pin[@]}" bash -c "$(declare -f); run_${name//-/_}" >"$out" 2>&1
   rc=$?
   echo "$name${pin:+@$gpu} rc=$rc $((SECONDS - t0))s (cap ${secs}s)" | tee -a "$LOG/stages.txt"
   return $rc
@@ -210,7 +213,7 @@ tar czf "$OUT/logs.tgz" -C "$OUT" logs
 cat "$LOG/stages.txt"
 for group in "$@"; do
   for part in ${group//[+,]/ }; do
-    part=${part%%:*} && part=${part%%@*}
+    part=${part%%:*} && part=${part/@/-g}
     echo "== $part" && tail -n 4 "$LOG/$part.log" 2>/dev/null
   done
 done

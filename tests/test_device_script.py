@@ -32,3 +32,24 @@ def test_failures_are_recorded_and_the_rest_still_run(tmp_path):
     assert lines[4].startswith("sweep rc=3 ") and lines[4].endswith("(cap 5s)")
     assert "run small-build first" in (tmp_path / "out" / "logs" / "sweep.log").read_text()
     assert (tmp_path / "out" / "logs.tgz").is_file()
+
+
+def test_one_stage_pinned_to_each_gpu_keeps_both_runs(tmp_path):
+    # A study on each GPU once wrote both runs into one logs/study/ (H200 x2, b0194de): each pinned
+    # stage now has its own log and output folder.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text('#!/bin/sh\n[ "$1" = -L ] && printf "GPU 0\\nGPU 1\\n" || echo fake\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PAIR": str(tmp_path / "no-pair")}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    subprocess.run(["bash", str(SCRIPT), "eval64@0:5+eval64@1:5"], env=env, capture_output=True, timeout=60)
+    logs = tmp_path / "out" / "logs"
+    for gpu in (0, 1):
+        assert "run small-build first" in (logs / f"eval64-g{gpu}.log").read_text()
+        assert (logs / f"g{gpu}").is_dir()
+    assert sorted(line.split(" rc=")[0] for line in (logs / "stages.txt").read_text().splitlines()) == [
+        "eval64@0",
+        "eval64@1",
+    ]
