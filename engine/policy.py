@@ -19,11 +19,12 @@ seed there, so the policy probes again rather than latching at 0; where only the
 gated rounds would buy 16-row probes at batch 256 (the same study's next run). Yet an estimate
 that only the batch's cost gates is never refreshed there, nor the positions past the K in force: when
 acceptance rose meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its
-rounds on an estimate left by `chat`, 23 % under trim 8). So every PROBE_FIRST rounds under one K,
-doubling up to PROBE_MAX while the probes change nothing, one round runs the best larger K when its
-value on the estimate is at least PROBE_FLOOR of the K in force: a probe costs at most 30 % of one
-round, amortised over 16 or more, and none is run where more drafts are far behind (batch 256 on the
-4B table: 0.62 of the gated round).
+rounds on an estimate left by `chat`, 23 % under trim 8). So one round probes the best larger K when
+its value on the estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last
+probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing: the
+probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
+the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
+table: 0.62 of the gated round).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
 SPEC_DISCOUNT = 0.05
 FIRST_WALLS = 3  # a host term starts from the median of this many walls
-PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # cost-gated rounds between probes; least value ratio
+PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -175,7 +176,7 @@ class SpanPolicy:
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
-        self._probe_k, self._since, self._probe_every = None, 0, PROBE_FIRST  # rounds under a K since a probe
+        self._probe_k, self._since, self._probe_every = None, 0.0, PROBE_FIRST  # ms under a K since a probe
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
@@ -199,25 +200,25 @@ class SpanPolicy:
             self._streak = 0
         self._starved = self.k == 0 and self._starved_at_one(max_drafts)
         if self.k != self._probe_k:
-            self._probe_k, self._since, self._probe_every = self.k, 0, PROBE_FIRST
+            self._probe_k, self._since, self._probe_every = self.k, 0.0, PROBE_FIRST
         if self.k == 0:
             self.host.relax(batch, self.host_relax)
-        k = self._probe(values)
+        k = self._probe(times, values)
         self.chosen[k] += 1
         return k
 
-    def _probe(self, values: dict[int, float]) -> int:
-        """This round's K: the one in force, or every `_probe_every` rounds under it the best larger K
-        when that is worth PROBE_FLOOR of it (a starved estimate relaxes instead)."""
-        self._since += 1
+    def _probe(self, times: dict[int, float], values: dict[int, float]) -> int:
+        """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
+        the rounds under the K in force since the last probe took `_probe_every` times the probe's ms
+        (a starved estimate relaxes instead)."""
         larger = {k: v for k, v in values.items() if k > self.k}
-        if (self.k == 0 and self._starved) or not larger or self._since < self._probe_every:
-            return self.k
-        k = max(larger, key=lambda k: (larger[k], -k))
-        if larger[k] < PROBE_FLOOR * values[self.k]:
-            return self.k
-        self._since, self._probe_every = 0, min(2 * self._probe_every, PROBE_MAX)
-        return k
+        if larger and not (self.k == 0 and self._starved):
+            k = max(larger, key=lambda k: (larger[k], -k))
+            if larger[k] >= PROBE_FLOOR * values[self.k] and self._since >= self._probe_every * times[k]:
+                self._since, self._probe_every = 0.0, min(2 * self._probe_every, PROBE_MAX)
+                return k
+        self._since += times[self.k]
+        return self.k
 
     def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
         """The table's ms per candidate K plus the host term measured so far."""
