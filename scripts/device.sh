@@ -184,11 +184,12 @@ run_stage() {  # NAME[@GPU][:SECONDS]: capped, logged, recorded; never aborts th
   fi
   if [ "$gpu" != "$spec" ]; then
     local gpus cores share
-    gpus=$(nvidia-smi -L | wc -l) cores=$(nproc)
-    share=$((cores / gpus))
+    gpus=$(nvidia-smi -L | wc -l) cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+    share=$((cores / gpus > 0 ? cores / gpus : 1))  # fewer cores than GPUs: the lanes share them
     [[ $gpu =~ ^[0-9]+$ ]] && [ "$gpu" -lt "$gpus" ] ||
       { echo "$name bad GPU '$gpu' ($gpus here)" | tee -a "$LOG/stages.txt"; return 2; }
-    pin=(env CUDA_VISIBLE_DEVICES="$gpu" taskset -c "$((gpu * share))-$((gpu * share + share - 1))")
+    local first=$((gpu * share % cores))
+    pin=(env CUDA_VISIBLE_DEVICES="$gpu" taskset -c "$first-$((first + share - 1))")
   fi
   local log=$LOG out=$LOG/$name.log  # a pinned stage writes under logs/gG/: the same stage may run on each GPU
   [ -n "${pin:-}" ] && log=$LOG/g$gpu out=$LOG/$name-g$gpu.log && mkdir -p "$log"
