@@ -102,3 +102,38 @@ def test_the_wrapper_needs_a_drafter_and_an_even_vocabulary(engine):
     odd = SimpleNamespace(geometry=SimpleNamespace(vocab_size=4095))
     with pytest.raises(ValueError, match="even vocabulary"):
         ModelledDrafter(SimpleNamespace(target_cfg=odd, drafter=engine.drafter), parse_profile("code"))
+
+
+def test_arms_share_the_draws_and_a_duplicate_draws_apart(engine):
+    # Common random numbers: a run at the same prompts and positions draws the same acceptance (the
+    # H200 study's adaptive arm at K = 15 once measured a tau 8 % under spec's from one shared stream).
+    profile = AcceptanceProfile("half", (0.5,) * engine.drafts_per_round)
+    modelled = ModelledDrafter(engine, profile, seed=1).install()
+    prompts = random_prompts(4, 6, engine.target_cfg.geometry.vocab_size, seed=2)
+    params = SamplingParams(max_tokens=41, ignore_eos=True)
+
+    def tau() -> float:
+        before = engine.stats.committed_tokens, engine.stats.rounds
+        engine.generate(prompts, params)
+        return (engine.stats.committed_tokens - before[0]) / (engine.stats.rounds - before[1])
+
+    try:
+        first, again = tau(), tau()
+        modelled.set_replica(1)
+        apart = tau()
+    finally:
+        modelled.uninstall()
+    assert first == again and apart != first
+
+
+def test_the_shared_draws_follow_the_profile_position_by_position(engine):
+    cond = (0.9, 0.5, 0.2) + (0.0,) * (engine.drafts_per_round - 3)
+    modelled = ModelledDrafter(engine, AcceptanceProfile("steps", cond), seed=0)
+    token = torch.arange(2000).repeat_interleave(20) * 7 % engine.target_cfg.geometry.vocab_size
+    num_kv = torch.arange(20).repeat(2000) + 6
+    n = modelled.accepted(token, num_kv)
+    assert torch.equal(n, modelled.accepted(token, num_kv))  # a key always draws the same
+    for i, c in enumerate(cond[:3]):  # P(position i+1 accepted | 1..i accepted), over 40,000 keys
+        tried = (n >= i).sum().item()
+        assert (n > i).sum().item() / tried == pytest.approx(c, abs=4 * (c * (1 - c) / tried) ** 0.5 + 1e-9)
+    assert n.max().item() <= 3

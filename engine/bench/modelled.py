@@ -2,13 +2,15 @@
 
 The real drafter forward runs every round (its cost is real); its proposals are then overwritten in
 place by the known continuation (the current token repeated), with the first wrong token placed by a
-seeded per-position conditional acceptance model. The target still verifies every round, so what is
-modelled is only where the first wrong draft falls. Nothing on the serving path reaches it (SPEC 9).
+seeded per-position conditional acceptance model whose draws every arm shares. The target still
+verifies every round, so what is modelled is only where the first wrong draft falls. Nothing on the
+serving path reaches it (SPEC 9).
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,43 +84,59 @@ def parse_profile(spec: str) -> AcceptanceProfile:
 class ModelledDrafter:
     """Wraps one engine instance's runner.draft: the real forward, then its [N, D] drafts rewritten in
     place (under CUDA graphs the verify graph reads the draft graph's own output buffer) as the current
-    token repeated, except token ^ 1 (never the current token) at the first wrong position n, drawn
-    per request-round: n = the number of leading positions whose uniform draw falls under the profile."""
+    token repeated, except token ^ 1 (never the current token) at the first wrong position n: the number
+    of leading positions whose uniform falls under the profile.
 
-    def __init__(self, engine, profile: AcceptanceProfile, seed: int = 0, pool: int = 1 << 18):
+    The uniforms are shared between arms (common random numbers): a request-round's row of the table
+    is keyed on its current token (the known target's echo: its prompt's last token) and its KV length,
+    so two arms that reach one position of one prompt draw the same acceptance there, and an arm that
+    takes K = 15 sees what `spec` sees (drawn from one stream in turn, the H200 study's adaptive arm at
+    K = 15 measured a τ 8 % under `spec`'s by chance). `replica` salts the key: a duplicate arm
+    (`spec#2`) draws apart, so its noise floor keeps the acceptance's spread over prompts."""
+
+    def __init__(self, engine, profile: AcceptanceProfile, seed: int = 0, rows: int = 1 << 18):
         vocab = engine.target_cfg.geometry.vocab_size
         if vocab % 2:
             raise ValueError(f"the modelled drafter's wrong token is token ^ 1: needs an even vocabulary, not {vocab}")
         if engine.drafter is None:
             raise ValueError("the modelled drafter wraps a speculative engine (it has no drafter)")
+        if rows & (rows - 1):
+            raise ValueError(f"rows must be a power of two, not {rows}")
         self.runner, self.drafts = engine.runner, engine.drafts_per_round
-        self.device, self.pool_size = engine.device, pool
+        self.device, self.rows = engine.device, rows
         self._real = engine.runner.draft
-        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._table = torch.rand(rows, self.drafts, generator=gen, device=self.device)
         self._positions = torch.arange(self.drafts, device=self.device)
-        self.request_rounds = 0
+        self.request_rounds, self.replica = 0, 0
         self.set_profile(profile)
 
     def set_profile(self, profile: AcceptanceProfile) -> None:
         self.profile = profile.first(self.drafts)
         self._cond = torch.tensor(self.profile.conditional, dtype=torch.float32, device=self.device)
-        self._refill()
 
-    def _refill(self) -> None:
-        u = torch.rand(self.pool_size, self.drafts, generator=self._gen, device=self.device)
-        self._pool = (u < self._cond).to(torch.int64).cumprod(1).sum(1)  # leading accepted positions
-        self._offset = 0
+    def set_replica(self, replica: int) -> None:
+        """0 for every primary arm; 1, 2 ... for the duplicates, which draw apart."""
+        self.replica = replica
+
+    def before_arm(self, arm) -> None:
+        """A sweep's hook: an arm tagged `#word` (a duplicate, e.g. `spec#2`) draws apart by its tag."""
+        _, _, tag = arm.label.partition("#")
+        self.set_replica(1 + zlib.crc32(tag.encode()) % 65521 if tag else 0)
+
+    def accepted(self, token: torch.Tensor, num_kv: torch.Tensor) -> torch.Tensor:
+        """[N] leading accepted positions of request-rounds at these current tokens and KV lengths."""
+        key = token * 0x9E3779B1 + num_kv * 0x85EBCA77 + self.replica * 0xC2B2AE3D  # odd: each KV step a new row
+        u = self._table[key & (self.rows - 1)]
+        return (u < self._cond).to(torch.int64).cumprod(1).sum(1)
 
     def draft(self, reqs: Sequence) -> torch.Tensor:
         drafts = self._real(reqs)
         n = drafts.shape[0]
-        if self._offset + n > self.pool_size:
-            self._refill()
-        accepted = self._pool[self._offset : self._offset + n]
-        self._offset += n
+        token = self.runner.field("token", n)
         self.request_rounds += n
-        wrong = self._positions[None, :] == accepted[:, None]
-        torch.bitwise_xor(self.runner.field("token", n)[:, None], wrong, out=drafts)
+        wrong = self._positions[None, :] == self.accepted(token, self.runner.field("num_kv", n))[:, None]
+        torch.bitwise_xor(token[:, None], wrong, out=drafts)
         return drafts
 
     def install(self) -> ModelledDrafter:

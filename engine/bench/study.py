@@ -176,6 +176,7 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                 waves_for(c),
                 budget,
                 progress=False,
+                before_arm=drafter.before_arm,
             )
             rows += [{"profile": profile.name, **r} for r in got]
             write_csv(args.out / "sweep.csv", rows)  # a run cut short keeps what it measured

@@ -39,7 +39,8 @@ L20 = """The seed's L20 study (one L20, Qwen3-4B, DFlash block 7, 64 ShareGPT pr
 """
 
 MODELLED = """**What is modelled and what is real.** Modelled: where the first wrong draft falls. Each
-request-round draws it from the profile's per-position conditional acceptance (seeded); the drafts
+request-round draws it from the profile's per-position conditional acceptance (seeded, and shared by
+the arms: a prompt at one position draws the same in every arm; `#` duplicates draw apart); the drafts
 before it are the known continuation, the one at it is a wrong token. Real: every forward (the
 Qwen3-4B-geometry target, bf16, 36 layers; the z-lab DFlash-4B-shaped drafter's block forward every
 round, its proposals then overwritten in place), every byte read and written, the verification and

@@ -11,7 +11,7 @@ import argparse
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
@@ -128,6 +128,7 @@ def run_sweep(
     waves: int = 2,
     time_budget_s: float | None = None,
     progress: bool = True,
+    before_arm: Callable[[Arm], None] | None = None,
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
     new_tokens: one output length, or one per prompt (load.output_lengths).
@@ -136,14 +137,17 @@ def run_sweep(
     not measure the same two prompts every round). The budget is shared evenly by the concurrencies
     not yet run; a round is skipped when the slowest measured round would overrun its share (at least
     one measured round always runs). The start-up heap is frozen for the sweep (gcstate.py), so no
-    run pays a full collection of it."""
+    run pays a full collection of it. before_arm(arm) runs before each arm-run (the study's modelled
+    drafter: a duplicate arm draws apart)."""
     with frozen_heap():
-        rows, trimmed = _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress)
+        rows, trimmed = _sweep(
+            engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm
+        )
     add_paired_ratios(rows)
     return rows, trimmed
 
 
-def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress):
+def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm):
     rows: list[dict] = []
     trimmed: dict[int, int] = {}
     seq, start = 0, time.perf_counter()
@@ -165,6 +169,8 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
             for slot, arm in enumerate(round_order(arms, r)):
                 # Each round takes the next window of prompts; every arm of a round gets the same one.
                 engine = engine_for(arm, engines)
+                if before_arm:
+                    before_arm(arm)
                 before = policy_choices(engine)
                 res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
