@@ -76,6 +76,22 @@ def test_host_terms_from_synthetic_timings_are_the_medians_per_batch():
         costs.host_ms(DECODE, 512)
 
 
+def test_a_speculative_round_takes_the_host_term_of_its_drafts():
+    # The H200 4B study at batch 256: +1.6 ms at K = 2 and -1.8 ms at K = 15 (the table's span-16 verify
+    # runs slow); their median, -0.3 ms, made every trim 11-18 % too fast there.
+    rows = [
+        {"kind": "host", "engine": "spec", "plan": SPEC, "batch": str(b), "drafts": str(k), "host_ms": str(ms)}
+        for b, k, ms in ((1, 2, 0.2), (256, 2, 1.6), (1, 15, 0.1), (256, 15, -1.8))
+    ]
+    costs = StepCosts.from_rows(table(), rows)
+    assert costs.host_ms(SPEC, 256, 2) == pytest.approx(1.6) and costs.host_ms(SPEC, 256, 15) == pytest.approx(-1.8)
+    assert costs.host_ms(SPEC, 256, 4) == pytest.approx(1.6 - 3.4 * 2 / 13)  # linear in K between them
+    assert costs.host_ms(SPEC, 256, 1) == pytest.approx(1.6)  # outside the calibrated K: the nearest
+    assert costs.host_ms(SPEC, 128, 2) == pytest.approx(0.2 + 1.4 * 127 / 255)  # linear in batch first
+    assert costs.host_ms(SPEC, 256) == pytest.approx((1.6 - 1.8) / 2)  # no K given: the median over K
+    assert costs.step_ms(SPEC, 256, 256, 15) == pytest.approx(table().round_ms(256, 15) - 1.8)
+
+
 def test_step_costs_refuse_bad_rows_and_uncalibrated_lookups():
     costs = StepCosts.from_rows(table(), [])
     assert costs.step_ms(DECODE, 4, 16) == table().decode_ms(16)  # no host rows: the device alone

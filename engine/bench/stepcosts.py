@@ -5,7 +5,10 @@ calibrated on the same engines in the same run (engine/bench/calibrate.py):
 - host time per step, per plan (plain decode, gated round, speculative round) and batch: the wall of
   `engine.step()` minus the device time of its graph replays (see calibrate.py for why), the median
   per calibrated batch and linear between them (it also absorbs where a step's graphs differ from
-  the table's at that batch, e.g. the plain decode graph against the profiled span-1 verify);
+  the table's at that batch, e.g. the plain decode graph against the profiled span-1 verify); a
+  speculative round's also per calibrated drafts K and linear in K between them (at batch 256 on the
+  H200 4B study the term was +1.6 ms at K = 2 and -1.8 ms at K = 15, where the table's span-16 verify
+  runs slow: their median, -0.3 ms, made every trim 11-18 % too fast there);
 - the wall of a prefill step admitting n requests (eager, launch-bound: not a graph replay), per
   engine (the speculative engine's prefill also stores the drafter's context).
 
@@ -34,6 +37,7 @@ class StepCosts:
     table: CostTable
     host: dict[str, dict[int, float]] = field(default_factory=dict)
     prefill: dict[str, dict[int, float]] = field(default_factory=dict)
+    spec_host: dict[int, dict[int, float]] = field(default_factory=dict)  # drafts -> batch -> ms
 
     @classmethod
     def from_rows(cls, table: CostTable, rows: Iterable[dict]) -> StepCosts:
@@ -41,12 +45,15 @@ class StepCosts:
         and the median prefill wall per (engine, batch)."""
         host: dict[str, dict[int, list[float]]] = {}
         prefill: dict[str, dict[int, list[float]]] = {}
+        spec_host: dict[int, dict[int, list[float]]] = {}
         for r in rows:
             kind, engine, batch = r["kind"], r["engine"], int(r["batch"])
             if kind == "host":
                 if r["plan"] not in HOST_PLANS:
                     raise ValueError(f"calibration row {r}: plan must be one of {HOST_PLANS}")
                 host.setdefault(r["plan"], {}).setdefault(batch, []).append(float(r["host_ms"]))
+                if r["plan"] == Plan.SPECULATIVE.value and int(r.get("drafts") or 0) > 0:
+                    spec_host.setdefault(int(r["drafts"]), {}).setdefault(batch, []).append(float(r["host_ms"]))
             elif kind == "prefill":
                 if engine not in ENGINES:
                     raise ValueError(f"calibration row {r}: engine must be one of {ENGINES}")
@@ -56,11 +63,17 @@ class StepCosts:
                 prefill.setdefault(engine, {}).setdefault(batch, []).append(wall)
             else:
                 raise ValueError(f"calibration row {r}: unknown kind {kind!r} (host or prefill)")
-        return cls(table, _medians(host), _medians(prefill))
+        return cls(table, _medians(host), _medians(prefill), _medians(spec_host))
 
-    def host_ms(self, plan: str, batch: int) -> float:
+    def host_ms(self, plan: str, batch: int, drafts: int = 0) -> float:
         """0 for an uncalibrated plan. It may be negative: where the step's graphs run faster than
-        the table's proxy for them, the residual corrects the table."""
+        the table's proxy for them, the residual corrects the table. A speculative round of `drafts`
+        takes the per-K terms where they were calibrated (linear in K, the nearest K outside them)."""
+        if plan == Plan.SPECULATIVE.value and drafts and self.spec_host:
+            ks = sorted(self.spec_host)
+            at = {k: interpolate(self.spec_host[k], batch, f"{plan} K={k} host", "calibrated") for k in ks}
+            k = min(max(drafts, ks[0]), ks[-1])
+            return interpolate(at, k, f"{plan} host", "calibrated")
         points = self.host.get(plan)
         return 0.0 if not points else interpolate(points, batch, f"{plan} host", "calibrated")
 
@@ -80,7 +93,7 @@ class StepCosts:
             device = self.table.round_ms(rows, drafts)
         else:
             raise ValueError(f"plan {plan!r}: not a decode-side step ({', '.join(HOST_PLANS)})")
-        return device + self.host_ms(plan, batch)
+        return device + self.host_ms(plan, batch, drafts)
 
 
 def _medians(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:

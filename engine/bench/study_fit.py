@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from engine.bench.report import fmt, markdown_table, pct
 from engine.bench.stepcosts import StepCosts
+from engine.scheduler import Plan
 
 PREDICTION_BAR = 0.10  # the issue's bar: predicted within 10 % of measured
 
@@ -61,8 +62,11 @@ def prediction_markdown(summary: Sequence[dict], bar: float = PREDICTION_BAR) ->
 
 def calibration_markdown(costs: StepCosts) -> str:
     """The calibrated terms: host ms per step by plan and batch, prefill ms by engine and requests."""
-    batches = sorted({b for points in costs.host.values() for b in points})
-    rows = [[plan, *(fmt(points.get(b), 3) for b in batches)] for plan, points in costs.host.items()]
+    per_k = bool(costs.spec_host)  # the speculative round's terms by K replace their median
+    terms = {plan: points for plan, points in costs.host.items() if not (per_k and plan == Plan.SPECULATIVE.value)}
+    terms |= {f"{Plan.SPECULATIVE.value} K={k}": points for k, points in sorted(costs.spec_host.items())}
+    batches = sorted({b for points in terms.values() for b in points})
+    rows = [[plan, *(fmt(points.get(b), 3) for b in batches)] for plan, points in terms.items()]
     text = "Host ms per step (median wall of engine.step() minus the table's device ms), by batch:\n\n"
     text += markdown_table(["plan", *(str(b) for b in batches)], rows) + "\n\n"
     ns = sorted({n for points in costs.prefill.values() for n in points})
