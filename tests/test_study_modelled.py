@@ -102,6 +102,8 @@ def test_the_wrapper_needs_a_drafter_and_an_even_vocabulary(engine):
     odd = SimpleNamespace(geometry=SimpleNamespace(vocab_size=4095))
     with pytest.raises(ValueError, match="even vocabulary"):
         ModelledDrafter(SimpleNamespace(target_cfg=odd, drafter=engine.drafter), parse_profile("code"))
+    with pytest.raises(ValueError, match="rows must be a power of two, not 1000"):
+        ModelledDrafter(engine, parse_profile("code"), rows=1000)
 
 
 def test_arms_share_the_draws_and_a_duplicate_draws_apart(engine):
