@@ -29,6 +29,8 @@ import numpy as np  # noqa: E402
 
 from engine.kernels import activation, linear, norm, tuning  # noqa: E402
 from engine.kernels.tuning import TunedTables  # noqa: E402
+from engine.models.config import Geometry  # noqa: E402
+from engine.models.layers import AttnMeta, LayerWeights  # noqa: E402
 
 DEV = "cuda" if CUDA else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -111,3 +113,33 @@ def capture_graph(run):
     with torch.cuda.graph(graph):
         out = run()
     return graph, out
+
+
+def layer_inputs(g: Geometry, batch: int, ctx: int, dtype: torch.dtype, page: int = 16):
+    """One decode step of `batch` rows into a decoder layer of geometry g: (weights, AttnMeta, a
+    random paged cache to clone for k and v, x, residual, positions), each row at position ctx."""
+    h, d = g.hidden_size, g.head_dim
+    w = LayerWeights(
+        input_norm=randn(h, dtype=dtype).abs().add(0.5),
+        qkv=randn(g.q_size + 2 * g.kv_size, h, dtype=dtype, scale=0.05),
+        q_norm=randn(d, dtype=dtype).abs().add(0.5),
+        k_norm=randn(d, dtype=dtype).abs().add(0.5),
+        o=randn(h, g.q_size, dtype=dtype, scale=0.05),
+        post_norm=randn(h, dtype=dtype).abs().add(0.5),
+        gate_up=randn(2 * g.intermediate_size, h, dtype=dtype, scale=0.05),
+        down=randn(h, g.intermediate_size, dtype=dtype, scale=0.05),
+    )
+    per = -(-(ctx + 1) // page)
+    tables = torch.arange(batch * per, dtype=torch.int32, device=DEV).view(batch, per)
+    slots = (tables[:, ctx // page].long() * page + ctx % page).contiguous()
+    meta = AttnMeta(
+        slot_mapping=slots,
+        block_tables=tables,
+        seq_lens=torch.full((batch,), ctx + 1, dtype=torch.int32, device=DEV),
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=DEV),
+        max_query_len=1,
+    )
+    cache = randn(batch * per, page, g.num_kv_heads, d, dtype=dtype)
+    x, residual = randn(batch, h, dtype=dtype), randn(batch, h, dtype=dtype)
+    positions = torch.full((batch,), ctx, dtype=torch.int64, device=DEV)
+    return w, meta, cache, x, residual, positions

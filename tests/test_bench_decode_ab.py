@@ -32,9 +32,9 @@ def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
 def test_the_before_arm_runs_the_previous_dispatch():
     inside = []
     rows = decode_ab.interleaved(
-        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, gemm.EARLY_WEIGHTS)) or {"tok_s": 1.0}
+        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, gemm.DEFER_REDUCE)) or {"tok_s": 1.0}
     )
-    assert ("before", frozenset()) in inside and ("after", gemm.EARLY_WEIGHTS) in inside and len(rows) == 2
+    assert inside == [("before", False), ("after", True)] * 2 and len(rows) == 2
 
 
 def test_paired_ratio_is_within_a_repeat():

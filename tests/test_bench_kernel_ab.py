@@ -1,5 +1,5 @@
-"""The kernel before/after bench: its switch back to the previous dispatch (every one-row GEMV waits
-first), its cases and its argument checks (the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switch back to the previous dispatch (o's and down's split-K
+reduce kernels), its cases and its argument checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,16 @@ from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
 O_SHAPE, DOWN = (2560, 4096), (2560, 9728)
+SPLIT = SkinnyConfig(1, 16, 64, 2, 4, 1)
 
 
-def test_before_makes_every_one_row_gemv_wait_first_and_restores_the_dispatch():
-    assert sorted(gemm.EARLY_WEIGHTS) == ["norm"]  # measured faster on the H200 with the norm prologue only
+def test_before_runs_the_reduce_kernels_and_restores_the_dispatch():
+    assert gemm.DEFER_REDUCE and sorted(gemm.EARLY_WEIGHTS) == ["norm"]
     with kernel_ab.before():
-        assert not gemm.EARLY_WEIGHTS
-    assert sorted(gemm.EARLY_WEIGHTS) == ["norm"]
+        assert not gemm.DEFER_REDUCE and sorted(gemm.EARLY_WEIGHTS) == ["norm"]
+        assert isinstance(linear.linear_with_config(randn(1, 256), randn(16, 256), SPLIT, defer=True), torch.Tensor)
+    assert gemm.DEFER_REDUCE
+    assert isinstance(linear.linear_with_config(randn(1, 256), randn(16, 256), SPLIT, defer=True), gemm.SplitSum)
 
 
 def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
@@ -35,14 +38,19 @@ def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_before_is_the_same_function(swiglu):
-    """Both sides of a pair compute the op to the dtype's tolerance (here: the interpreter, fp32)."""
-    w = randn(32, 64)
-    x = randn(1, 128 if swiglu else 64)
-    op = fused_linear.silu_mul_linear if swiglu else linear.linear
-    after = op(x, w)
+    """Both sides of a pair (a split-K product into add + RMSNorm -> projection) give the same bits."""
+    w, w2, nw, r = randn(32, 256), randn(48, 32), randn(32).abs().add(0.5), randn(1, 32)
+    x = randn(1, 512 if swiglu else 256)
+    run = fused_linear.silu_mul_linear_with_config if swiglu else linear.linear_with_config
+    gemv = SkinnyConfig(1, 16, 64, 1, 4, 1)
+
+    def pair():
+        return fused_linear.add_rms_norm_linear_with_config(run(x, w, SPLIT, defer=True), r, nw, 1e-6, w2, gemv)
+
+    after = pair()
     with kernel_ab.before():
-        prev = op(x, w)
-    assert torch.allclose(after, prev, rtol=1e-4, atol=1e-5)
+        prev = pair()
+    assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
@@ -50,7 +58,8 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
     for m in (1, 8, 16, 64):
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
-    assert not any(label.startswith("norm") and m > 1 for label, m in rows)
+    assert ("o → norm→gate|up", 1) in rows and ("SwiGLU→down → norm→q|k|v", 1) in rows
+    assert not any(("norm" in label) and m > 1 for label, m in rows)
     assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
     assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
     for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:

@@ -1,7 +1,8 @@
 """The decode dispatch A/B, interleaved: two engines on one set of random weights, one run under the
-previous dispatch (kernel_ab.before: every one-row GEMV waits before its first load) and one under
-the current; per concurrency the repeats alternate the two (the first arm rotating), so a machine
-whose speed drifts during the call moves both arms alike. At a8d8ca0 the "before" run last in the
+previous dispatch (kernel_ab.before: o's and down's split-K partials summed by their reduce kernel)
+and one under the current (at one row, summed in the next add + RMSNorm prologue); per concurrency
+the repeats alternate the two (the first arm rotating), so a machine whose speed drifts during the
+call moves both arms alike. At a8d8ca0 the "before" run last in the
 same call measured 343 tok/s at c=1 against the "after"'s 311, while the per-op A/B had the after
 faster: an order confound this bench removes.
 

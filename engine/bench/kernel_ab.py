@@ -5,10 +5,13 @@ dispatches it on this device, in one process (GPU only):
 
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
-"before" is the dispatch the early-weights GEMV replaced (issue 19): every one-row GEMV waits for its
-predecessor before its first load; "after" is the current dispatch (gemm.EARLY_WEIGHTS). Rows:
-- o and SwiGLU->down at every --ms row count (above one row both sides run the same kernels);
-- norm->q|k|v and norm->gate|up at one row (the first weight tile before the PDL wait);
+"before" is the dispatch the deferred split-K reduce replaced (issue 19): o and SwiGLU->down end in
+their reduce kernel; "after" is the current dispatch (gemm.DEFER_REDUCE: at one row their partials
+go to the next add + RMSNorm prologue). Rows:
+- the two pairs the deferral joins, at one row: o -> norm->gate|up and SwiGLU->down -> norm->q|k|v
+  (the layer's second and first halves' projections);
+- o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
+  sides run the same kernels: the per-op times of the step);
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
   where the dispatch does not take it): the data to retune the table's one-row entries (after = that
   config, before = the previous dispatch).
@@ -21,7 +24,6 @@ after/before, the after path's weight bytes over time as a fraction of the measu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -63,9 +65,14 @@ def early_weights(prologues: frozenset[str]) -> Iterator[None]:
         gemm.EARLY_WEIGHTS = saved
 
 
-def before() -> contextlib.AbstractContextManager:
-    """The previous dispatch: every one-row GEMV waits before its first load."""
-    return early_weights(frozenset())
+@contextmanager
+def before() -> Iterator[None]:
+    """The previous dispatch: o's and down's split-K partials summed by their reduce kernel."""
+    saved, gemm.DEFER_REDUCE = gemm.DEFER_REDUCE, False
+    try:
+        yield
+    finally:
+        gemm.DEFER_REDUCE = saved
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
@@ -80,6 +87,26 @@ def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     with_cfg = lambda i: fused_linear.add_rms_norm_linear_with_config(x, r, nw, EPS, ws[i], cfg)[0]  # noqa: E731
     ref = torch.nn.functional.linear(norm.add_rms_norm_ref(x.float(), r.float(), nw.float(), EPS)[0], ws[0].float())
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+
+
+def pair_case(first: tuple[int, int], second_n: int, swiglu: bool):
+    """One row through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
+    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
+    (n, k), h = first, first[0]
+    b1, c1, w1 = cases.rotated_weights(n, k)
+    b2, c2, w2 = cases.rotated_weights(second_n, h)
+    x = torch.randn(1, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
+    r, nw = torch.randn(1, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
+    nw = nw.to(cases.DTYPE)
+    produce = fused_linear.silu_mul_linear_to_residual if swiglu else linear.linear_to_residual
+    fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i]), r, nw, EPS, w2[i])[0]  # noqa: E731
+    mid = (
+        fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
+        if swiglu
+        else linear.linear_ref(x.float(), w1[0].float())
+    )
+    ref = torch.nn.functional.linear(norm.add_rms_norm_ref(mid, r.float(), nw.float(), EPS)[0], w2[0].float())
+    return b1 + b2, min(c1, c2), fn, ref, fn
 
 
 def on_gemv(fn: Callable, *args) -> torch.Tensor:
@@ -119,6 +146,8 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
 
 def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
+    yield "o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
+    yield "SwiGLU→down → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True)
     yield "norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
     yield "norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
     for m in ms:

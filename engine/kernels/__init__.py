@@ -30,6 +30,8 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,
         silu_mul_linear=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
+        linear_to_residual=linear_batch_invariant_ref if batch_invariant else linear_ref,
+        silu_mul_linear_to_residual=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
         argmax=argmax_ref,
         accept_prefix=accept_prefix_ref,
     )

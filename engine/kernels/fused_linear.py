@@ -10,7 +10,7 @@ import torch
 
 from engine.kernels import tuning
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
-from engine.kernels.gemm import launch
+from engine.kernels.gemm import SplitSum, dense, launch
 from engine.kernels.linear import (
     as_rows,
     dispatch_config,
@@ -77,15 +77,17 @@ def silu_mul_linear_config(m: int, n: int, inter: int, tables: TunedTables | Non
     return skinny_config(m, n, inter, t) if m <= t.fused_m_max else None
 
 
-def silu_mul_linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
+def silu_mul_linear_with_config(
+    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False
+) -> torch.Tensor | SplitSum:
     """(silu(gate) * up) @ W^T with an explicit config; x: [M, 2I] = [gate | up] unit-stride rows,
-    W: [N, I] contiguous. The [M, I] activation is never written."""
+    W: [N, I] contiguous. The [M, I] activation is never written. defer: as linear_with_config."""
     assert x.shape[1] == 2 * weight.shape[1], (x.shape, weight.shape)
-    return launch(x, weight, cfg, swiglu=True)
+    return launch(x, weight, cfg, swiglu=True, defer=defer)
 
 
 def add_rms_norm_linear_with_config(
-    x: torch.Tensor,
+    x: torch.Tensor | SplitSum,
     residual: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
@@ -93,7 +95,8 @@ def add_rms_norm_linear_with_config(
     cfg: SkinnyConfig,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) * norm_weight @ W^T, x + residual) in one launch (+ the split-K
-    reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype."""
+    reduce) with an explicit config; x, residual: [M, K] unit-stride rows, every tensor one dtype (x
+    may be a SplitSum of that dtype)."""
     assert x.shape == residual.shape and x.shape[1] == weight.shape[1] == norm_weight.shape[0], (x.shape, weight.shape)
     assert len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) == 1 and norm_weight.stride(0) == 1
     if cfg.split_k != 1:
@@ -112,18 +115,29 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return silu_mul_linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], n)
 
 
+def silu_mul_linear_to_residual(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitSum:
+    """`silu_mul_linear` for [M, 2I] rows whose product is only added to the residual stream: one
+    split-K row comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
+    inter = weight.shape[1]
+    cfg = dispatch_config(silu_mul_linear_config, x, weight, 2 * inter)
+    if cfg is None or x.dim() != 2 or x.shape[-1] != 2 * inter:
+        return silu_mul_linear(x, weight)
+    return silu_mul_linear_with_config(as_rows(x), weight, cfg, defer=True)
+
+
 def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Batch-invariant mode: silu_and_mul (per row) + the fixed-tile GEMM."""
     return linear_batch_invariant(silu_and_mul(x), weight)
 
 
 def add_rms_norm_linear(
-    x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+    x: torch.Tensor | SplitSum, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton `add_rms_norm_linear_ref`: the NORM-prologue kernel where add_rms_norm_linear_config
-    has a config, else add_rms_norm + `linear`."""
+    has a config, else add_rms_norm + `linear`. x may be a SplitSum (from the `_to_residual`
+    projections): the prologue sums it where it runs on the early-weights GEMV."""
     n, k = weight.shape
-    cfg = dispatch_config(add_rms_norm_linear_config, x, weight, k)
+    cfg = dispatch_config(add_rms_norm_linear_config, residual, weight, k)
     if (
         cfg is None
         or x.shape != residual.shape
@@ -131,9 +145,10 @@ def add_rms_norm_linear(
         or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1
         or norm_weight.stride(-1) != 1
     ):
-        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
+        normed, summed = add_rms_norm(dense(x), residual, norm_weight, eps)
         return linear(normed, weight), summed
-    y, summed = add_rms_norm_linear_with_config(as_rows(x), as_rows(residual), norm_weight, eps, weight, cfg)
+    rows = x if isinstance(x, SplitSum) else as_rows(x)
+    y, summed = add_rms_norm_linear_with_config(rows, as_rows(residual), norm_weight, eps, weight, cfg)
     return y.view(*x.shape[:-1], n), summed.view(x.shape)
 
 

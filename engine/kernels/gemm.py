@@ -1,9 +1,16 @@
 """The skinny-M Triton GEMM behind every projection (linear.py dispatches to it): y = x @ W^T with
 optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
 for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
-deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel."""
+deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel.
+
+A one-row split-K projection whose output is only added to the residual stream (o, SwiGLU->down)
+may hand back its partials unsummed (`SplitSum`, launch(defer=True)): the NORM prologue of the next
+projection sums them in split order and rounds them as the reduce kernel would, so the reduce launch
+and its kernel boundary go away and every result stays bit-identical."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +26,7 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # (7.6 -> 7.8 at best) and SwiGLU->down (15.2 -> 15.6 at best). kernel_ab empties it for its "before".
 PROLOGUES = frozenset({"plain", "swiglu", "norm"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm"})
+DEFER_REDUCE = True  # launch(defer=True) hands back SplitSum at one row; kernel_ab turns it off for "before"
 
 
 @jit(do_not_specialize=["M"])
@@ -155,36 +163,88 @@ def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, 
     tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, swiglu: bool = False, norm=None) -> torch.Tensor:
+def _reduce(parts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    split_k, m, n = parts.shape
+    block = 1024
+    _splitk_reduce_kernel[(cdiv(m * n, block),)](
+        parts, y, m, n, y.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4, **pdl(parts.device)
+    )
+    return y
+
+
+@dataclass(frozen=True)
+class SplitSum:
+    """A projection's output as its fp32 split-K partials [splits, M, N], not yet summed; `dtype` is
+    the output's. Only the add + RMSNorm consumers take it (fused_linear.add_rms_norm_linear,
+    norm.add_rms_norm); anything else calls dense()."""
+
+    parts: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts.shape[1:]
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts.device
+
+    def tensor(self) -> torch.Tensor:
+        """The summed output, as the reduce kernel writes it."""
+        _, m, n = self.parts.shape
+        return _reduce(self.parts, torch.empty(m, n, dtype=self.dtype, device=self.parts.device))
+
+
+def dense(x: torch.Tensor | SplitSum) -> torch.Tensor:
+    return x.tensor() if isinstance(x, SplitSum) else x
+
+
+def launch(
+    x: torch.Tensor | SplitSum,
+    weight: torch.Tensor,
+    cfg: SkinnyConfig,
+    swiglu: bool = False,
+    norm=None,
+    defer: bool = False,
+) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
-    (split_k 1 only)."""
-    m = x.shape[0]
+    (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
+    by its reduce elsewhere). defer: a one-row split-K result comes back as a SplitSum (with
+    DEFER_REDUCE on), with no reduce launched."""
     n, k = weight.shape
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    gemv = cfg.block_m == 1 and ("norm" if norm is not None else "swiglu" if swiglu else "plain") in EARLY_WEIGHTS
+    planes = 0
+    if isinstance(x, SplitSum):
+        if norm is not None and gemv:
+            x, planes = x.parts, x.parts.shape[0]
+        else:
+            x = x.tensor()
+    x_rows = x[0] if planes else x
+    m = x_rows.shape[0]
+    dtype = norm[0].dtype if planes else x.dtype
     if m == 0:
-        return y
+        return torch.empty(m, n, dtype=dtype, device=x.device)
     assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
     assert norm is None or cfg.split_k == 1, "the NORM prologue needs whole rows: split_k 1"
     # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     split = cfg.split_k > 1
+    deferred = split and defer and DEFER_REDUCE and m == 1
+    y = None if deferred else torch.empty(m, n, dtype=dtype, device=x.device)
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
-    args = (x, weight, y, parts, m, n, k, x.stride(0), weight.stride(0), y.stride(0), k_per_split)
-    args += (k if swiglu else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
+    args = (x, weight, y if y is not None else parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n)
+    args += (k_per_split, k if swiglu else m * k if planes else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
     meta = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, SWIGLU=swiglu, NORM=norm is not None)
     meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device))
-    prologue = "norm" if norm is not None else "swiglu" if swiglu else "plain"
-    if cfg.block_m == 1 and prologue in EARLY_WEIGHTS:
+    if gemv:
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
-        _gemv_kernel[grid](*args, EVEN_K=k % cfg.block_k == 0 and not split, **meta)
+        even_k = k % cfg.block_k == 0 and not split
+        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         _linear_kernel[grid](*args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, **meta)
-    if split:
-        block = 1024
-        _splitk_reduce_kernel[(cdiv(m * n, block),)](
-            parts, y, m, n, y.stride(0), SPLIT_K=cfg.split_k, BLOCK=block, num_warps=4, **pdl(x.device)
-        )
-    return y
+    if deferred:
+        return SplitSum(parts, dtype)
+    return _reduce(parts, y) if split else y

@@ -42,25 +42,35 @@ def _fma_tile(
     r_row,
     s_row,
     nw_ptr,
-    up_off,
+    x_off,
     writer,
     EVEN_K: tl.constexpr,
     SWIGLU: tl.constexpr,
     NORM: tl.constexpr,
+    PLANES: tl.constexpr,
 ):
     """acc2 += w * x for one K tile, x formed by the prologue (masked lanes: silu(0) * 0 = 0, and
-    x = r = 0 adds nothing to the sum of squares); NORM stores x + r from the pid_n == 0 programs."""
+    x = r = 0 adds nothing to the sum of squares); NORM stores x + r from the pid_n == 0 programs.
+    x_off: from x to up's columns (SWIGLU) or to the next plane (PLANES > 0: x is the producer's
+    fp32 split-K partials, summed in split order from zero and rounded to r's dtype, as
+    gemm._splitk_reduce_kernel does)."""
     k_ok = rk < k_hi
-    if EVEN_K:
+    if PLANES > 0:
+        xs = tl.zeros_like(rk).to(tl.float32)
+        for p in tl.static_range(PLANES):
+            xs += tl.load(x_row + p * x_off + rk, mask=k_ok, other=0.0)
+        x = xs.to(r_row.dtype.element_ty)
+        s, x = _add_scale(x, tl.load(r_row + rk, mask=k_ok, other=0.0), tl.load(nw_ptr + rk, mask=k_ok, other=0.0))
+    elif EVEN_K:
         x = tl.load(x_row + rk)
         if SWIGLU:
-            x = _swiglu(x, tl.load(x_row + up_off + rk))
+            x = _swiglu(x, tl.load(x_row + x_off + rk))
         if NORM:
             s, x = _add_scale(x, tl.load(r_row + rk), tl.load(nw_ptr + rk))
     else:
         x = tl.load(x_row + rk, mask=k_ok, other=0.0)
         if SWIGLU:
-            x = _swiglu(x, tl.load(x_row + up_off + rk, mask=k_ok, other=0.0))
+            x = _swiglu(x, tl.load(x_row + x_off + rk, mask=k_ok, other=0.0))
         if NORM:
             r = tl.load(r_row + rk, mask=k_ok, other=0.0)
             s, x = _add_scale(x, r, tl.load(nw_ptr + rk, mask=k_ok, other=0.0))
@@ -83,7 +93,7 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     k_per_split,
-    up_off,
+    x_off,
     r_ptr,
     nw_ptr,
     s_ptr,
@@ -97,12 +107,14 @@ def _gemv_kernel(
     SWIGLU: tl.constexpr,
     NORM: tl.constexpr,
     CARRY: tl.constexpr,
+    PLANES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """gemm._linear_kernel's GEMV path (same arguments and results; EVEN_K only without split-K,
     since an empty split still loads its first tile, masked): one program per BLOCK_N rows of W
     and split of K, grid (N tiles, M, splits). CARRY: two weight tiles in flight (the config's
-    num_stages >= 2), else one (the wait-first path's register footprint)."""
+    num_stages >= 2), else one (the wait-first path's register footprint). PLANES (NORM only): x is
+    a SplitSum's partials (see _fma_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -127,20 +139,20 @@ def _gemv_kernel(
         for k in range(k_lo, k_last, BLOCK_K):
             w_next = _weight_tile(w_rows, k + BLOCK_K + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
-                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, up_off, writer, EVEN_K, SWIGLU, NORM
+                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
             w = w_next
         acc2, ss1 = _fma_tile(
-            acc2, ss1, w, k_last + rk0, k_hi, x_row, r_row, s_row, nw_ptr, up_off, writer, EVEN_K, SWIGLU, NORM
+            acc2, ss1, w, k_last + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
     else:  # the first tile peeled; then load-and-use per tile, as the wait-first loop does
         acc2, ss1 = _fma_tile(
-            acc2, ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, up_off, writer, EVEN_K, SWIGLU, NORM
+            acc2, ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
         for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             w = _weight_tile(w_rows, k + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
-                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, up_off, writer, EVEN_K, SWIGLU, NORM
+                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
     acc1 = tl.sum(acc2, axis=1)
     if NORM:

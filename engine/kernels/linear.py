@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from engine.kernels import tuning
 from engine.kernels._triton import cdiv, next_pow2
-from engine.kernels.gemm import launch
+from engine.kernels.gemm import SplitSum, launch
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
@@ -68,10 +68,13 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
     return table_config(t.linear, m, n, k, t.m_max)
 
 
-def linear_with_config(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> torch.Tensor:
-    """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous."""
+def linear_with_config(
+    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False
+) -> torch.Tensor | SplitSum:
+    """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous.
+    defer: a one-row split-K y may come back as its partials (gemm.SplitSum)."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return launch(x, weight, cfg)
+    return launch(x, weight, cfg, defer=defer)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -100,6 +103,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if cfg is None:
         return F.linear(x, weight)
     return linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_to_residual(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitSum:
+    """`linear` for [M, K] rows whose product is only added to the residual stream: one split-K row
+    comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
+    cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
+    if cfg is None or x.dim() != 2:
+        return linear(x, weight)
+    return linear_with_config(as_rows(x), weight, cfg, defer=True)
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import jit, next_pow2, pdl
+from engine.kernels.gemm import SplitSum, dense
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -103,9 +104,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `add_rms_norm_ref`: the residual add and the norm in one pass."""
+    """Triton `add_rms_norm_ref`: the residual add and the norm in one pass (a SplitSum x is
+    summed first)."""
+    x = dense(x)
     x2, r2 = _rows(x), _rows(residual)
     sum_dtype = torch.promote_types(x.dtype, residual.dtype)
     summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device)

@@ -16,5 +16,9 @@ class Ops:
     paged_attention: Callable
     linear: Callable
     silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
+    # linear / silu_mul_linear for products only added to the residual stream (o, down): the result
+    # may be a gemm.SplitSum, which add_rms_norm(_linear) take and gemm.dense sums for anything else.
+    linear_to_residual: Callable
+    silu_mul_linear_to_residual: Callable
     argmax: Callable
     accept_prefix: Callable

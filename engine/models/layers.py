@@ -77,7 +77,8 @@ def decoder_layer(
     cos_sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer; returns (mlp_out, residual). The layer's output (residual stream) is their sum:
-    the add is deferred into the next layer's fused add+norm."""
+    the add is deferred into the next layer's fused add+norm. mlp_out may be a gemm.SplitSum
+    (gemm.dense sums it)."""
     eps = g.rms_norm_eps
     rows = h.shape[0]
     if residual is None:
@@ -102,8 +103,9 @@ def decoder_layer(
         g.head_dim**-0.5,
         meta.causal,
     )
-    h = ops.linear(o.view(rows, g.q_size), w.o)
+    h = ops.linear_to_residual(o.view(rows, g.q_size), w.o)
     gate_up, residual = ops.add_rms_norm_linear(h, residual, w.post_norm, eps, w.gate_up)
     # SwiGLU fused into the down projection (the [rows, I] activation is not materialised on the
     # skinny path). The torch backend computes exactly add_rms_norm + linear and linear(silu_and_mul(.)).
-    return ops.silu_mul_linear(gate_up, w.down), residual
+    # o and down may come back as unsummed split-K partials (Ops.linear_to_residual).
+    return ops.silu_mul_linear_to_residual(gate_up, w.down), residual

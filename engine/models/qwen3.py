@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import Ops
+from engine.kernels.gemm import dense
 from engine.kernels.rope import rope_cos_sin
 from engine.loader import CheckpointError, take
 from engine.models.config import Qwen3Config
@@ -79,7 +80,7 @@ class Qwen3ForCausalLM:
             k_cache, v_cache = kv_caches[i]
             h, residual = decoder_layer(self.ops, g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin)
             if i in tap and i != last:
-                torch.add(h, residual, out=cols(i))
+                torch.add(dense(h), residual, out=cols(i))
         normed = self.ops.add_rms_norm(h, residual, self.norm, g.rms_norm_eps)[0]
         if last in tap:
             cols(last).copy_(normed)
