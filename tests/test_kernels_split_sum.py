@@ -1,7 +1,9 @@
 """The deferred split-K reduce (gemm.SplitSum): a one-row split-K o or SwiGLU->down hands back its
-fp32 partials and the next add + RMSNorm prologue sums them. Every result must be bit-identical to
-the reduce kernel's path (same fp32 adds in split order, same rounding), in the kernels and through
-two decoder layers (setup and tolerance policy: tests/kernel_helpers.py)."""
+fp32 partials and the next add + RMSNorm prologue sums them. The sum must be the reduce kernel's bit
+for bit (same fp32 adds in split order, same rounding); through two decoder layers the deferred
+dispatch (o and down on the early-weights GEMV) matches the reduce kernels' dispatch bit for bit
+under the interpreter and to a quarter of the tolerance compiled, where the two GEMVs may contract
+FMAs differently (setup and tolerance policy: tests/kernel_helpers.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from engine.models.layers import decoder_layer
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
+    INTERPRET,
     TOL,
     capture_graph,
     gpu,
@@ -46,7 +49,8 @@ def producers(k: int, n: int, dtype: torch.dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cfg", SPLITS, ids=str)
-def test_split_sum_into_the_norm_prologue_is_the_reduce_bit_for_bit(dtype, cfg):
+def test_split_sum_into_the_norm_prologue_is_the_reduce_bit_for_bit(dtype, cfg, monkeypatch):
+    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)  # both sides' producer on one kernel
     torch.manual_seed(60)
     k, n, out_n = 300, 80, 48
     r, nw, w2 = randn(1, n, dtype=dtype), randn(n, dtype=dtype).abs().add(0.5), randn(out_n, n, dtype=dtype, scale=0.1)
@@ -132,23 +136,26 @@ def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch):
     assert sum(isinstance(y, SplitSum) for y in deferred) == 4  # o and down in each layer
     monkeypatch.setattr(gemm, "DEFER_REDUCE", False)
     before = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
-    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    if INTERPRET:
+        assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
     for (kc, vc), (kc0, vc0) in zip(after[2], before[2], strict=True):
         assert torch.equal(kc, kc0) and torch.equal(vc, vc0)
+    assert INTERPRET or all(rel_err(a, b) < TOL[torch.float16] / 4 for a, b in zip(after[:2], before[:2], strict=True))
     torch_out = two_layers(get_ops("torch"), g, w, meta, cache, x, residual, positions, cos_sin)
     assert rel_err(after[0], torch_out[0]) < 10 * TOL[torch.float16]
 
 
 @gpu
-def test_gpu_4b_layers_defer_in_a_graph_bit_identical(monkeypatch):
+def test_gpu_4b_layers_defer_in_a_graph(monkeypatch):
     """Two Qwen3-4B decoder layers at one row in bf16, as this device dispatches them, replayed from
-    a CUDA graph with PDL: the deferred reduces (read by the next kernel after its wait) give the
-    reduce kernel's bits."""
+    a CUDA graph with PDL: the deferred partials (read by the next kernel after its wait) give what
+    the same dispatch gives launched one by one, and the reduce kernels' dispatch within TOL / 4."""
     torch.manual_seed(64)
     g = Geometry.from_dict(QWEN3_4B_CONFIG, "test")
     w, meta, cache, x, residual, positions = layer_inputs(g, 1, ctx=200, dtype=torch.bfloat16)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(4096, g.head_dim, g.rope_theta, "cuda")
     assert isinstance(ops.linear_to_residual(randn(1, g.q_size, dtype=torch.bfloat16), w.o), SplitSum)
+    eager = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     monkeypatch.setattr(gemm, "DEFER_REDUCE", False)
     before = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     monkeypatch.setattr(gemm, "DEFER_REDUCE", True)
@@ -156,4 +163,5 @@ def test_gpu_4b_layers_defer_in_a_graph_bit_identical(monkeypatch):
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+        assert torch.equal(after[0], eager[0]) and torch.equal(after[1], eager[1])
+        assert rel_err(after[0], before[0]) < TOL[torch.bfloat16] / 4

@@ -5,13 +5,12 @@ dispatches it on this device, in one process (GPU only):
 
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
-"before" is the dispatch the deferred split-K reduce replaced (issue 19): o and SwiGLU->down end in
-their reduce kernel; "after" is the current dispatch (gemm.DEFER_REDUCE: at one row their partials
-go to the next add + RMSNorm prologue). Rows:
+"before" is the dispatch the deferred split-K reduce replaced (issue 19): o and SwiGLU->down wait
+first and end in their reduce kernel; "after" is the current dispatch (gemm.DEFER_REDUCE: at one row
+they stream weights before the wait and their partials go to the next add + RMSNorm prologue). Rows:
 - the two pairs the deferral joins, at one row: o -> norm->gate|up and SwiGLU->down -> norm->q|k|v
-  (the layer's second and first halves' projections), and each again with its first projection on
-  the early-weights GEMV ("o early ..."): with no reduce behind it, its weights may stream before
-  the wait;
+  (the layer's second and first halves' projections; after: o and down on the early-weights GEMV,
+  with no reduce behind them);
 - o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
   sides run the same kernels: the per-op times of the step);
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
@@ -91,10 +90,9 @@ def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
-def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, early: bool = False):
+def pair_case(first: tuple[int, int], second_n: int, swiglu: bool):
     """One row through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
-    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none. early: the
-    after side runs the first projection on the early-weights GEMV too (its split-K entry)."""
+    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
     (n, k), h = first, first[0]
     b1, c1, w1 = cases.rotated_weights(n, k)
     b2, c2, w2 = cases.rotated_weights(second_n, h)
@@ -103,14 +101,13 @@ def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, early: bool =
     nw = nw.to(cases.DTYPE)
     produce = fused_linear.silu_mul_linear_to_residual if swiglu else linear.linear_to_residual
     fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i]), r, nw, EPS, w2[i])[0]  # noqa: E731
-    after_fn = (lambda i: on_gemv(fn, i)) if early else fn  # noqa: E731
     mid = (
         fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
         if swiglu
         else linear.linear_ref(x.float(), w1[0].float())
     )
     ref = torch.nn.functional.linear(norm.add_rms_norm_ref(mid, r.float(), nw.float(), EPS)[0], w2[0].float())
-    return b1 + b2, min(c1, c2), fn, ref, after_fn
+    return b1 + b2, min(c1, c2), fn, ref, fn
 
 
 def on_gemv(fn: Callable, *args) -> torch.Tensor:
@@ -152,8 +149,6 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
     yield "o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
     yield "SwiGLU→down → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True)
-    yield "o early → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False, early=True)
-    yield "SwiGLU→down early → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True, early=True)
     yield "norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
     yield "norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
     for m in ms:

@@ -20,12 +20,14 @@ from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
-# One-row configs of these prologues run gemv.py's kernel (the first weight tile before the PDL wait,
-# the next carried in registers); the others this module's wait-first path. On the H200 (kernel_ab at
+# One-row configs of these kinds run gemv.py's kernel (the first weight tile before the PDL wait, the
+# next carried in registers); the others this module's wait-first path. On the H200 (kernel_ab at
 # 03985b1) it won with the norm prologue (q|k|v 9.5 -> 8.7 us, gate|up 28.6 -> 27.2) and lost for o
-# (7.6 -> 7.8 at best) and SwiGLU->down (15.2 -> 15.6 at best). kernel_ab empties it for its "before".
-PROLOGUES = frozenset({"plain", "swiglu", "norm"})
-EARLY_WEIGHTS: frozenset[str] = frozenset({"norm"})
+# (7.6 -> 7.8 at best) and SwiGLU->down (15.2 -> 15.6 at best) followed by their reduce kernel. With
+# the reduce deferred (kind "deferred": o or down handing back a SplitSum) o followed by norm->gate|up
+# went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
+PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
+EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
 DEFER_REDUCE = True  # launch(defer=True) hands back SplitSum at one row; kernel_ab turns it off for "before"
 
 
@@ -212,7 +214,11 @@ def launch(
     by its reduce elsewhere). defer: a one-row split-K result comes back as a SplitSum (with
     DEFER_REDUCE on), with no reduce launched."""
     n, k = weight.shape
-    gemv = cfg.block_m == 1 and ("norm" if norm is not None else "swiglu" if swiglu else "plain") in EARLY_WEIGHTS
+    m = x.shape[0]
+    split = cfg.split_k > 1
+    deferred = split and defer and DEFER_REDUCE and m == 1
+    kind = "deferred" if deferred else "norm" if norm is not None else "swiglu" if swiglu else "plain"
+    gemv = cfg.block_m == 1 and kind in EARLY_WEIGHTS
     planes = 0
     if isinstance(x, SplitSum):
         if norm is not None and gemv:
@@ -220,7 +226,6 @@ def launch(
         else:
             x = x.tensor()
     x_rows = x[0] if planes else x
-    m = x_rows.shape[0]
     dtype = norm[0].dtype if planes else x.dtype
     if m == 0:
         return torch.empty(m, n, dtype=dtype, device=x.device)
@@ -229,8 +234,6 @@ def launch(
     # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
-    split = cfg.split_k > 1
-    deferred = split and defer and DEFER_REDUCE and m == 1
     y = None if deferred else torch.empty(m, n, dtype=dtype, device=x.device)
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
