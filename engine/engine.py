@@ -237,8 +237,8 @@ class Engine:
             self.timer.start()
         if step.plan is Plan.PREFILL:
             self._prefill(step.reqs)
-        elif step.plan is Plan.SPECULATIVE:
-            self.rounds.speculate(step.reqs)
+        elif step.plan is Plan.SPECULATIVE:  # nothing waiting: the batch only drains (engine/drain.py)
+            self.rounds.speculate(step.reqs, draining=not self.scheduler.waiting)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED)
         if self.timer:

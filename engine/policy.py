@@ -24,7 +24,8 @@ its value on the estimate is at least PROBE_FLOOR of the K in force's and the ro
 probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing: the
 probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
 the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
-table: 0.62 of the gated round).
+table: 0.62 of the gated round). While no request waits for a slot, K is valued over the whole
+draining wave instead of one round (`wave_values`, engine/drain.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ from itertools import accumulate
 from operator import mul
 from pathlib import Path
 
+import numpy as np
+
 from engine.costs import CostTable, read_cost_table
+from engine.drain import committed_moments, wave, wave_ms
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one
@@ -45,6 +49,7 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 SPEC_DISCOUNT = 0.05
 FIRST_WALLS = 3  # a host term starts from the median of this many walls
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
+WAVE_EVERY = 4  # rounds a draining wave's values are reused at one batch
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -181,15 +186,24 @@ class SpanPolicy:
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
         self._device: dict[tuple[int, int], float] = {}  # (batch, K) -> the table's ms
+        self._waves: dict[int, tuple[list[int], np.ndarray]] = {}  # max_drafts -> _wave_table
+        self._wave: list | None = None  # [(batch, max_drafts), rounds used, wave_values]
         self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
-    def decide(self, batch: int, max_drafts: int = 0, max_batch: int = 0) -> int:
-        """K for the next round of `batch` requests."""
+    def decide(
+        self, batch: int, max_drafts: int = 0, max_batch: int = 0, remaining: Sequence[int] | None = None
+    ) -> int:
+        """K for the next round of `batch` requests. remaining: each request's tokens left, given when
+        no request waits for a slot (a draining wave: K is then valued over the whole wave)."""
         if max_batch and batch >= max_batch:
             self.chosen[0] += 1
             return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
         times = self._round_times(batch, max_drafts)
-        best, values = best_span(times, batch, self.conditional)
+        if remaining is not None and batch > 1:
+            values = self._wave_values_cached(remaining, max_drafts)
+            best = max(values, key=lambda k: (values[k], -k))
+        else:
+            best, values = best_span(times, batch, self.conditional)
         if self.k not in values:
             self.k, self._streak = best, 0
         elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
@@ -228,6 +242,42 @@ class SpanPolicy:
             times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
         gated, spec = self.host.predict(batch, False), self.host.predict(batch, True)
         return {k: ms + (spec if k else gated) for k, ms in times.items()}
+
+    def wave_values(self, remaining: Sequence[int], max_drafts: int = 0) -> dict[int, float]:
+        """Per candidate K held from now on: the wave's remaining tokens per expected ms to finish it
+        (engine/drain.py), a speculative K's discounted as best_span discounts it."""
+        candidates, device = self._wave_table(max_drafts, len(remaining))
+        log2 = np.ceil(np.log2(np.arange(1, device.shape[1]))).astype(int)  # batch b's host bucket
+        buckets = range(int(log2[-1]) + 1)
+        host = {s: np.array([self.host.predict(1 << j, s) for j in buckets])[log2] for s in (False, True)}
+        r, n = wave(remaining)
+        total = float(r @ n)
+        values = {}
+        for i, k in enumerate(candidates):
+            round_ms = np.concatenate(([0.0], device[i, 1:] + host[k > 0]))
+            ms = wave_ms(r, n, round_ms, *committed_moments(self.conditional, k))
+            values[k] = total / ms / (1.0 + SPEC_DISCOUNT if k else 1.0)
+        return values
+
+    def _wave_values_cached(self, remaining: Sequence[int], max_drafts: int) -> dict[int, float]:
+        """wave_values, reused for WAVE_EVERY rounds while the batch and cap stay (they move slowly
+        within a wave, and one evaluation costs ~0.1-0.3 ms of host time at batch 128)."""
+        key = (len(remaining), max_drafts)
+        if self._wave is None or self._wave[0] != key or self._wave[1] >= WAVE_EVERY:
+            self._wave = [key, 0, self.wave_values(remaining, max_drafts)]
+        self._wave[1] += 1
+        return self._wave[2]
+
+    def _wave_table(self, max_drafts: int, batch: int) -> tuple[list[int], np.ndarray]:
+        """The candidates and the table's ms per candidate (rows) and batch 1 .. >= batch (columns;
+        column 0 unused), built once per cap and widened to the next power of two when outgrown."""
+        cached = self._waves.get(max_drafts)
+        if cached is None or cached[1].shape[1] <= batch:
+            candidates = span_candidates(self.per_round, max_drafts, self.table)
+            width = 1 << batch.bit_length()
+            rows = [round_times(self.table, b, candidates) for b in range(1, width)]
+            cached = self._waves[max_drafts] = candidates, np.array([[0.0] + [t[k] for t in rows] for k in candidates])
+        return cached
 
     def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
         """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""

@@ -179,12 +179,14 @@ class Rounds:
             self._policy_k = 0
 
     # -- the speculative round -------------------------------------------------------------------------
-    def speculate(self, reqs: list[Request]) -> None:
+    def speculate(self, reqs: list[Request], draining: bool = False) -> None:
+        """draining: no request waits for a slot, so the adaptive policy values K over the wave."""
         runner, lv = self.runner, self.levers
         if self.policy is None:
             k = round_drafts(self.per_round, lv.max_drafts)
         else:
-            k = self.policy.decide(len(reqs), lv.max_drafts, lv.max_batch)
+            remaining = [r.remaining for r in reqs] if draining else None
+            k = self.policy.decide(len(reqs), lv.max_drafts, lv.max_batch, remaining)
             if k == 0:
                 self.one_token(reqs, gated=True)
                 return

@@ -1,0 +1,128 @@
+"""The draining wave (engine/drain.py): the moments of a round's committed tokens, the expected time
+to finish a wave under one K (exact at K=0, against a Monte Carlo of the acceptance model for K>0),
+the policy's choice over the wave on the H200 4B table, and the engine passing each request's
+remaining tokens only while nothing waits for a slot."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.costs import read_cost_table
+from engine.drain import committed_moments, wave, wave_ms
+from engine.policy import SpanPolicy, best_span
+
+H200_4B = read_cost_table(Path(__file__).parent / "data" / "policy" / "h200-4b-profile.csv")
+CODE = [0.87 - 0.09 * i / 14 for i in range(15)]  # the study's profiles: first -> last position
+CHAT = [0.72 - 0.09 * i / 14 for i in range(15)]
+
+
+def test_committed_moments_are_the_enumerated_ones():
+    assert committed_moments(CODE, 0) == (1.0, 0.0)
+    rng = random.Random(3)
+    rates = [rng.uniform(0.3, 0.95) for _ in range(4)]
+    probs = {}  # committed c = 1 + accepted: the first c - 1 drafts accepted, then a miss (or the cap)
+    for c in range(1, 6):
+        p = np.prod(rates[: c - 1])
+        probs[c] = p * (1.0 - rates[c - 1]) if c <= 4 else p
+    mean = sum(c * p for c, p in probs.items())
+    var = sum(c * c * p for c, p in probs.items()) - mean**2
+    assert committed_moments(rates, 4) == pytest.approx((mean, var))
+
+
+def test_the_k0_wave_is_exact():
+    """Every round commits one token: round t runs the requests with more than t tokens left."""
+    remaining = [3, 5, 5, 9, 1]
+    round_ms = np.array([0.0, 2.0, 2.5, 3.0, 3.5, 4.0])
+    want = sum(round_ms[sum(r > t for r in remaining)] for t in range(max(remaining)))
+    assert wave_ms(*wave(remaining), round_ms, 1.0, 0.0) == pytest.approx(want)
+
+
+def simulated_wave_ms(remaining: list[int], round_ms: np.ndarray, rates: list[float], k: int, rng) -> float:
+    left, total = list(remaining), 0.0
+    while left:
+        total += round_ms[len(left)]
+        drawn = [1 + sum(itertools.takewhile(bool, (rng.random() < a for a in rates[:k]))) for _ in left]
+        left = [r - c for r, c in zip(left, drawn, strict=True) if r > c]
+    return total
+
+
+@pytest.mark.parametrize("k,batch,spread", [(8, 64, 0), (4, 16, 0), (15, 32, 0), (8, 48, 40)])
+def test_wave_ms_matches_a_monte_carlo_of_the_acceptance_model(k, batch, spread):
+    """The normal approximation of each request's rounds against 150 simulated waves of the H200 4B
+    table's round times (lockstep, or remaining spread over 40 tokens): within 5 %."""
+    rng = random.Random(k * 1000 + batch)
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    candidates, device = policy._wave_table(0, batch)
+    round_ms = device[candidates.index(k)]
+    remaining = [64 - rng.randrange(spread + 1) for _ in range(batch)]
+    want = np.mean([simulated_wave_ms(remaining, round_ms, CODE, k, rng) for _ in range(150)])
+    got = wave_ms(*wave(remaining), round_ms, *committed_moments(CODE, k))
+    assert got == pytest.approx(want, rel=0.05)
+
+
+def values_at(profile: list[float], batch: int) -> tuple[int, int]:
+    """(the per-round choice, the wave's choice) of a fresh policy for a lockstep wave of 64 tokens."""
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(profile)
+    per_round, _ = best_span(policy._round_times(batch, 0), batch, profile)
+    wave_values = policy.wave_values([64] * batch)
+    return per_round, max(wave_values, key=lambda k: (wave_values[k], -k))
+
+
+def test_a_draining_wave_gates_where_one_round_would_speculate():
+    """`chat` at batch 64: a 3-row span is a hair ahead of the gated round per round, but the wave
+    it thins runs its tail at small batches (the H200 study's lockstep cell: plain won there)."""
+    assert values_at(CHAT, 64) == (2, 0)
+
+
+@pytest.mark.parametrize("profile,batch,k", [(CODE, 8, 8), (CODE, 32, 8), (CODE, 64, 8), (CHAT, 32, 4)])
+def test_the_wave_keeps_the_wins(profile, batch, k):
+    assert values_at(profile, batch)[1] == k
+
+
+def test_decide_values_the_wave_only_when_told_the_remaining_tokens():
+    def decide(remaining):
+        policy = SpanPolicy(H200_4B, 15, learn_host=False)
+        policy.conditional = list(CHAT)
+        return policy.decide(64, remaining=remaining)
+
+    assert decide(None) == 2 and decide([64] * 64) == 0
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    real = SpanPolicy.decide
+
+    def spy(self, batch, max_drafts=0, max_batch=0, remaining=None):
+        seen.append((batch, remaining))
+        return real(self, batch, max_drafts, max_batch, remaining)
+
+    monkeypatch.setattr(SpanPolicy, "decide", spy)
+    return seen
+
+
+def test_the_engine_passes_remaining_tokens_only_while_nothing_waits(tiny_target, tiny_drafter, calls, one_thread):
+    """Three requests for two slots: while the third waits the policy sees no remaining tokens; once
+    it is admitted (nothing waits) every decision gets each running request's tokens left."""
+    config = EngineConfig(
+        model=str(tiny_target),
+        draft_model=str(tiny_drafter),
+        device="cpu",
+        max_num_seqs=2,
+        levers={"policy": "adaptive"},
+        cost_table=H200_4B,
+    )
+    engine = Engine(config)
+    engine.generate([[5, 6, 7], [1, 2, 3, 4], [9, 9]], SamplingParams(max_tokens=12, ignore_eos=True))
+    waiting = [r for b, r in calls if r is None]
+    draining = [r for b, r in calls if r is not None]
+    assert waiting and draining and calls[0][1] is None  # the third request waited at first
+    assert all(len(r) == b and all(0 < x <= 12 for x in r) for b, r in calls if r is not None)
+    assert all(r is not None for _, r in calls[calls.index(next(c for c in calls if c[1] is not None)) :])
