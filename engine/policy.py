@@ -24,8 +24,9 @@ its value on the estimate is at least PROBE_FLOOR of the K in force's and the ro
 probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing: the
 probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
 the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
-table: 0.62 of the gated round). While no request waits for a slot, K is valued over the whole
-draining wave instead of one round (`wave_values`, engine/drain.py).
+table: 0.62 of the gated round). While no request waits for a slot and speculation is near break-even
+(WAVE_BAND), K is valued over the whole draining wave instead of one round (`wave_values`,
+engine/drain.py); while draining, K moves without patience and nothing is probed.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ SPEC_DISCOUNT = 0.05
 FIRST_WALLS = 3  # a host term starts from the median of this many walls
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
 WAVE_EVERY = 4  # rounds a draining wave's values are reused at one batch
+# A draining wave is valued as a whole only where one round's best K leads the gated round by less than
+# this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
+# lockstep cells), never raises it, and costs ~0.2-0.5 ms of host time per evaluation.
+WAVE_BAND = 1.3
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -199,16 +204,20 @@ class SpanPolicy:
             self.chosen[0] += 1
             return 0  # forced by MAX_BATCH: the K in force stays for when the batch shrinks
         times = self._round_times(batch, max_drafts)
-        if remaining is not None and batch > 1:
+        draining = remaining is not None and batch > 1
+        best, values = best_span(times, batch, self.conditional)
+        if draining and best and values[best] < WAVE_BAND * values[0]:  # near break-even: over the wave
             values = self._wave_values_cached(remaining, max_drafts)
             best = max(values, key=lambda k: (values[k], -k))
-        else:
-            best, values = best_span(times, batch, self.conditional)
+        # A wave's values already average its rounds' acceptance, and a wave is short: each round spent
+        # waiting out the patience runs the wrong K over a share of it (H200 study at f53b035: `chat`
+        # c=64 kept the last cell's K=4 for its first rounds and lost 13-15 % to plain).
+        patience = 1 if draining else self.patience
         if self.k not in values:
             self.k, self._streak = best, 0
         elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
             self._streak += 1
-            if self._streak >= self.patience or values[best] > values[self.k] * (1.0 + self.jump):
+            if self._streak >= patience or values[best] > values[self.k] * (1.0 + self.jump):
                 self.k, self._streak = best, 0
         else:
             self._streak = 0
@@ -217,16 +226,17 @@ class SpanPolicy:
             self._probe_k, self._since, self._probe_every = self.k, 0.0, PROBE_FIRST
         if self.k == 0:
             self.host.relax(batch, self.host_relax)
-        k = self._probe(times, values)
+        k = self._probe(times, values, not draining)
         self.chosen[k] += 1
         return k
 
-    def _probe(self, times: dict[int, float], values: dict[int, float]) -> int:
+    def _probe(self, times: dict[int, float], values: dict[int, float], allowed: bool) -> int:
         """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
         the rounds under the K in force since the last probe took `_probe_every` times the probe's ms
-        (a starved estimate relaxes instead)."""
+        (a starved estimate relaxes instead). Not `allowed` in a draining wave: its tail speculates and
+        refreshes the estimate anyway, and one probe cost ~5 % of a c=128 wave (f53b035)."""
         larger = {k: v for k, v in values.items() if k > self.k}
-        if larger and not (self.k == 0 and self._starved):
+        if allowed and larger and not (self.k == 0 and self._starved):
             k = max(larger, key=lambda k: (larger[k], -k))
             if larger[k] >= PROBE_FLOOR * values[self.k] and self._since >= self._probe_every * times[k]:
                 self._since, self._probe_every = 0.0, min(2 * self._probe_every, PROBE_MAX)
@@ -260,8 +270,9 @@ class SpanPolicy:
         return values
 
     def _wave_values_cached(self, remaining: Sequence[int], max_drafts: int) -> dict[int, float]:
-        """wave_values, reused for WAVE_EVERY rounds while the batch and cap stay (they move slowly
-        within a wave, and one evaluation costs ~0.1-0.3 ms of host time at batch 128)."""
+        """wave_values, reused for WAVE_EVERY gated rounds while the batch and cap stay (they move
+        slowly within a wave, and one evaluation costs ~0.1-0.3 ms of host time at batch 128); a
+        speculative round's outcome and wall (observe) start it afresh."""
         key = (len(remaining), max_drafts)
         if self._wave is None or self._wave[0] != key or self._wave[1] >= WAVE_EVERY:
             self._wave = [key, 0, self.wave_values(remaining, max_drafts)]
@@ -296,6 +307,7 @@ class SpanPolicy:
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
         """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
         was tried when i < limit and drafts 1..i were accepted."""
+        self._wave = None
         tried, hits = [0] * self.per_round, [0] * self.per_round
         for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
             for i in range(min(n + 1, limit)):

@@ -8,11 +8,16 @@ from engine.bench.__main__ import main
 from engine.bench.report import read_csv
 
 
-def test_writes_one_row_per_batch(tmp_path):
+def test_writes_one_row_per_batch_waiting_and_draining(tmp_path):
     out = tmp_path / "cost.csv"
     assert main(["policy-cost", "--batches", "1", "8", "--drafts", "7", "--rounds", "40", "--out", str(out)]) == 0
     rows = read_csv(out)
-    assert [(r["batch"], r["drafts"]) for r in rows] == [("1", "7"), ("8", "7")]
+    assert [(r["batch"], r["drafts"], r["draining"]) for r in rows] == [
+        ("1", "7", "0"),
+        ("1", "7", "1"),
+        ("8", "7", "0"),
+        ("8", "7", "1"),
+    ]
     assert all(float(r["us_median"]) > 0 for r in rows)
 
 

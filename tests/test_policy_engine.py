@@ -86,7 +86,9 @@ def test_every_round_reports_its_wall_and_no_prefill_does(tiny_target, tiny_draf
     learn, policy.observe_wall = policy.observe_wall, observe_wall
     _, rows = run(engine, capsys)
     assert sum(b for b, _, _ in walls) == len(rows)  # one wall per round, one trace line per request in it
-    assert {k for _, k, _ in walls} == {0, engine.drafts_per_round} and all(ms > 0 for *_, ms in walls)
+    ks = {k for _, k, _ in walls}  # near their ends the draining wave may take fewer drafts than all
+    assert {0, engine.drafts_per_round} <= ks <= set(range(engine.drafts_per_round + 1))
+    assert all(ms > 0 for *_, ms in walls)
     assert policy.host.ms  # the host term took them
 
 

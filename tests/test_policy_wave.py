@@ -126,3 +126,21 @@ def test_the_engine_passes_remaining_tokens_only_while_nothing_waits(tiny_target
     assert waiting and draining and calls[0][1] is None  # the third request waited at first
     assert all(len(r) == b and all(0 < x <= 12 for x in r) for b, r in calls if r is not None)
     assert all(r is not None for _, r in calls[calls.index(next(c for c in calls if c[1] is not None)) :])
+
+
+def test_a_wave_switches_at_once_and_never_probes():
+    """The K left by the last cell (4) goes on the first wave decision once the gated round is ahead
+    by the margin; and where the per-round policy would probe a larger K at intervals, the wave's
+    rounds all run the K in force."""
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CHAT)
+    policy.decide(32)  # K=4 in force, as after a c=32 cell
+    assert policy.k == 4
+    assert policy.decide(64, remaining=[64] * 64) == 0
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CODE)
+    per_round = [policy.decide(128) for _ in range(400)]
+    assert per_round[0] == 0 and any(per_round)  # probes
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CODE)
+    assert [policy.decide(128, remaining=[200] * 128) for _ in range(400)] == [0] * 400

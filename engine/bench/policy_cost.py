@@ -1,5 +1,7 @@
 """The adaptive span policy's host cost per round: `SpanPolicy.decide`, `observe` and `observe_wall`
-(the host term) on a synthetic profile-shaped cost table, timed on the host (no device work).
+(the host term) on a synthetic profile-shaped cost table, timed on the host (no device work); each
+batch twice: with requests waiting (K valued per round) and draining (K valued over the wave of the
+requests' remaining tokens, 64 each at its start: engine/drain.py).
 
     python -m engine.bench policy-cost --batches 1 16 64 256 --out policy-cost.csv
 """
@@ -34,14 +36,15 @@ def synthetic_table(per_round: int) -> CostTable:
     return CostTable.from_rows(rows)
 
 
-def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random) -> list[float]:
+def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random, draining: bool) -> list[float]:
     """Microseconds of one decide + observe + observe_wall, per round."""
     times = []
-    for _ in range(rounds):
+    for i in range(rounds):
         accepted = [rng.randint(0, policy.per_round) for _ in range(batch)]
         wall_ms = 10.0 + rng.random()
+        remaining = [64 - i % 64] * batch if draining else None
         start = time.perf_counter()
-        k = policy.decide(batch)
+        k = policy.decide(batch, remaining=remaining)
         policy.observe([k] * batch, [min(a, k) for a in accepted])
         policy.observe_wall(batch, k, wall_ms)
         times.append((time.perf_counter() - start) * 1e6)
@@ -64,13 +67,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.batches) < 1 or args.drafts < 1 or args.rounds < 10:
         raise SystemExit("--batches and --drafts must be >= 1, --rounds >= 10")
     table, rng, rows = synthetic_table(args.drafts), random.Random(0), []
-    for batch in args.batches:
-        us = time_rounds(SpanPolicy(table, args.drafts), batch, args.rounds, rng)[args.rounds // 10 :]
+    for batch, draining in ((b, d) for b in args.batches for d in (False, True)):
+        us = time_rounds(SpanPolicy(table, args.drafts), batch, args.rounds, rng, draining)[args.rounds // 10 :]
         q = statistics.quantiles(us, n=20)
-        rows.append(
-            {"batch": batch, "drafts": args.drafts, "us_median": statistics.median(us), "us_p5": q[0], "us_p95": q[-1]}
+        row = {"batch": batch, "drafts": args.drafts, "draining": int(draining), "us_median": statistics.median(us)}
+        rows.append(row | {"us_p5": q[0], "us_p95": q[-1]})
+        log.info(
+            "batch %d%s: %.1f us median per round (p5 %.1f, p95 %.1f)",
+            batch,
+            " draining" if draining else "",
+            row["us_median"],
+            q[0],
+            q[-1],
         )
-        log.info("batch %d: %.1f us median per round (p5 %.1f, p95 %.1f)", batch, rows[-1]["us_median"], q[0], q[-1])
     if args.out:
         write_csv(args.out, rows)
     return 0
