@@ -26,7 +26,7 @@ probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes
 the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
 table: 0.62 of the gated round). While no request waits for a slot and speculation is near break-even
 (WAVE_BAND), K is valued over the whole draining wave instead of one round (`wave_values`,
-engine/drain.py); while draining, K moves without patience and nothing is probed.
+engine/drain.py); while draining, K moves without patience.
 """
 
 from __future__ import annotations
@@ -226,17 +226,18 @@ class SpanPolicy:
             self._probe_k, self._since, self._probe_every = self.k, 0.0, PROBE_FIRST
         if self.k == 0:
             self.host.relax(batch, self.host_relax)
-        k = self._probe(times, values, not draining)
+        k = self._probe(times, values)
         self.chosen[k] += 1
         return k
 
-    def _probe(self, times: dict[int, float], values: dict[int, float], allowed: bool) -> int:
+    def _probe(self, times: dict[int, float], values: dict[int, float]) -> int:
         """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
         the rounds under the K in force since the last probe took `_probe_every` times the probe's ms
-        (a starved estimate relaxes instead). Not `allowed` in a draining wave: its tail speculates and
-        refreshes the estimate anyway, and one probe cost ~5 % of a c=128 wave (f53b035)."""
+        (a starved estimate relaxes instead). Waves probe too: at 3cd81a7, with no probe in a wave,
+        the H200 study's `code` c=64 gated every round of every wave on the estimate `chat` c=32
+        left (-24 % against trim 8; the latch of b0194de again, since each of its cells is a wave)."""
         larger = {k: v for k, v in values.items() if k > self.k}
-        if allowed and larger and not (self.k == 0 and self._starved):
+        if larger and not (self.k == 0 and self._starved):
             k = max(larger, key=lambda k: (larger[k], -k))
             if larger[k] >= PROBE_FLOOR * values[self.k] and self._since >= self._probe_every * times[k]:
                 self._since, self._probe_every = 0.0, min(2 * self._probe_every, PROBE_MAX)
