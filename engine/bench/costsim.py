@@ -47,8 +47,9 @@ def simulate_closed_loop(
     """drafts None = plain decode on the plain engine; gate N gates rounds of >= N requests; buckets:
     a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
     accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`).
-    policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round) and
-    observes its outcome and its step's time (host term included), as the engine's does."""
+    policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round; told
+    each running request's remaining tokens when none waits) and observes its outcome and its step's
+    time (host term included), as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _drawer(conditional, seed) if draws is None else lambda _k: next(draws)
@@ -68,8 +69,8 @@ def simulate_closed_loop(
             if drafts is None:
                 plan = Plan.DECODE.value
             else:
-                if policy is not None:
-                    k = policy.decide(n, drafts, gate)
+                if policy is not None:  # nothing waiting: the wave's remaining tokens, as the engine passes
+                    k = policy.decide(n, drafts, gate, None if waiting else list(running))
                 gated = (gate and n >= gate) or k == 0
                 plan = Plan.GATED.value if gated else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
