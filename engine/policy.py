@@ -53,7 +53,7 @@ PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least valu
 WAVE_EVERY = 4  # rounds a draining wave's values are reused at one batch
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
-# lockstep cells), never raises it, and costs ~0.2-0.5 ms of host time per evaluation.
+# lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
 WAVE_BAND = 1.3
 
 
@@ -272,7 +272,7 @@ class SpanPolicy:
 
     def _wave_values_cached(self, remaining: Sequence[int], max_drafts: int) -> dict[int, float]:
         """wave_values, reused for WAVE_EVERY gated rounds while the batch and cap stay (they move
-        slowly within a wave, and one evaluation costs ~0.1-0.3 ms of host time at batch 128); a
+        slowly within a wave, and one evaluation costs 0.3-0.9 ms of host time, WAVE_BAND); a
         speculative round's outcome and wall (observe) start it afresh."""
         key = (len(remaining), max_drafts)
         if self._wave is None or self._wave[0] != key or self._wave[1] >= WAVE_EVERY:
