@@ -205,6 +205,24 @@ def test_the_adaptive_policy_gates_where_rounds_are_dear_and_speculates_in_the_d
     assert predict(c, 16, arm, AcceptanceProfile("flat", (0.9,) * 15), args, 1, []) > 0
 
 
+def test_the_adaptive_replay_starts_from_the_profiles_rates(monkeypatch):
+    """The measured rounds follow a warm-up round of the same profile, which leaves the engine's
+    estimate at the profile: each replay's policy starts there, not at the optimistic seed (refit on
+    the six H200 studies at 4eb2fd8-3cd81a7: adaptive cells off by more than 10 %, 37 -> 21)."""
+    seen = []
+    real = SpanPolicy.decide
+
+    def spy(self, *args, **kwargs):
+        seen.append(list(self.conditional))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpanPolicy, "decide", spy)
+    profile = AcceptanceProfile("falling", tuple(0.9 - 0.02 * i for i in range(15)))
+    args = argparse.Namespace(new_tokens=20, seed=0)
+    assert predict(costs(), 4, parse_arm("spec+policy=adaptive"), profile, args, 1, [], seeds=2) > 0
+    assert seen and seen[0] == list(profile.conditional)
+
+
 def test_the_replayed_policy_learns_the_calibrated_host_term():
     # On the device alone K > 0 pays at 16 requests; the calibration says a speculative step there costs
     # 40 ms more on the host. The replay feeds each step's time to the policy, as the engine does.

@@ -70,11 +70,17 @@ def predict(
     """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
     replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
     the table or the calibration lacks a point (a profile cut short by its time budget). The adaptive
-    arm's replays each run a fresh policy on the table (the engine's carries its state across runs)."""
+    arm's replays each run a fresh policy on the table whose estimate starts at the profile's rates:
+    the measured rounds follow a warm-up round of the same profile, which leaves the engine's there
+    (its host terms are learnt from the replay's own steps)."""
     drafts = arm_drafts(arm, len(profile.conditional))
 
     def policy() -> SpanPolicy | None:
-        return SpanPolicy(costs.table, len(profile.conditional)) if arm.adaptive else None
+        if not arm.adaptive:
+            return None
+        policy = SpanPolicy(costs.table, len(profile.conditional))
+        policy.conditional = list(profile.conditional)
+        return policy
 
     try:
         return statistics.median(
