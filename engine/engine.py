@@ -59,6 +59,10 @@ class Engine:
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
         self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table)
+        # Set by a caller that will add no request until the running ones finish (generate() for its
+        # call; a closed-loop bench once it has submitted its last): with nothing waiting, the batch is
+        # then a draining wave, which the adaptive policy values as a whole. A server never knows.
+        self.no_more_requests = False
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,
@@ -184,15 +188,19 @@ class Engine:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         mine = [self._requests[self.add_request(p, sp)] for p, sp in zip(prompts, params, strict=True)]
         bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
-        while not all(r.finished for r in mine):
-            touched = self._advance()
-            if not touched:
-                raise RuntimeError(f"generate(): requests unfinished but no step ran: {self.scheduler.describe()}")
-            for r in touched:
-                self._unreported[r.id] = r
-            done = sum(r.finished for r in mine)
-            if done > bar.n:
-                bar.update(done - bar.n)
+        before, self.no_more_requests = self.no_more_requests, True
+        try:
+            while not all(r.finished for r in mine):
+                touched = self._advance()
+                if not touched:
+                    raise RuntimeError(f"generate(): requests unfinished but no step ran: {self.scheduler.describe()}")
+                for r in touched:
+                    self._unreported[r.id] = r
+                done = sum(r.finished for r in mine)
+                if done > bar.n:
+                    bar.update(done - bar.n)
+        finally:
+            self.no_more_requests = before
         bar.close()
         for r in mine:
             self._unreported.pop(r.id, None)
@@ -237,8 +245,8 @@ class Engine:
             self.timer.start()
         if step.plan is Plan.PREFILL:
             self._prefill(step.reqs)
-        elif step.plan is Plan.SPECULATIVE:  # nothing waiting: the batch only drains (engine/drain.py)
-            self.rounds.speculate(step.reqs, draining=not self.scheduler.waiting)
+        elif step.plan is Plan.SPECULATIVE:  # a draining wave: engine/drain.py
+            self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED)
         if self.timer:

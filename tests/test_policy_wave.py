@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.bench.load import closed_loop
 from engine.costs import read_cost_table
 from engine.drain import committed_moments, wave, wave_ms
 from engine.policy import SpanPolicy, best_span
@@ -108,9 +109,7 @@ def calls(monkeypatch):
     return seen
 
 
-def test_the_engine_passes_remaining_tokens_only_while_nothing_waits(tiny_target, tiny_drafter, calls, one_thread):
-    """Three requests for two slots: while the third waits the policy sees no remaining tokens; once
-    it is admitted (nothing waits) every decision gets each running request's tokens left."""
+def adaptive_engine(tiny_target, tiny_drafter) -> Engine:
     config = EngineConfig(
         model=str(tiny_target),
         draft_model=str(tiny_drafter),
@@ -119,8 +118,16 @@ def test_the_engine_passes_remaining_tokens_only_while_nothing_waits(tiny_target
         levers={"policy": "adaptive"},
         cost_table=H200_4B,
     )
-    engine = Engine(config)
+    return Engine(config)
+
+
+def test_generate_passes_remaining_tokens_once_nothing_waits(tiny_target, tiny_drafter, calls, one_thread):
+    """Three requests for two slots: while the third waits the policy sees no remaining tokens; once
+    it is admitted (generate() adds nothing more, nothing waits) every decision gets each running
+    request's tokens left."""
+    engine = adaptive_engine(tiny_target, tiny_drafter)
     engine.generate([[5, 6, 7], [1, 2, 3, 4], [9, 9]], SamplingParams(max_tokens=12, ignore_eos=True))
+    assert not engine.no_more_requests
     waiting = [r for b, r in calls if r is None]
     draining = [r for b, r in calls if r is not None]
     assert waiting and draining and calls[0][1] is None  # the third request waited at first
@@ -172,3 +179,20 @@ def test_a_wave_probes_out_of_an_estimate_another_workload_left():
     policy.conditional = list(CHAT)
     ks = waves(policy, 128, CHAT, 4, rng)
     assert sum(k > 0 for k in ks[64:]) <= 0.02 * len(ks[64:])
+
+
+def test_a_server_loop_never_drains_a_closed_loop_drains_its_last_wave(tiny_target, tiny_drafter, calls, one_thread):
+    """add_request + step, as the server's loop runs the engine: more may come, so no decision gets
+    remaining tokens even with nothing waiting. The bench's closed loop (2 slots, 4 requests) tells
+    the engine once it has submitted the last: only then."""
+    engine = adaptive_engine(tiny_target, tiny_drafter)
+    for prompt in ([5, 6, 7], [1, 2, 3, 4]):
+        engine.add_request(prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    assert calls and all(r is None for _, r in calls)
+    calls.clear()
+    closed_loop(engine, [[5, 6, 7], [1, 2, 3, 4], [9, 9], [4, 4, 4]], 2, 4, [12, 5, 12, 12])
+    given = [r is not None for _, r in calls]
+    assert given[0] is False and given[-1] is True and given == sorted(given)  # none, then from the last wave
+    assert not engine.no_more_requests

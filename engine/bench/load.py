@@ -47,7 +47,9 @@ def closed_loop(
     prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence (output_lengths), the
     length at the same index. Prefill steps are part of the wall time (output tok/s is end
     to end). The young GC generations are collected before the clock starts, so every run starts from
-    the same collector state; the collections the run pays are reported (gcstate.py)."""
+    the same collector state; the collections the run pays are reported (gcstate.py). Once the last
+    request is submitted the engine is told no more will come (`Engine.no_more_requests`: the
+    adaptive policy values K over that draining wave)."""
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(
             f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
@@ -74,24 +76,28 @@ def closed_loop(
         submitted += 1
         in_flight += 1
         max_in_flight = max(max_in_flight, in_flight)
+        engine.no_more_requests = submitted == num_requests  # the last wave: it only drains
 
     with GcWatch() as watch:
         t0 = time.perf_counter()
-        while submitted < min(concurrency, num_requests):
-            submit()
-        while done < num_requests:
-            if not engine.has_unfinished():
-                raise RuntimeError(f"engine idle with {num_requests - done} requests unaccounted for")
-            for out in engine.step():
-                tokens += len(out.new_token_ids)
-                if not out.finished:
-                    continue
-                if out.finish_reason == "rejected":
-                    raise RuntimeError(f"{out.request_id} rejected: {out.error}")
-                done += 1
-                in_flight -= 1
-                if submitted < num_requests:
-                    submit()
+        try:
+            while submitted < min(concurrency, num_requests):
+                submit()
+            while done < num_requests:
+                if not engine.has_unfinished():
+                    raise RuntimeError(f"engine idle with {num_requests - done} requests unaccounted for")
+                for out in engine.step():
+                    tokens += len(out.new_token_ids)
+                    if not out.finished:
+                        continue
+                    if out.finish_reason == "rejected":
+                        raise RuntimeError(f"{out.request_id} rejected: {out.error}")
+                    done += 1
+                    in_flight -= 1
+                    if submitted < num_requests:
+                        submit()
+        finally:
+            engine.no_more_requests = False
         sync(engine.device)
         wall = time.perf_counter() - t0
     return LoadResult(
