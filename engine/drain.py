@@ -14,7 +14,7 @@ time at that batch. K=0 is exact (every round commits one token)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 from operator import mul
 
@@ -71,3 +71,57 @@ def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var
     batch = running(r, n, mean, var, rounds)
     at = np.clip(np.rint(batch), 1, len(round_ms) - 1).astype(int)
     return float(step * np.sum(round_ms[at] * np.minimum(batch, 1.0)))
+
+
+class WaveValues:
+    """The adaptive policy's values over a draining wave: per candidate K held from now on, the wave's
+    remaining tokens per expected ms to finish it, a speculative K's divided by 1 + `discount` (as the
+    policy discounts one round's). round_times(batch, cap) gives the table's ms per candidate K; it
+    is read once per cap for every batch up to the next power of two. `__call__` reuses its values
+    for REUSE rounds at one batch and cap (one evaluation costs 0.3-0.9 ms of host time on the 2-core
+    development CPU) until `forget` (a speculative round's outcome: the estimate moved)."""
+
+    REUSE = 4
+
+    def __init__(self, round_times: Callable[[int, int], dict[int, float]], discount: float):
+        self.round_times, self.discount = round_times, discount
+        self._tables: dict[int, tuple[list[int], np.ndarray]] = {}  # cap -> (candidates, ms[K, batch])
+        self._last: tuple[tuple[int, int], int, dict[int, float]] | None = None  # (batch, cap), uses, values
+
+    def __call__(
+        self, remaining: Sequence[int], cap: int, conditional: Sequence[float], host_ms: Callable[[int, bool], float]
+    ) -> dict[int, float]:
+        key = (len(remaining), cap)
+        if self._last is None or self._last[0] != key or self._last[1] >= self.REUSE:
+            self._last = (key, 0, self.evaluate(remaining, cap, conditional, host_ms))
+        self._last = (key, self._last[1] + 1, self._last[2])
+        return self._last[2]
+
+    def forget(self) -> None:
+        self._last = None
+
+    def evaluate(
+        self, remaining: Sequence[int], cap: int, conditional: Sequence[float], host_ms: Callable[[int, bool], float]
+    ) -> dict[int, float]:
+        """host_ms(bucket, speculative): the host term at a power-of-two batch bucket."""
+        candidates, device = self.table(cap, len(remaining))
+        log2 = np.ceil(np.log2(np.arange(1, device.shape[1]))).astype(int)  # batch b's bucket
+        buckets = range(int(log2[-1]) + 1)
+        host = {s: np.array([host_ms(1 << j, s) for j in buckets])[log2] for s in (False, True)}
+        r, n = wave(remaining)
+        total, values = float(r @ n), {}
+        for i, k in enumerate(candidates):
+            round_ms = np.concatenate(([0.0], device[i, 1:] + host[k > 0]))
+            ms = wave_ms(r, n, round_ms, *committed_moments(conditional, k))
+            values[k] = total / ms / (1.0 + self.discount if k else 1.0)
+        return values
+
+    def table(self, cap: int, batch: int) -> tuple[list[int], np.ndarray]:
+        """The candidates and the table's ms per candidate (rows) and batch (columns 1 .. >= batch;
+        column 0 unused), widened to the next power of two when outgrown."""
+        cached = self._tables.get(cap)
+        if cached is None or cached[1].shape[1] <= batch:
+            rows = [self.round_times(b, cap) for b in range(1, 1 << batch.bit_length())]
+            candidates = sorted(rows[0])
+            cached = self._tables[cap] = candidates, np.array([[0.0] + [t[k] for t in rows] for k in candidates])
+        return cached

@@ -59,9 +59,7 @@ class Engine:
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
         self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table)
-        # Set by a caller that will add no request until the running ones finish (generate() for its
-        # call; a closed-loop bench once it has submitted its last): with nothing waiting, the batch is
-        # then a draining wave, which the adaptive policy values as a whole. A server never knows.
+        # No request comes until the running ones finish (generate(), a bench's last wave): engine/drain.py
         self.no_more_requests = False
         self.scheduler = Scheduler(
             self.blocks,
@@ -245,7 +243,7 @@ class Engine:
             self.timer.start()
         if step.plan is Plan.PREFILL:
             self._prefill(step.reqs)
-        elif step.plan is Plan.SPECULATIVE:  # a draining wave: engine/drain.py
+        elif step.plan is Plan.SPECULATIVE:
             self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED)

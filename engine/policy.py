@@ -24,9 +24,9 @@ its value on the estimate is at least PROBE_FLOOR of the K in force's and the ro
 probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing: the
 probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
 the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
-table: 0.62 of the gated round). While no request waits for a slot and speculation is near break-even
-(WAVE_BAND), K is valued over the whole draining wave instead of one round (`wave_values`,
-engine/drain.py); while draining, K moves without patience.
+table: 0.62 of the gated round). While the batch only drains (no request will come) and speculation
+is near break-even (WAVE_BAND), K is valued over the whole wave instead of one round
+(engine/drain.py); while draining, K moves without patience.
 """
 
 from __future__ import annotations
@@ -38,10 +38,8 @@ from itertools import accumulate
 from operator import mul
 from pathlib import Path
 
-import numpy as np
-
 from engine.costs import CostTable, read_cost_table
-from engine.drain import committed_moments, wave, wave_ms
+from engine.drain import WaveValues
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one
@@ -50,7 +48,6 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 SPEC_DISCOUNT = 0.05
 FIRST_WALLS = 3  # a host term starts from the median of this many walls
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
-WAVE_EVERY = 4  # rounds a draining wave's values are reused at one batch
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
 # lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
@@ -191,8 +188,9 @@ class SpanPolicy:
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
         self._device: dict[tuple[int, int], float] = {}  # (batch, K) -> the table's ms
-        self._waves: dict[int, tuple[list[int], np.ndarray]] = {}  # max_drafts -> _wave_table
-        self._wave: list | None = None  # [(batch, max_drafts), rounds used, wave_values]
+        self.waves = WaveValues(
+            lambda b, cap: round_times(table, b, span_candidates(per_round, cap, table)), SPEC_DISCOUNT
+        )
         self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
     def decide(
@@ -207,7 +205,7 @@ class SpanPolicy:
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)
         if draining and best and values[best] < WAVE_BAND * values[0]:  # near break-even: over the wave
-            values = self._wave_values_cached(remaining, max_drafts)
+            values = self.waves(remaining, max_drafts, self.conditional, self.host.predict)
             best = max(values, key=lambda k: (values[k], -k))
         # A wave's values already average its rounds' acceptance, and a wave is short: each round spent
         # waiting out the patience runs the wrong K over a share of it (H200 study at f53b035: `chat`
@@ -254,43 +252,6 @@ class SpanPolicy:
         gated, spec = self.host.predict(batch, False), self.host.predict(batch, True)
         return {k: ms + (spec if k else gated) for k, ms in times.items()}
 
-    def wave_values(self, remaining: Sequence[int], max_drafts: int = 0) -> dict[int, float]:
-        """Per candidate K held from now on: the wave's remaining tokens per expected ms to finish it
-        (engine/drain.py), a speculative K's discounted as best_span discounts it."""
-        candidates, device = self._wave_table(max_drafts, len(remaining))
-        log2 = np.ceil(np.log2(np.arange(1, device.shape[1]))).astype(int)  # batch b's host bucket
-        buckets = range(int(log2[-1]) + 1)
-        host = {s: np.array([self.host.predict(1 << j, s) for j in buckets])[log2] for s in (False, True)}
-        r, n = wave(remaining)
-        total = float(r @ n)
-        values = {}
-        for i, k in enumerate(candidates):
-            round_ms = np.concatenate(([0.0], device[i, 1:] + host[k > 0]))
-            ms = wave_ms(r, n, round_ms, *committed_moments(self.conditional, k))
-            values[k] = total / ms / (1.0 + SPEC_DISCOUNT if k else 1.0)
-        return values
-
-    def _wave_values_cached(self, remaining: Sequence[int], max_drafts: int) -> dict[int, float]:
-        """wave_values, reused for WAVE_EVERY gated rounds while the batch and cap stay (they move
-        slowly within a wave, and one evaluation costs 0.3-0.9 ms of host time, WAVE_BAND); a
-        speculative round's outcome and wall (observe) start it afresh."""
-        key = (len(remaining), max_drafts)
-        if self._wave is None or self._wave[0] != key or self._wave[1] >= WAVE_EVERY:
-            self._wave = [key, 0, self.wave_values(remaining, max_drafts)]
-        self._wave[1] += 1
-        return self._wave[2]
-
-    def _wave_table(self, max_drafts: int, batch: int) -> tuple[list[int], np.ndarray]:
-        """The candidates and the table's ms per candidate (rows) and batch 1 .. >= batch (columns;
-        column 0 unused), built once per cap and widened to the next power of two when outgrown."""
-        cached = self._waves.get(max_drafts)
-        if cached is None or cached[1].shape[1] <= batch:
-            candidates = span_candidates(self.per_round, max_drafts, self.table)
-            width = 1 << batch.bit_length()
-            rows = [round_times(self.table, b, candidates) for b in range(1, width)]
-            cached = self._waves[max_drafts] = candidates, np.array([[0.0] + [t[k] for t in rows] for k in candidates])
-        return cached
-
     def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
         """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
         if not self.learn_host:
@@ -308,7 +269,7 @@ class SpanPolicy:
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
         """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
         was tried when i < limit and drafts 1..i were accepted."""
-        self._wave = None
+        self.waves.forget()
         tried, hits = [0] * self.per_round, [0] * self.per_round
         for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
             for i in range(min(n + 1, limit)):

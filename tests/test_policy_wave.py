@@ -59,7 +59,7 @@ def test_wave_ms_matches_a_monte_carlo_of_the_acceptance_model(k, batch, spread)
     table's round times (lockstep, or remaining spread over 40 tokens): within 5 %."""
     rng = random.Random(k * 1000 + batch)
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
-    candidates, device = policy._wave_table(0, batch)
+    candidates, device = policy.waves.table(0, batch)
     round_ms = device[candidates.index(k)]
     remaining = [64 - rng.randrange(spread + 1) for _ in range(batch)]
     want = np.mean([simulated_wave_ms(remaining, round_ms, CODE, k, rng) for _ in range(150)])
@@ -72,7 +72,7 @@ def values_at(profile: list[float], batch: int) -> tuple[int, int]:
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(profile)
     per_round, _ = best_span(policy._round_times(batch, 0), batch, profile)
-    wave_values = policy.wave_values([64] * batch)
+    wave_values = policy.waves.evaluate([64] * batch, 0, profile, policy.host.predict)
     return per_round, max(wave_values, key=lambda k: (wave_values[k], -k))
 
 
