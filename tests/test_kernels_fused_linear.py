@@ -61,7 +61,7 @@ def test_silu_mul_linear_dispatch(monkeypatch):
     w = randn(n, inter, scale=0.1)
     calls = []
     real_fused = fused_linear.silu_mul_linear_with_config
-    spy = lambda x, w, cfg: calls.append(cfg) or real_fused(x, w, cfg)
+    spy = lambda x, w, cfg, defer=False: calls.append(cfg) or real_fused(x, w, cfg, defer)
     monkeypatch.setattr(fused_linear, "silu_mul_linear_with_config", spy)
 
     def check(shape, fused_cfg):

@@ -99,8 +99,8 @@ def pair_case(first: tuple[int, int], second_n: int, swiglu: bool):
     x = torch.randn(1, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
     r, nw = torch.randn(1, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
     nw = nw.to(cases.DTYPE)
-    produce = fused_linear.silu_mul_linear_to_residual if swiglu else linear.linear_to_residual
-    fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i]), r, nw, EPS, w2[i])[0]  # noqa: E731
+    produce = fused_linear.silu_mul_linear if swiglu else linear.linear
+    fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i], defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
     mid = (
         fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
         if swiglu

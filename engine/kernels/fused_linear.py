@@ -10,7 +10,7 @@ import torch
 
 from engine.kernels import tuning
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
-from engine.kernels.gemm import SplitSum, dense, launch
+from engine.kernels.gemm import SplitSum, launch
 from engine.kernels.linear import (
     as_rows,
     dispatch_config,
@@ -105,24 +105,16 @@ def add_rms_norm_linear_with_config(
     return launch(x, weight, cfg, norm=(residual, norm_weight, summed, float(eps))), summed
 
 
-def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, defer: bool = False) -> torch.Tensor | SplitSum:
     """Triton `silu_mul_linear_ref`: the fused kernel where silu_mul_linear_config has a config
-    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS)."""
+    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS). defer: as `linear`'s, on the
+    fused kernel."""
     n, inter = weight.shape
     cfg = dispatch_config(silu_mul_linear_config, x, weight, 2 * inter)
     if cfg is None or x.shape[-1] != 2 * inter:
         return linear(silu_and_mul(x), weight)
-    return silu_mul_linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], n)
-
-
-def silu_mul_linear_to_residual(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitSum:
-    """`silu_mul_linear` for [M, 2I] rows whose product is only added to the residual stream: one
-    split-K row comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
-    inter = weight.shape[1]
-    cfg = dispatch_config(silu_mul_linear_config, x, weight, 2 * inter)
-    if cfg is None or x.dim() != 2 or x.shape[-1] != 2 * inter:
-        return silu_mul_linear(x, weight)
-    return silu_mul_linear_with_config(as_rows(x), weight, cfg, defer=True)
+    y = silu_mul_linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2)
+    return y if isinstance(y, SplitSum) else y.view(*x.shape[:-1], n)
 
 
 def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -145,7 +137,7 @@ def add_rms_norm_linear(
         or len({x.dtype, residual.dtype, norm_weight.dtype, weight.dtype}) != 1
         or norm_weight.stride(-1) != 1
     ):
-        normed, summed = add_rms_norm(dense(x), residual, norm_weight, eps)
+        normed, summed = add_rms_norm(x, residual, norm_weight, eps)
         return linear(normed, weight), summed
     rows = x if isinstance(x, SplitSum) else as_rows(x)
     y, summed = add_rms_norm_linear_with_config(rows, as_rows(residual), norm_weight, eps, weight, cfg)

@@ -97,21 +97,15 @@ def dispatch_config(config_for, x: torch.Tensor, weight: torch.Tensor, row_width
     return cfg if cfg is not None and _plain(weight) else None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere."""
+def linear(x: torch.Tensor, weight: torch.Tensor, defer: bool = False) -> torch.Tensor | SplitSum:
+    """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere.
+    defer (Ops.linear_to_residual: a product only added to the residual stream): one split-K row of
+    [M, K] rows comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
     cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
     if cfg is None:
         return F.linear(x, weight)
-    return linear_with_config(as_rows(x), weight, cfg).view(*x.shape[:-1], weight.shape[0])
-
-
-def linear_to_residual(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | SplitSum:
-    """`linear` for [M, K] rows whose product is only added to the residual stream: one split-K row
-    comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
-    cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
-    if cfg is None or x.dim() != 2:
-        return linear(x, weight)
-    return linear_with_config(as_rows(x), weight, cfg, defer=True)
+    y = linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2)
+    return y if isinstance(y, SplitSum) else y.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,8 @@ from engine.kernels.fused_linear import (
     add_rms_norm_linear_batch_invariant,
     silu_mul_linear,
     silu_mul_linear_batch_invariant,
-    silu_mul_linear_to_residual,
 )
-from engine.kernels.linear import linear, linear_batch_invariant, linear_to_residual
+from engine.kernels.linear import linear, linear_batch_invariant
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store
@@ -34,8 +33,10 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,
         silu_mul_linear=silu_mul_linear_batch_invariant if batch_invariant else silu_mul_linear,
-        linear_to_residual=linear_batch_invariant if batch_invariant else linear_to_residual,
-        silu_mul_linear_to_residual=silu_mul_linear_batch_invariant if batch_invariant else silu_mul_linear_to_residual,
+        linear_to_residual=linear_batch_invariant if batch_invariant else partial(linear, defer=True),
+        silu_mul_linear_to_residual=(
+            silu_mul_linear_batch_invariant if batch_invariant else partial(silu_mul_linear, defer=True)
+        ),
         argmax=argmax,
         accept_prefix=accept_prefix,
     )
