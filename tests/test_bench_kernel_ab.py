@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab
-from engine.kernels import fused_linear, gemm, linear, tuning
+from engine.kernels import fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -15,13 +15,18 @@ O_SHAPE, DOWN = (2560, 4096), (2560, 9728)
 SPLIT = SkinnyConfig(1, 16, 64, 2, 4, 1)
 
 
-def test_before_runs_the_reduce_kernels_and_restores_the_dispatch():
-    assert gemm.DEFER_REDUCE and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
+ROWS_SPLIT = SkinnyConfig(16, 16, 64, 2, 4, 1)
+
+
+def test_before_defers_at_one_row_only_and_restores_the_dispatch():
+    assert gemm.DEFER_MAX_ROWS > 64 and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
+    x1, x4, w = randn(1, 256), randn(4, 256), randn(16, 256)
     with kernel_ab.before():
-        assert not gemm.DEFER_REDUCE
-        assert isinstance(linear.linear_with_config(randn(1, 256), randn(16, 256), SPLIT, defer=True), torch.Tensor)
-    assert gemm.DEFER_REDUCE
-    assert isinstance(linear.linear_with_config(randn(1, 256), randn(16, 256), SPLIT, defer=True), gemm.SplitSum)
+        assert gemm.DEFER_MAX_ROWS == 1
+        assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), torch.Tensor)
+        assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), gemm.SplitSum)
+    assert gemm.DEFER_MAX_ROWS > 64
+    assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), gemm.SplitSum)
 
 
 def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
@@ -38,19 +43,26 @@ def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_before_is_the_same_function(swiglu):
-    """Both sides of a pair (a split-K product into add + RMSNorm -> projection) give the same bits."""
-    w, w2, nw, r = randn(32, 256), randn(48, 32), randn(32).abs().add(0.5), randn(1, 32)
-    x = randn(1, 512 if swiglu else 256)
+    """Both sides of a pair (a split-K product into add + RMSNorm -> projection) give the same bits:
+    at one row (the NORM-prologue GEMV) and at four (norm.add_rms_norm, then the projection), where
+    only "after" defers."""
+    w, w2, nw = randn(32, 256), randn(48, 32), randn(32).abs().add(0.5)
     run = fused_linear.silu_mul_linear_with_config if swiglu else linear.linear_with_config
     gemv = SkinnyConfig(1, 16, 64, 1, 4, 1)
 
-    def pair():
-        return fused_linear.add_rms_norm_linear_with_config(run(x, w, SPLIT, defer=True), r, nw, 1e-6, w2, gemv)
+    def pair(x, r, cfg):
+        h = run(x, w, cfg, defer=True)
+        if x.shape[0] == 1:
+            return fused_linear.add_rms_norm_linear_with_config(h, r, nw, 1e-6, w2, gemv)
+        normed, summed = norm.add_rms_norm(h, r, nw, 1e-6)
+        return linear.linear(normed, w2), summed
 
-    after = pair()
-    with kernel_ab.before():
-        prev = pair()
-    assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
+    for m, cfg in ((1, SPLIT), (4, ROWS_SPLIT)):
+        x, r = randn(m, 512 if swiglu else 256), randn(m, 32)
+        after = pair(x, r, cfg)
+        with kernel_ab.before():
+            prev = pair(x, r, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
@@ -58,8 +70,9 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
     for m in (1, 8, 16, 64):
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
-    assert ("o → norm→gate|up", 1) in rows and ("SwiGLU→down → norm→q|k|v", 1) in rows
-    assert not any(("norm" in label) and m > 1 for label, m in rows)
+    for m in (1, 8, 16, 64):
+        assert ("o → norm→gate|up", m) in rows and ("SwiGLU→down → norm→q|k|v", m) in rows
+    assert not any(label.startswith("norm") and m > 1 for label, m in rows)
     assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
     assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
     for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:

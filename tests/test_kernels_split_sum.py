@@ -1,9 +1,9 @@
-"""The deferred split-K reduce (gemm.SplitSum): a one-row split-K o or SwiGLU->down hands back its
-fp32 partials and the next add + RMSNorm prologue sums them. The sum must be the reduce kernel's bit
-for bit (same fp32 adds in split order, same rounding); through two decoder layers the deferred
-dispatch (o and down on the early-weights GEMV) matches the reduce kernels' dispatch bit for bit
-under the interpreter and to a quarter of the tolerance compiled, where the two GEMVs may contract
-FMAs differently (setup and tolerance policy: tests/kernel_helpers.py)."""
+"""The deferred split-K reduce (gemm.SplitSum): a split-K o or SwiGLU->down hands back its fp32
+partials and the next add + RMSNorm sums them (the NORM prologue at one row, norm.add_rms_norm
+above). The sum must be the reduce kernel's bit for bit (same fp32 adds in split order, same
+rounding); through two decoder layers the deferred dispatch matches the reduce kernels' dispatch bit
+for bit under the interpreter and to a quarter of the tolerance compiled, where the two GEMVs may
+contract FMAs differently (setup and tolerance policy: tests/kernel_helpers.py)."""
 
 from __future__ import annotations
 
@@ -86,16 +86,57 @@ def test_split_sum_is_summed_first_where_the_prologue_cannot_take_it(monkeypatch
     assert all(rel_err(a, b) < TOL[torch.float32] for a, b in zip(got, want, strict=True))
 
 
-def test_defer_only_hands_back_partials_for_one_split_k_row(monkeypatch):
+def test_defer_hands_back_partials_for_split_k_up_to_the_row_bound(monkeypatch):
     torch.manual_seed(62)
     x1, x4, w = randn(1, 256), randn(4, 256), randn(64, 256, scale=0.1)
     assert isinstance(linear.linear_with_config(x1, w, SPLITS[0], defer=True), SplitSum)
     whole = SkinnyConfig(1, 16, 64, 1, 4, 1)
     assert isinstance(linear.linear_with_config(x1, w, whole, defer=True), torch.Tensor)
     rows = SkinnyConfig(16, 16, 64, 2, 4, 1)
+    assert isinstance(linear.linear_with_config(x4, w, rows, defer=True), SplitSum)
+    assert isinstance(linear.linear_with_config(x4, w, rows), torch.Tensor)  # not asked to defer
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 1)  # the f17650f dispatch: one row only
     assert isinstance(linear.linear_with_config(x4, w, rows, defer=True), torch.Tensor)
-    monkeypatch.setattr(gemm, "DEFER_REDUCE", False)
+    assert isinstance(linear.linear_with_config(x1, w, SPLITS[0], defer=True), SplitSum)
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
     assert isinstance(linear.linear_with_config(x1, w, SPLITS[0], defer=True), torch.Tensor)
+
+
+ROW_SPLITS = [SkinnyConfig(16, 16, 64, 2, 4, 2), SkinnyConfig(16, 32, 64, 4, 4, 1)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", ROW_SPLITS, ids=str)
+@pytest.mark.parametrize("m", [3, 16])
+def test_multi_row_split_sum_into_add_rms_norm_is_the_reduce_bit_for_bit(dtype, cfg, m):
+    """Above one row the consumer is norm.add_rms_norm (then the projection): it sums the partials in
+    its own pass, with the reduce kernel's bits, for the tl.dot producers (plain and SwiGLU)."""
+    torch.manual_seed(65)
+    k, n = 300, 80
+    w, r, nw = randn(n, k, dtype=dtype, scale=0.1), randn(m, n, dtype=dtype), randn(n, dtype=dtype).abs().add(0.5)
+    for name, x, with_config in (
+        ("linear", randn(m, k, dtype=dtype), linear.linear_with_config),
+        ("swiglu", randn(m, 2 * k, dtype=dtype, scale=2.0), fused_linear.silu_mul_linear_with_config),
+    ):
+        parts = with_config(x, w, cfg, defer=True)
+        assert isinstance(parts, SplitSum) and parts.parts.shape == (cfg.split_k, m, n), name
+        summed_once = with_config(x, w, cfg)
+        assert torch.equal(parts.tensor(), summed_once), name
+        normed, s = norm.add_rms_norm(parts, r, nw, 1e-6)
+        normed0, s0 = norm.add_rms_norm(summed_once, r, nw, 1e-6)
+        assert torch.equal(s, s0) and torch.equal(normed, normed0), name
+        assert normed.shape == s.shape == (m, n)
+
+
+def test_a_split_sum_of_another_dtype_is_summed_first():
+    """A SplitSum whose dtype differs from the residual's goes through the reduce kernel (the
+    in-pass sum rounds to the residual's dtype): the reference's promotion holds."""
+    torch.manual_seed(66)
+    parts = linear.linear_with_config(randn(4, 128), randn(32, 128, scale=0.1), ROW_SPLITS[0], defer=True)
+    r, nw = randn(4, 32, dtype=torch.float16), randn(32).abs().add(0.5)
+    normed, s = norm.add_rms_norm(parts, r, nw, 1e-6)
+    normed0, s0 = norm.add_rms_norm(parts.tensor(), r, nw, 1e-6)
+    assert s.dtype == torch.float32 and torch.equal(s, s0) and torch.equal(normed, normed0)
 
 
 def small_geometry() -> Geometry:
@@ -113,19 +154,24 @@ def two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin):
     return dense(h), res, caches
 
 
-def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch):
-    """At one row with split-K configs for o and down (this tiny geometry's tables), two Triton
-    decoder layers give the same bits with the reduces deferred as with the reduce kernels, and the
-    deferral happens (o and down hand back SplitSums)."""
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch, rows):
+    """With split-K configs for o and down (this tiny geometry's tables), two Triton decoder layers
+    give the same bits with the reduces deferred as with the reduce kernels, and the deferral
+    happens (o and down hand back SplitSums): at one row into the NORM-prologue GEMV, at three
+    (tl.dot producers, down unfused) into norm.add_rms_norm."""
     torch.manual_seed(63)
     g = small_geometry()
+    o_shape, down_shape = (g.hidden_size, g.q_size), (g.hidden_size, g.intermediate_size)
+    linear_table = {
+        o_shape: {1: SkinnyConfig(1, 16, 16, 4, 4, 1), 4: SkinnyConfig(16, 16, 16, 4, 4, 1)},
+        down_shape: {4: SkinnyConfig(16, 32, 32, 2, 4, 2)},
+    }
     tables = TunedTables(
-        device="test",
-        linear={(g.hidden_size, g.q_size): {1: SkinnyConfig(1, 16, 16, 4, 4, 1)}},
-        silu_mul_linear={(g.hidden_size, g.intermediate_size): {1: SkinnyConfig(1, 16, 32, 2, 4, 2)}},
+        device="test", linear=linear_table, silu_mul_linear={down_shape: {1: SkinnyConfig(1, 16, 32, 2, 4, 2)}}
     )
     use_tables(monkeypatch, tables)
-    w, meta, cache, x, residual, positions = layer_inputs(g, 1, ctx=40, dtype=torch.float16)
+    w, meta, cache, x, residual, positions = layer_inputs(g, rows, ctx=40, dtype=torch.float16)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(256, g.head_dim, g.rope_theta, DEV)
     deferred = []
     real_launch = gemm.launch
@@ -134,7 +180,7 @@ def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch):
         monkeypatch.setattr(module, "launch", gemm.launch)
     after = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     assert sum(isinstance(y, SplitSum) for y in deferred) == 4  # o and down in each layer
-    monkeypatch.setattr(gemm, "DEFER_REDUCE", False)
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
     before = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     if INTERPRET:
         assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
@@ -146,19 +192,21 @@ def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch):
 
 
 @gpu
-def test_gpu_4b_layers_defer_in_a_graph(monkeypatch):
-    """Two Qwen3-4B decoder layers at one row in bf16, as this device dispatches them, replayed from
-    a CUDA graph with PDL: the deferred partials (read by the next kernel after its wait) give what
-    the same dispatch gives launched one by one, and the reduce kernels' dispatch within TOL / 4."""
+@pytest.mark.parametrize("rows", [1, 8])
+def test_gpu_4b_layers_defer_in_a_graph(monkeypatch, rows):
+    """Two Qwen3-4B decoder layers at one and eight rows in bf16, as this device dispatches them,
+    replayed from a CUDA graph with PDL: the deferred partials (read by the next kernel after its
+    wait) give what the same dispatch gives launched one by one, and the reduce kernels' dispatch
+    within TOL / 4."""
     torch.manual_seed(64)
     g = Geometry.from_dict(QWEN3_4B_CONFIG, "test")
-    w, meta, cache, x, residual, positions = layer_inputs(g, 1, ctx=200, dtype=torch.bfloat16)
+    w, meta, cache, x, residual, positions = layer_inputs(g, rows, ctx=200, dtype=torch.bfloat16)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(4096, g.head_dim, g.rope_theta, "cuda")
-    assert isinstance(ops.linear_to_residual(randn(1, g.q_size, dtype=torch.bfloat16), w.o), SplitSum)
+    assert isinstance(ops.linear_to_residual(randn(rows, g.q_size, dtype=torch.bfloat16), w.o), SplitSum)
     eager = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
-    monkeypatch.setattr(gemm, "DEFER_REDUCE", False)
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
     before = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
-    monkeypatch.setattr(gemm, "DEFER_REDUCE", True)
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 1 << 30)
     graph, after = capture_graph(lambda: two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin))
     for _ in range(3):
         graph.replay()

@@ -5,12 +5,12 @@ dispatches it on this device, in one process (GPU only):
 
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
-"before" is the dispatch the deferred split-K reduce replaced (issue 19): o and SwiGLU->down wait
-first and end in their reduce kernel; "after" is the current dispatch (gemm.DEFER_REDUCE: at one row
-they stream weights before the wait and their partials go to the next add + RMSNorm prologue). Rows:
-- the two pairs the deferral joins, at one row: o -> norm->gate|up and SwiGLU->down -> norm->q|k|v
-  (the layer's second and first halves' projections; after: o and down on the early-weights GEMV,
-  with no reduce behind them);
+"before" is the f17650f dispatch (issue 19): o's and SwiGLU->down's split-K partials go to the next
+add + RMSNorm prologue at one row only, and end in their reduce kernel above it; "after" is the
+current dispatch (gemm.DEFER_MAX_ROWS: at every row count the skinny kernel serves, the partials go
+to the next add + RMSNorm, norm.add_rms_norm summing them above one row). Rows:
+- the two pairs the deferral joins, at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
+  norm->q|k|v (the layer's second and first halves' projections);
 - o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
   sides run the same kernels: the per-op times of the step);
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
@@ -68,12 +68,13 @@ def early_weights(prologues: frozenset[str]) -> Iterator[None]:
 
 @contextmanager
 def before() -> Iterator[None]:
-    """The previous dispatch: o's and down's split-K partials summed by their reduce kernel."""
-    saved, gemm.DEFER_REDUCE = gemm.DEFER_REDUCE, False
+    """The previous dispatch (f17650f): o's and down's split-K partials deferred at one row only,
+    summed by their reduce kernel above it."""
+    saved, gemm.DEFER_MAX_ROWS = gemm.DEFER_MAX_ROWS, 1
     try:
         yield
     finally:
-        gemm.DEFER_REDUCE = saved
+        gemm.DEFER_MAX_ROWS = saved
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
@@ -90,14 +91,14 @@ def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
-def pair_case(first: tuple[int, int], second_n: int, swiglu: bool):
-    """One row through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
+def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
+    """m rows through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
     q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
     (n, k), h = first, first[0]
     b1, c1, w1 = cases.rotated_weights(n, k)
     b2, c2, w2 = cases.rotated_weights(second_n, h)
-    x = torch.randn(1, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
-    r, nw = torch.randn(1, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
+    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
+    r, nw = torch.randn(m, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
     nw = nw.to(cases.DTYPE)
     produce = fused_linear.silu_mul_linear if swiglu else linear.linear
     fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i], defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
@@ -147,8 +148,9 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
 
 def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
-    yield "o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
-    yield "SwiGLU→down → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True)
+    for m in ms:
+        yield "o → norm→gate|up", m, lambda m=m: pair_case((h, q_size), gu_n, False, m)
+        yield "SwiGLU→down → norm→q|k|v", m, lambda m=m: pair_case((h, inter), qkv_n, True, m)
     yield "norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
     yield "norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
     for m in ms:

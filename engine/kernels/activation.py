@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels._triton import cdiv, jit
+from engine.kernels._triton import cdiv, jit, pdl
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,10 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 
 
 @jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < inter
@@ -40,6 +43,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] and inter:
         block = 1024
         _silu_and_mul_kernel[(x2.shape[0], cdiv(inter, block))](
-            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4
+            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4, **pdl(x2.device)
         )
     return out.view(*x.shape[:-1], inter)

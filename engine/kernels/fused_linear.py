@@ -107,12 +107,11 @@ def add_rms_norm_linear_with_config(
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor, defer: bool = False) -> torch.Tensor | SplitSum:
     """Triton `silu_mul_linear_ref`: the fused kernel where silu_mul_linear_config has a config
-    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS). defer: as `linear`'s, on the
-    fused kernel."""
+    (skinny M), else silu_and_mul + `linear` (which may be cuBLAS). defer: as `linear`'s."""
     n, inter = weight.shape
     cfg = dispatch_config(silu_mul_linear_config, x, weight, 2 * inter)
     if cfg is None or x.shape[-1] != 2 * inter:
-        return linear(silu_and_mul(x), weight)
+        return linear(silu_and_mul(x), weight, defer=defer)
     y = silu_mul_linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2)
     return y if isinstance(y, SplitSum) else y.view(*x.shape[:-1], n)
 

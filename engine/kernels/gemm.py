@@ -3,10 +3,11 @@ optional prologues that form the activation in registers (SWIGLU for the MLP's d
 for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
 deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel.
 
-A one-row split-K projection whose output is only added to the residual stream (o, SwiGLU->down)
-may hand back its partials unsummed (`SplitSum`, launch(defer=True)): the NORM prologue of the next
-projection sums them in split order and rounds them as the reduce kernel would, so the reduce launch
-and its kernel boundary go away and every result stays bit-identical."""
+A split-K projection whose output is only added to the residual stream (o, SwiGLU->down) may hand
+back its partials unsummed (`SplitSum`, launch(defer=True)): the next add + RMSNorm (the NORM
+prologue of the next projection at one row, norm.add_rms_norm above it) sums them in split order and
+rounds them as the reduce kernel would, so the reduce launch and its kernel boundary go away and
+every result stays bit-identical."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-DEFER_REDUCE = True  # launch(defer=True) hands back SplitSum at one row; kernel_ab turns it off for "before"
+# Rows up to which launch(defer=True) hands back a SplitSum: every M the kernel serves. kernel_ab's
+# "before" sets 1 (the f17650f dispatch: one row only); 0 turns deferral off.
+DEFER_MAX_ROWS = 1 << 30
 
 
 @jit(do_not_specialize=["M"])
@@ -211,12 +214,12 @@ def launch(
 ) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
     (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
-    by its reduce elsewhere). defer: a one-row split-K result comes back as a SplitSum (with
-    DEFER_REDUCE on), with no reduce launched."""
+    by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
+    SplitSum, with no reduce launched."""
     n, k = weight.shape
     m = x.shape[0]
     split = cfg.split_k > 1
-    deferred = split and defer and DEFER_REDUCE and m == 1
+    deferred = split and defer and m <= DEFER_MAX_ROWS
     kind = "deferred" if deferred else "norm" if norm is not None else "swiglu" if swiglu else "plain"
     gemv = cfg.block_m == 1 and kind in EARLY_WEIGHTS
     planes = 0

@@ -40,17 +40,27 @@ def _rms_norm_kernel(
     stride_s,
     n_cols,
     eps,
+    plane,
     HAS_RESIDUAL: tl.constexpr,
+    PLANES: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """PLANES > 0: x is a projection's fp32 split-K partials (`plane` elements apart), summed in split
+    order from zero and rounded to the sum's dtype, as gemm._splitk_reduce_kernel does."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if PLANES > 0:
+        xs = tl.zeros([BLOCK], tl.float32)
+        for p in tl.static_range(PLANES):
+            xs += tl.load(x_ptr + p * plane + row * stride_x + cols, mask=mask, other=0.0)
+        x = xs.to(sum_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(r_ptr + row * stride_r + cols, mask=mask, other=0.0)
         # The residual stream is rounded to its dtype before the norm, as in the reference.
@@ -69,7 +79,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def _norm_launch(x2, r2, weight, out, summed, eps: float) -> None:
+def _norm_launch(x2, r2, weight, out, summed, eps: float, planes: int = 0) -> None:
+    """planes > 0: x2 is the first of `planes` [rows, cols] fp32 partials, contiguous one after another."""
     rows, cols = x2.shape
     if rows == 0:
         return
@@ -88,7 +99,9 @@ def _norm_launch(x2, r2, weight, out, summed, eps: float) -> None:
         summed.stride(0) if has_res else 0,
         cols,
         eps,
+        rows * cols,
         HAS_RESIDUAL=has_res,
+        PLANES=planes,
         BLOCK=block,
         num_warps=num_warps,
         **pdl(x2.device),
@@ -106,12 +119,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(
     x: torch.Tensor | SplitSum, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton `add_rms_norm_ref`: the residual add and the norm in one pass (a SplitSum x is
-    summed first)."""
+    """Triton `add_rms_norm_ref`: the residual add and the norm in one pass. A SplitSum x of the
+    residual's dtype is summed in the same pass (bit-identical to its reduce kernel, one launch fewer)."""
+    planes = 0
+    if isinstance(x, SplitSum) and x.dtype == residual.dtype and residual.dim() == 2:
+        x, planes = x.parts, x.parts.shape[0]
     x = dense(x)
-    x2, r2 = _rows(x), _rows(residual)
-    sum_dtype = torch.promote_types(x.dtype, residual.dtype)
+    x2, r2 = (x[0], _rows(residual)) if planes else (_rows(x), _rows(residual))
+    sum_dtype = residual.dtype if planes else torch.promote_types(x.dtype, residual.dtype)
     summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device)
     out = torch.empty(x2.shape, dtype=torch.promote_types(sum_dtype, weight.dtype), device=x.device)
-    _norm_launch(x2, r2, weight, out, summed, eps)
-    return out.view(x.shape), summed.view(x.shape)
+    _norm_launch(x2, r2, weight, out, summed, eps, planes)
+    return out.view(residual.shape), summed.view(residual.shape)
