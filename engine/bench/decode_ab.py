@@ -10,6 +10,8 @@ faster: an order confound this bench removes.
 
 Writes DIR/decode_ab.csv (one row per run) and decode_ab.md: per c each arm's median tok/s, decode
 step and device ms, and the median (min … max) of the paired ratio after / before (same repeat).
+`--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
+each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from engine.bench.kernel_ab import before
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
+from engine.bench.steps import profile_arm
 
 ARMS = {"before": before, "after": nullcontext}
 
@@ -81,6 +84,42 @@ def markdown(cells: Sequence[dict]) -> str:
     return markdown_table(header, rows)
 
 
+def kernel_rows(
+    engines: dict, prompts: Sequence[Sequence[int]], concurrency: Sequence[int], new_tokens: int
+) -> list[dict]:
+    """Per c, each kernel's calls and device µs per step under each arm's dispatch."""
+    rows = []
+    for c in concurrency:
+        per_arm = {}
+        for arm, engine in engines.items():
+            with ARMS[arm]():
+                per_arm[arm] = {
+                    k["name"]: k for k in profile_arm(engine, prompts[:c], c, new_tokens, top=40)["kernels"]
+                }
+        for name in sorted(
+            set().union(*per_arm.values()),
+            key=lambda n: -max(a.get(n, {}).get("ms_per_step", 0) for a in per_arm.values()),
+        ):
+            row = {"concurrency": c, "kernel": name}
+            for arm, kernels in per_arm.items():
+                k = kernels.get(name, {"calls_per_step": 0.0, "ms_per_step": 0.0})
+                row |= {f"{arm}_calls": round(k["calls_per_step"], 2), f"{arm}_us": round(1e3 * k["ms_per_step"], 2)}
+            rows.append(row)
+    return rows
+
+
+def kernels_markdown(rows: Sequence[dict]) -> str:
+    parts = []
+    for c in sorted({r["concurrency"] for r in rows}):
+        mine = [r for r in rows if r["concurrency"] == c]
+        table = [[r["kernel"], *(f"{r[f'{a}_calls']:g} / {r[f'{a}_us']:.1f}" for a in ARMS)] for r in mine]
+        totals = [f"{sum(r[f'{a}_us'] for r in mine):.1f}" for a in ARMS]
+        table.append(["**device µs a step (these kernels)**", *totals])
+        header = ["kernel", *(f"{a}: calls / µs a step" for a in ARMS)]
+        parts.append(f"### Kernels at c={c}\n\n" + markdown_table(header, table))
+    return "\n\n".join(parts) + "\n"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench.decode_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -91,6 +130,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--geometry", default="4b", choices=GEOMETRIES)
     p.add_argument("--std", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--profile-kernels", type=int, nargs="*", default=[], metavar="C", help="per-kernel profile at these c"
+    )
     add_device_args(p)
     return p
 
@@ -98,18 +140,22 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
-    if args.repeats < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
-        raise SystemExit("need --repeats, --concurrency and --prompt-len >= 1 and --new-tokens >= 2")
+    if (
+        args.repeats < 1
+        or min(args.concurrency + args.profile_kernels) < 1
+        or args.new_tokens < 2
+        or args.prompt_len < 1
+    ):
+        raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
     checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
-    seq_tokens = args.prompt_len + args.new_tokens
+    seq_tokens, max_c = args.prompt_len + args.new_tokens, max(args.concurrency + args.profile_kernels)
     engines = {
-        arm: make_engine(checkpoint, None, args, device, max_num_seqs=max(args.concurrency), seq_tokens=seq_tokens)
-        for arm in ARMS
+        arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
     }
-    prompts = random_prompts(max(args.concurrency), args.prompt_len, config["vocab_size"], args.seed)
+    prompts = random_prompts(max_c, args.prompt_len, config["vocab_size"], args.seed)
     rows = interleaved(
         ARMS, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
     )
@@ -118,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "decode_ab.csv", rows)
     text = f"# Decode dispatch A/B, interleaved: {args.geometry}\n\n{meta_lines(meta)}\n{markdown(cells)}\n"
+    if args.profile_kernels:
+        krows = kernel_rows(engines, prompts, args.profile_kernels, args.new_tokens)
+        write_csv(args.out / "kernels.csv", krows)
+        text += "\n" + kernels_markdown(krows)
     (args.out / "decode_ab.md").write_text(text)
     write_json(args.out / "decode_ab.json", {**meta, "summary": cells})
     print(text)

@@ -36,6 +36,9 @@ ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8
 # at one row) get the extended candidate set.
 EXTENDED_SHAPES = {(6144, 2560), (2560, 4096), (2560, 9728)}
 DOWN_SHAPE = (2560, 9728)  # the fused silu_mul_linear sweep
+# Products only added to the residual stream (o, down): timed as dispatched, split-K partials left
+# for the next add + RMSNorm (gemm.SplitSum), so a split costs no reduce kernel here.
+RESIDUAL_SHAPES = {(2560, 4096), DOWN_SHAPE}
 FUSED_MS = [1, 2, 4, 8, 16]
 NORM_SHAPES = [(6144, 2560), (19456, 2560)]  # the projections after an add + RMSNorm: q|k|v, gate|up
 # (block_m, block_n, block_k, num_warps, num_stages); each is tried at every split count.
@@ -75,12 +78,12 @@ def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None)
         extended = EXTENDED_DOT
     elif m <= 32:
         tiles = [(32, 64, 64, 4, 4), (32, 64, 128, 4, 4), (32, 128, 64, 4, 4)]
-        splits = splits[:3]
+        splits = splits if shape in RESIDUAL_SHAPES else splits[:3]
     else:
         tiles = [(64, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 128, 4, 3)]
         if m >= 128:
             tiles.append((128, 128, 64, 8, 3))
-        splits = splits[:2]
+        splits = splits if shape in RESIDUAL_SHAPES and m <= 64 else splits[:2]
     if quick:
         tiles, extended = tiles[:3], []
     if shape is not None and shape not in EXTENDED_SHAPES:

@@ -29,11 +29,12 @@ def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             est = wbytes / (peak * 1e3)
             ref = F.linear(x, ws[0])
             results = [("cublas", None, timer(lambda i, x=x, ws=ws: F.linear(x, ws[i]), copies, est))]
+            defer = (n, k) in cases.RESIDUAL_SHAPES
             for cfg, extended in cases.skinny_candidates(m, args.quick, (n, k)):
                 if extended and time.time() > deadline:
                     skipped += 1
                     continue
-                fn = lambda i, x=x, ws=ws, cfg=cfg: linear.linear_with_config(x, ws[i], cfg)
+                fn = lambda i, x=x, ws=ws, cfg=cfg, d=defer: linear.linear_with_config(x, ws[i], cfg, defer=d)
                 us = time_candidate(timer, fn, ref, copies, est, f"N={n} K={k} M={m} {tuple(cfg)}")
                 if us is not None:
                     results.append(("triton", cfg, us))
@@ -100,7 +101,9 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         down_cfg = top[0] if top else linear.skinny_config(m, n, inter, current)
         unfused = [("silu_and_mul+cublas", None, lambda i, x=x, ws=ws: F.linear(activation.silu_and_mul(x), ws[i]))]
         if down_cfg is not None:
-            fn = lambda i, x=x, ws=ws, cfg=down_cfg: linear.linear_with_config(activation.silu_and_mul(x), ws[i], cfg)
+            fn = lambda i, x=x, ws=ws, cfg=down_cfg: linear.linear_with_config(
+                activation.silu_and_mul(x), ws[i], cfg, defer=True
+            )
             unfused.append(("silu_and_mul+triton", down_cfg, fn))
         current_cfg = fused_linear.silu_mul_linear_config(m, n, inter, current)
         cands = list(dict.fromkeys(top + cases.wide_fused_tiles(m, args.quick) + [current_cfg]))
@@ -109,7 +112,7 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             (
                 "fused",
                 cfg,
-                lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg),
+                lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg, defer=True),
                 f"fused N={n} I={inter} M={m} {tuple(cfg)}",
             )
             for cfg in cands
