@@ -57,7 +57,7 @@ stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"
 run_profile() { python3 -m engine.bench profile --geometry 4b --out "$LOG/profile" --time-budget-s 75; }
-stage decode-ab 420 "issue 19 A/B in one call: GPU kernel tests, kernel_ab, decode c=1..64 (+ compiled peer at c=1), profile, then decode c=1,64 with the previous and current dispatch interleaved (logs/decode-ab)"
+stage decode-ab 420 "issue 19 A/B in one call: GPU kernel tests, kernel_ab, decode c=1..64 (+ compiled peer at c=1), profile, then decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, and a per-kernel profile of both at AB_PROFILE (1 8 64) (logs/decode-ab)"
 run_decode_ab() {  # each step runs even if one before it failed; the stage's rc says whether any did
   local rc=0
   python3 -m pytest -q -p no:cacheprovider -n 4 -k "gpu or dtype2" tests/test_kernels*.py tests/test_bench_kernel_ab.py || rc=1
@@ -66,7 +66,8 @@ run_decode_ab() {  # each step runs even if one before it failed; the stage's rc
     --peer-concurrency 1 || rc=1
   python3 -m engine.bench profile --geometry 4b --batches 1 16 64 128 --spans 1 4 16 --out "$LOG/profile" --repeats 3 \
     --time-budget-s 25 || rc=1
-  python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency 1 64 --repeats 6 || rc=1
+  python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
+    --profile-kernels ${AB_PROFILE:-1 8 64} || rc=1
   return $rc
 }
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
