@@ -18,15 +18,15 @@ SPLIT = SkinnyConfig(1, 16, 64, 2, 4, 1)
 ROWS_SPLIT = SkinnyConfig(16, 16, 64, 2, 4, 1)
 
 
-def test_before_defers_at_one_row_only_and_restores_the_dispatch():
-    assert gemm.DEFER_MAX_ROWS > 64 and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
+def test_before_runs_the_reduce_kernels_and_restores_the_dispatch():
+    assert gemm.DEFER_MAX_ROWS == 1 and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
     x1, x4, w = randn(1, 256), randn(4, 256), randn(16, 256)
     with kernel_ab.before():
-        assert gemm.DEFER_MAX_ROWS == 1
-        assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), torch.Tensor)
-        assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), gemm.SplitSum)
-    assert gemm.DEFER_MAX_ROWS > 64
-    assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), gemm.SplitSum)
+        assert gemm.DEFER_MAX_ROWS == 0
+        assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), torch.Tensor)
+    assert gemm.DEFER_MAX_ROWS == 1
+    assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), gemm.SplitSum)
+    assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), torch.Tensor)
 
 
 def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
@@ -42,10 +42,11 @@ def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
-def test_before_is_the_same_function(swiglu):
+def test_before_is_the_same_function(swiglu, monkeypatch):
     """Both sides of a pair (a split-K product into add + RMSNorm -> projection) give the same bits:
-    at one row (the NORM-prologue GEMV) and at four (norm.add_rms_norm, then the projection), where
-    only "after" defers."""
+    at one row (the NORM-prologue GEMV) and, with deferral let up to four rows, at four
+    (norm.add_rms_norm, then the projection), where only "after" defers."""
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 4)
     w, w2, nw = randn(32, 256), randn(48, 32), randn(32).abs().add(0.5)
     run = fused_linear.silu_mul_linear_with_config if swiglu else linear.linear_with_config
     gemv = SkinnyConfig(1, 16, 64, 1, 4, 1)

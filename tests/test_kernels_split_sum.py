@@ -93,11 +93,10 @@ def test_defer_hands_back_partials_for_split_k_up_to_the_row_bound(monkeypatch):
     whole = SkinnyConfig(1, 16, 64, 1, 4, 1)
     assert isinstance(linear.linear_with_config(x1, w, whole, defer=True), torch.Tensor)
     rows = SkinnyConfig(16, 16, 64, 2, 4, 1)
+    assert isinstance(linear.linear_with_config(x4, w, rows, defer=True), torch.Tensor)  # one row only
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 4)
     assert isinstance(linear.linear_with_config(x4, w, rows, defer=True), SplitSum)
     assert isinstance(linear.linear_with_config(x4, w, rows), torch.Tensor)  # not asked to defer
-    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 1)  # the f17650f dispatch: one row only
-    assert isinstance(linear.linear_with_config(x4, w, rows, defer=True), torch.Tensor)
-    assert isinstance(linear.linear_with_config(x1, w, SPLITS[0], defer=True), SplitSum)
     monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
     assert isinstance(linear.linear_with_config(x1, w, SPLITS[0], defer=True), torch.Tensor)
 
@@ -108,9 +107,11 @@ ROW_SPLITS = [SkinnyConfig(16, 16, 64, 2, 4, 2), SkinnyConfig(16, 32, 64, 4, 4, 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cfg", ROW_SPLITS, ids=str)
 @pytest.mark.parametrize("m", [3, 16])
-def test_multi_row_split_sum_into_add_rms_norm_is_the_reduce_bit_for_bit(dtype, cfg, m):
-    """Above one row the consumer is norm.add_rms_norm (then the projection): it sums the partials in
-    its own pass, with the reduce kernel's bits, for the tl.dot producers (plain and SwiGLU)."""
+def test_multi_row_split_sum_into_add_rms_norm_is_the_reduce_bit_for_bit(dtype, cfg, m, monkeypatch):
+    """Deferred above one row (gemm.DEFER_MAX_ROWS raised) the consumer is norm.add_rms_norm (then the
+    projection): it sums the partials in its own pass, with the reduce kernel's bits, for the tl.dot
+    producers (plain and SwiGLU)."""
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 16)
     torch.manual_seed(65)
     k, n = 300, 80
     w, r, nw = randn(n, k, dtype=dtype, scale=0.1), randn(m, n, dtype=dtype), randn(n, dtype=dtype).abs().add(0.5)
@@ -128,9 +129,10 @@ def test_multi_row_split_sum_into_add_rms_norm_is_the_reduce_bit_for_bit(dtype, 
         assert normed.shape == s.shape == (m, n)
 
 
-def test_a_split_sum_of_another_dtype_is_summed_first():
+def test_a_split_sum_of_another_dtype_is_summed_first(monkeypatch):
     """A SplitSum whose dtype differs from the residual's goes through the reduce kernel (the
     in-pass sum rounds to the residual's dtype): the reference's promotion holds."""
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 4)
     torch.manual_seed(66)
     parts = linear.linear_with_config(randn(4, 128), randn(32, 128, scale=0.1), ROW_SPLITS[0], defer=True)
     r, nw = randn(4, 32, dtype=torch.float16), randn(32).abs().add(0.5)
@@ -159,7 +161,8 @@ def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch, r
     """With split-K configs for o and down (this tiny geometry's tables), two Triton decoder layers
     give the same bits with the reduces deferred as with the reduce kernels, and the deferral
     happens (o and down hand back SplitSums): at one row into the NORM-prologue GEMV, at three
-    (tl.dot producers, down unfused) into norm.add_rms_norm."""
+    (tl.dot producers, down unfused; deferral let up to four rows) into norm.add_rms_norm."""
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 4)
     torch.manual_seed(63)
     g = small_geometry()
     o_shape, down_shape = (g.hidden_size, g.q_size), (g.hidden_size, g.intermediate_size)
@@ -198,6 +201,7 @@ def test_gpu_4b_layers_defer_in_a_graph(monkeypatch, rows):
     replayed from a CUDA graph with PDL: the deferred partials (read by the next kernel after its
     wait) give what the same dispatch gives launched one by one, and the reduce kernels' dispatch
     within TOL / 4."""
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", rows)  # eight rows: deferral let up to them
     torch.manual_seed(64)
     g = Geometry.from_dict(QWEN3_4B_CONFIG, "test")
     w, meta, cache, x, residual, positions = layer_inputs(g, rows, ctx=200, dtype=torch.bfloat16)
@@ -206,7 +210,7 @@ def test_gpu_4b_layers_defer_in_a_graph(monkeypatch, rows):
     eager = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
     before = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
-    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 1 << 30)
+    monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", rows)
     graph, after = capture_graph(lambda: two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin))
     for _ in range(3):
         graph.replay()

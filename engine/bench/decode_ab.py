@@ -117,7 +117,12 @@ def kernels_markdown(rows: Sequence[dict]) -> str:
         table.append(["**device µs a step (these kernels)**", *totals])
         header = ["kernel", *(f"{a}: calls / µs a step" for a in ARMS)]
         parts.append(f"### Kernels at c={c}\n\n" + markdown_table(header, table))
-    return "\n\n".join(parts) + "\n"
+    note = (
+        "Under PDL a kernel launches early and its span includes its wait for the kernel before it, so"
+        " a kernel's µs here can hold its predecessor's tail and the columns sum past the step: compare"
+        " the arms' totals and calls, not one kernel's time."
+    )
+    return note + "\n\n" + "\n\n".join(parts) + "\n"
 
 
 def _parser() -> argparse.ArgumentParser:

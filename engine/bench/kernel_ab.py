@@ -5,10 +5,10 @@ dispatches it on this device, in one process (GPU only):
 
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
-"before" is the f17650f dispatch (issue 19): o's and SwiGLU->down's split-K partials go to the next
-add + RMSNorm prologue at one row only, and end in their reduce kernel above it; "after" is the
-current dispatch (gemm.DEFER_MAX_ROWS: at every row count the skinny kernel serves, the partials go
-to the next add + RMSNorm, norm.add_rms_norm summing them above one row). Rows:
+"before" is the dispatch the deferred split-K reduce replaced (issue 19): o's and SwiGLU->down's
+split-K partials end in their reduce kernel; "after" is the current dispatch (gemm.DEFER_MAX_ROWS: at
+one row the partials go to the next add + RMSNorm prologue; set it higher to try more rows, where
+norm.add_rms_norm sums them). Rows:
 - the two pairs the deferral joins, at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
   norm->q|k|v (the layer's second and first halves' projections);
 - o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
@@ -68,9 +68,9 @@ def early_weights(prologues: frozenset[str]) -> Iterator[None]:
 
 @contextmanager
 def before() -> Iterator[None]:
-    """The previous dispatch (f17650f): o's and down's split-K partials deferred at one row only,
-    summed by their reduce kernel above it."""
-    saved, gemm.DEFER_MAX_ROWS = gemm.DEFER_MAX_ROWS, 1
+    """The dispatch before the deferral: o's and down's split-K partials summed by their reduce
+    kernel at every row count."""
+    saved, gemm.DEFER_MAX_ROWS = gemm.DEFER_MAX_ROWS, 0
     try:
         yield
     finally:

@@ -3,10 +3,10 @@ optional prologues that form the activation in registers (SWIGLU for the MLP's d
 for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
 deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel.
 
-A split-K projection whose output is only added to the residual stream (o, SwiGLU->down) may hand
-back its partials unsummed (`SplitSum`, launch(defer=True)): the next add + RMSNorm (the NORM
-prologue of the next projection at one row, norm.add_rms_norm above it) sums them in split order and
-rounds them as the reduce kernel would, so the reduce launch and its kernel boundary go away and
+A one-row split-K projection whose output is only added to the residual stream (o, SwiGLU->down)
+may hand back its partials unsummed (`SplitSum`, launch(defer=True)): the next add + RMSNorm (the
+NORM prologue of the next projection, or norm.add_rms_norm: the final norm) sums them in split order
+and rounds them as the reduce kernel would, so the reduce launch and its kernel boundary go away and
 every result stays bit-identical."""
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-# Rows up to which launch(defer=True) hands back a SplitSum: every M the kernel serves. kernel_ab's
-# "before" sets 1 (the f17650f dispatch: one row only); 0 turns deferral off.
-DEFER_MAX_ROWS = 1 << 30
+# Rows up to which launch(defer=True) hands back a SplitSum (0: never; kernel_ab's "before"). One: above
+# it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
+# split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
+DEFER_MAX_ROWS = 1
 
 
 @jit(do_not_specialize=["M"])
