@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     timer, t0 = Timer(args.timer), time.time()
     args.t0, args.state = t0, {}
     skip = set(args.skip.split(","))
-    copy = copy_bandwidth(cases.DEVICE, 1 << 30) / 1e9
+    copy = copy_bandwidth(torch.device(cases.DEVICE), 1 << 30) / 1e9
     report = [
         f"# Kernel micro-benchmark: {torch.cuda.get_device_name()}, torch {torch.__version__}, timer={args.timer}\n",
         f"Measured D2D copy bandwidth: {copy:.0f} GB/s (read+write); "
