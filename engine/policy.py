@@ -48,6 +48,7 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 SPEC_DISCOUNT = 0.05
 FIRST_WALLS = 3  # a host term starts from the median of this many walls
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
+PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tokens) left to every request
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
 # lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
@@ -224,20 +225,26 @@ class SpanPolicy:
             self._probe_k, self._since, self._probe_every = self.k, 0.0, PROBE_FIRST
         if self.k == 0:
             self.host.relax(batch, self.host_relax)
-        k = self._probe(times, values)
+        k = self._probe(times, values, min(remaining) if draining else None)
         self.chosen[k] += 1
         return k
 
-    def _probe(self, times: dict[int, float], values: dict[int, float]) -> int:
+    def _probe(self, times: dict[int, float], values: dict[int, float], wave_left: int | None) -> int:
         """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
         the rounds under the K in force since the last probe took `_probe_every` times the probe's ms
         (a starved estimate relaxes instead). Waves probe too: at 3cd81a7, with no probe in a wave,
         the H200 study's `code` c=64 gated every round of every wave on the estimate `chat` c=32
-        left (-24 % against trim 8; the latch of b0194de again, since each of its cells is a wave)."""
+        left (-24 % against trim 8; the latch of b0194de again, since each of its cells is a wave). But
+        in a wave (wave_left: the fewest tokens any request has left) a probe due near its end waits
+        for the next wave: a lockstep wave ends with its slowest request, so a late probe cannot
+        shorten it and learns too late to help (at f85d1cc the H200 study's c=128 cells probed in
+        their last rounds and lost 8-10 % to plain)."""
         larger = {k: v for k, v in values.items() if k > self.k}
         if larger and not (self.k == 0 and self._starved):
             k = max(larger, key=lambda k: (larger[k], -k))
-            if larger[k] >= PROBE_FLOOR * values[self.k] and self._since >= self._probe_every * times[k]:
+            late = wave_left is not None and wave_left < PROBE_WAVE_LEFT * (1 + k)
+            due = self._since >= self._probe_every * times[k]
+            if due and not late and larger[k] >= PROBE_FLOOR * values[self.k]:
                 self._since, self._probe_every = 0.0, min(2 * self._probe_every, PROBE_MAX)
                 return k
         self._since += times[self.k]
