@@ -237,7 +237,7 @@ class SpanPolicy:
         left (-24 % against trim 8; the latch of b0194de again, since each of its cells is a wave). But
         in a wave (wave_left: the fewest tokens any request has left) a probe due near its end waits
         for the next wave: a lockstep wave ends with its slowest request, so a late probe cannot
-        shorten it and learns too late to help (at f85d1cc the H200 study's c=128 cells probed in
+        shorten it and learns too late to help (at bc80d89 the H200 study's c=128 cells probed in
         their last rounds and lost 8-10 % to plain)."""
         larger = {k: v for k, v in values.items() if k > self.k}
         if larger and not (self.k == 0 and self._starved):
