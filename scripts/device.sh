@@ -70,6 +70,12 @@ run_decode_ab() {  # each step runs even if one before it failed; the stage's rc
     --profile-kernels ${AB_PROFILE:-1 8 64} || rc=1
   return $rc
 }
+stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); install it by hand if it wins"
+run_retune() {
+  python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60 || return
+  python3 -m engine.bench.decode_ab --out "$LOG/retune-ab" --concurrency 1 8 16 64 --repeats 4 \
+    --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$LOG/kernels/tuned/nvidia-h200.json"
+}
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
 run_steps() {
   needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \

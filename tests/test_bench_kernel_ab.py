@@ -91,3 +91,15 @@ def test_refuses_bad_row_counts(tmp_path, argv):
 def test_needs_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="CUDA"):
         kernel_ab.main(["--out", str(tmp_path)])
+
+
+def test_tables_from_puts_a_sweeps_table_in_force_and_restores_the_shipped_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(tuning, "_by_device", {("cuda", 0): tuning.DEFAULT})
+    retuned = tuning.TunedTables("nvidia-h200", linear={O_SHAPE: {8: SkinnyConfig(16, 64, 64, 4, 4, 5)}})
+    path = tmp_path / "nvidia-h200.json"
+    path.write_text(tuning.dumps(retuned, "NVIDIA H200"))
+    with kernel_ab.tables_from(path):
+        for i in (0, 1):
+            assert tuning._by_device["cuda", i].linear[O_SHAPE][8] == SkinnyConfig(16, 64, 64, 4, 4, 5)
+    assert tuning._by_device == {("cuda", 0): tuning.DEFAULT}

@@ -10,6 +10,8 @@ faster: an order confound this bench removes.
 
 Writes DIR/decode_ab.csv (one row per run) and decode_ab.md: per c each arm's median tok/s, decode
 step and device ms, and the median (min … max) of the paired ratio after / before (same repeat).
+`--before-tables JSON` / `--after-tables JSON` run that arm as the current dispatch under another
+tuned table (a retune's A/B: the shipped table against a sweep's DIR/tuned/<device>.json).
 `--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
 each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
 """
@@ -20,12 +22,13 @@ import argparse
 import statistics
 from collections.abc import Sequence
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode import engine_run
 from engine.bench.geometry import GEOMETRIES, target_config
-from engine.bench.kernel_ab import before
+from engine.bench.kernel_ab import before, tables_from
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
@@ -85,14 +88,15 @@ def markdown(cells: Sequence[dict]) -> str:
 
 
 def kernel_rows(
-    engines: dict, prompts: Sequence[Sequence[int]], concurrency: Sequence[int], new_tokens: int
+    engines: dict, prompts: Sequence[Sequence[int]], concurrency: Sequence[int], new_tokens: int, runs: dict = ARMS
 ) -> list[dict]:
-    """Per c, each kernel's calls and device µs per step under each arm's dispatch."""
+    """Per c, each kernel's calls and device µs per step under each arm's dispatch (runs: arm ->
+    context, as in `interleaved`)."""
     rows = []
     for c in concurrency:
         per_arm = {}
         for arm, engine in engines.items():
-            with ARMS[arm]():
+            with runs[arm]():
                 per_arm[arm] = {
                     k["name"]: k for k in profile_arm(engine, prompts[:c], c, new_tokens, top=40)["kernels"]
                 }
@@ -136,6 +140,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--std", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--before-tables",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="the before arm: the current dispatch with this tuned table (a retune's A/B) instead of no deferral",
+    )
+    p.add_argument(
+        "--after-tables", type=Path, default=None, metavar="JSON", help="the after arm with this tuned table"
+    )
+    p.add_argument(
         "--profile-kernels", type=int, nargs="*", default=[], metavar="C", help="per-kernel profile at these c"
     )
     add_device_args(p)
@@ -161,8 +175,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
     }
     prompts = random_prompts(max_c, args.prompt_len, config["vocab_size"], args.seed)
+    runs = dict(ARMS)
+    for arm, path in (("before", args.before_tables), ("after", args.after_tables)):
+        if path is not None:
+            runs[arm] = partial(tables_from, path)
     rows = interleaved(
-        ARMS, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
+        runs, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
     )
     cells = summary(rows)
     meta = run_meta("decode_ab", device, list(argv) if argv is not None else None)
@@ -170,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_csv(args.out / "decode_ab.csv", rows)
     text = f"# Decode dispatch A/B, interleaved: {args.geometry}\n\n{meta_lines(meta)}\n{markdown(cells)}\n"
     if args.profile_kernels:
-        krows = kernel_rows(engines, prompts, args.profile_kernels, args.new_tokens)
+        krows = kernel_rows(engines, prompts, args.profile_kernels, args.new_tokens, runs)
         write_csv(args.out / "kernels.csv", krows)
         text += "\n" + kernels_markdown(krows)
     (args.out / "decode_ab.md").write_text(text)

@@ -25,6 +25,7 @@ after/before, the after path's weight bytes over time as a fraction of the measu
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -36,7 +37,7 @@ from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import fused_linear, gemm, linear, norm
+from engine.kernels import fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,24 @@ def before() -> Iterator[None]:
         yield
     finally:
         gemm.DEFER_MAX_ROWS = saved
+
+
+@contextmanager
+def tables_from(path: Path) -> Iterator[None]:
+    """Another tuned table (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) in
+    force on every CUDA device, instead of the shipped one: a retune's "before" or "after"."""
+    tables = tuning.parse(json.loads(path.read_text()), str(path))
+    keys = [("cuda", i) for i in range(torch.cuda.device_count())]
+    saved = {key: tuning._by_device.get(key) for key in keys}
+    tuning._by_device.update(dict.fromkeys(keys, tables))
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                tuning._by_device.pop(key, None)
+            else:
+                tuning._by_device[key] = old
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
