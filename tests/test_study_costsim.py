@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,7 +21,8 @@ from engine.bench.known_pair import known_pair
 from engine.bench.load import closed_loop
 from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study_report import arm_drafts, predict
+from engine.bench.study_draws import StudyDraws, read_draws
+from engine.bench.study_report import arm_drafts, predict, replay_check
 from engine.bench.sweep import engine_for
 from engine.policy import SpanPolicy
 from engine.scheduler import Plan
@@ -54,6 +56,23 @@ def test_staggered_finishes_prefill_each_replacement_as_it_comes():
     # left after prefill 6, 6 -> 3, 5 -> 0, 2 (first done) -> prefill the third -> 1 (of 2), 6 -> ...
     assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1), (SPEC, 2), (SPEC, 2), (SPEC, 1)]
     assert got.tokens == 21
+
+
+def test_per_request_draws_follow_each_request_by_admission_and_output():
+    seen = []
+
+    def accepted(i: int, generated: int) -> int:
+        seen.append((i, generated))
+        return 2 if i == 0 else 0  # request 0 always gets both drafts right, the others none
+
+    # 2 slots, 3 requests of 7 tokens, 2 drafts: request 0 commits 3 a round (6 -> 3 -> 0 left), the
+    # others 1; the third is prefilled when request 0 is done and outlives request 1 by two rounds.
+    got = simulate_closed_loop(costs(), 2, 3, 7, drafts=2, accepted=accepted)
+    assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1)] + [(SPEC, 2)] * 4 + [(SPEC, 1)] * 2
+    assert got.tokens == 21
+    assert seen[:6] == [(0, 1), (1, 1), (0, 4), (1, 2), (1, 3), (2, 1)]  # (admission index, tokens out)
+    one = simulate_closed_loop(costs(), 2, 3, 7, drafts=1, accepted=accepted)  # capped at K: 2 a round
+    assert one.steps[:5] == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1)]
 
 
 def test_buckets_pad_the_device_term_and_a_gate_makes_rounds_gated():
@@ -119,6 +138,63 @@ def test_the_replay_steps_like_the_engine(engines, label):
     assert sim.tokens == res.output_tokens == 7 * 11
     if not arm.is_plain and not arm.gate:  # acceptance staggers the finishes: replacements prefill alone
         assert sum(plan == PREFILL for plan, _ in sim.steps) > 2
+
+
+@pytest.mark.parametrize("label", ["spec", "spec+trim=2", "spec+gate=3", "spec#2"])
+def test_the_replay_on_the_drafters_own_draws_finishes_where_the_engine_does(engines, label):
+    """No recording: the draws are read from the modelled drafter before the run (per prompt and KV
+    length, its own replica for a duplicate arm), as the study reads them before its sweep."""
+    arm, spec = parse_arm(label), engines["spec"]
+    modelled = spec.runner.draft.__self__  # the fixture's installed ModelledDrafter
+    prompts = random_prompts(12, 5, spec.target_cfg.geometry.vocab_size, seed=4)
+    draws = read_draws(modelled, prompts, [modelled.profile], [arm], 11, len(prompts))
+    modelled.before_arm(arm)
+    try:
+        res = closed_loop(engine_for(arm, engines), prompts, 3, 7, 11, first=4)  # a later round's prompts
+    finally:
+        modelled.set_replica(0)
+    drafts = arm_drafts(arm, spec.drafts_per_round)
+    accepted = draws.accepted(modelled.profile.name, label, first=4)
+    sim = simulate_closed_loop(costs(), 3, 7, 11, drafts, gate=arm.gate, accepted=accepted)
+    assert sim.steps == [(s.plan, s.batch) for s in res.steps]
+    assert sim.tokens == res.output_tokens == 7 * 11
+    if not arm.gate:  # acceptance staggered the finishes: the replay refilled the slots where the engine did
+        assert sum(plan == PREFILL for plan, _ in sim.steps) > 2
+
+
+def test_a_prediction_on_the_studys_draws_is_the_median_over_the_measured_rounds():
+    table = np.array([[1, 3, 0, 2, 3, 1, 2, 0, 3]] * 8, dtype=np.uint8)  # per prompt, per position
+    draws = StudyDraws({("half", 0): table, ("half", 7): table[:, ::-1].copy()}, {"spec": 0, "spec#2": 7}, 8)
+    args, half = argparse.Namespace(new_tokens=9, seed=3), AcceptanceProfile("half", (0.5,) * 4)
+    got = predict(costs(), 2, parse_arm("spec"), half, args, 2, [], draws=draws, rounds=[1, 2, 3])
+    runs = [
+        simulate_closed_loop(costs(), 2, 4, 9, 4, accepted=draws.accepted("half", "spec", 4 * r)) for r in (1, 2, 3)
+    ]
+    assert got == statistics.median(r.tok_s for r in runs)
+    dup = predict(costs(), 2, parse_arm("spec#2"), half, args, 2, [], draws=draws, rounds=[1])
+    assert dup == simulate_closed_loop(costs(), 2, 4, 9, 4, accepted=draws.accepted("half", "spec#2", 4)).tok_s
+    other = AcceptanceProfile("other", (0.5,) * 4)  # no table for this profile: the seeded replays
+    assert predict(costs(), 2, parse_arm("spec"), other, args, 2, [], draws=draws, rounds=[1]) == predict(
+        costs(), 2, parse_arm("spec"), other, args, 2, []
+    )
+
+
+def test_the_replay_check_counts_the_runs_whose_steps_the_draws_reproduce():
+    table = np.array([[1, 3, 0, 2, 3, 1, 2, 0, 3]] * 8, dtype=np.uint8)
+    draws = StudyDraws({("half", 0): table}, {"spec": 0, "spec+trim=2": 0}, 8)
+    args, half = argparse.Namespace(new_tokens=9), AcceptanceProfile("half", (0.5,) * 4)
+    rows = []
+    for label, rnd in (("spec", 1), ("spec+trim=2", 2), ("plain", 1)):
+        drafts = arm_drafts(parse_arm(label), 4)
+        accepted = draws.accepted("half", label, rnd * 4) if drafts else None
+        steps = simulate_closed_loop(costs(), 2, 4, 9, drafts, accepted=accepted).steps
+        counts = {
+            k: sum(plan == p for plan, _ in steps) for k, p in (("prefill", PREFILL), ("spec", SPEC), ("gated", GATED))
+        }
+        rows.append({"arm": label, "concurrency": 2, "round": rnd, **{f"{k}_steps": v for k, v in counts.items()}})
+    assert replay_check(rows, half, args, lambda c: 2, draws) == (2, 2)  # plain is not replayed
+    rows[0]["spec_steps"] += 1  # an engine that drew otherwise
+    assert replay_check(rows, half, args, lambda c: 2, draws) == (1, 2)
 
 
 def test_calibration_on_real_engines_gives_rows_the_step_costs_read(engines):

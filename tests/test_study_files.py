@@ -4,11 +4,14 @@ its report removed, then rebuilt by `engine.bench.study_files` to the same summa
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from engine.bench.report import read_csv
 from engine.bench.study import main as study_main
+from engine.bench.study_draws import StudyDraws
+from engine.bench.study_draws import main as draws_main
 from engine.bench.study_files import main as files_main
 from engine.bench.study_files import typed
 
@@ -24,12 +27,26 @@ def test_a_study_is_reported_again_from_its_files(tmp_path, capsys):
     assert meta["argv"][-2:] == ["spec", "spec+trim=2"] and meta["buckets"] == []  # eager on the CPU
     assert not checks["echo"]["failures"] and {r["arm"] for r in checks["lossless"]} == {"spec", "spec+trim=2"}
     first, text = read_csv(tmp_path / "summary.csv"), (tmp_path / "study.md").read_text()
+    # the replays ran on the modelled drafter's own draws and took the engine's steps in every run
+    checked = re.search(r"own draws, per measured round \(replayed on them, (\d+) of (\d+) static", text)
+    assert (tmp_path / "draws.npz").is_file() and checked and checked[1] == checked[2] != "0"
     (tmp_path / "summary.csv").unlink()
     (tmp_path / "study.md").unlink()
     assert files_main([str(tmp_path)]) == 0
     assert read_csv(tmp_path / "summary.csv") == first
     assert (tmp_path / "study.md").read_text() == text
-    (tmp_path / "checks.json").unlink()  # a run cut before its checks cannot be reported
+    stored = StudyDraws.load(tmp_path)
+    (tmp_path / "draws.npz").unlink()  # a run from before the draws were stored: rebuilt from its meta
+    assert draws_main([str(tmp_path)]) == 0
+    rebuilt = StudyDraws.load(tmp_path)
+    assert rebuilt.replicas == stored.replicas and rebuilt.total == stored.total
+    assert set(rebuilt.counts) == set(stored.counts)
+    assert all((rebuilt.counts[k] == stored.counts[k]).all() for k in stored.counts)
+    (tmp_path / "checks.json").unlink()  # a copy without its checks is reported without them
+    assert files_main([str(tmp_path)]) == 0
+    assert read_csv(tmp_path / "summary.csv") == first
+    assert "Echo and lossless checks: not in this run's files" in (tmp_path / "study.md").read_text()
+    (tmp_path / "sweep.csv").unlink()  # a run cut before its sweep cannot be reported
     with pytest.raises(SystemExit, match="FileNotFoundError"):
         files_main([str(tmp_path)])
 

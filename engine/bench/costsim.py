@@ -4,6 +4,11 @@ engine's next step is one prefill of all of them (the scheduler admits every wai
 any decode-side step); each speculative request-round commits a draw from the acceptance profile
 capped like the engine's draft limit. Predicts an arm's end-to-end tok/s (prefill and drain included)
 without running a model, and lists the steps it replayed (plan, batch) to compare with an engine's.
+
+Where the engine's acceptance is known per request and position (the study's modelled drafter keys
+its draws on the request's token and KV length: engine/bench/study_draws.py), `accepted` replays
+those very draws, so the replay's finishes, and the prefills that refill the slots, fall where the
+engine's do (at c = 4-16 one prefill step more or less moves tok/s by ~12 %).
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from engine.bench.costmodel import committed_pmf
 from engine.bench.stepcosts import StepCosts
 from engine.policy import SpanPolicy
 from engine.scheduler import Plan
+
+# (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
+Accepted: TypeAlias = Callable[[int, int], int]
 
 
 @dataclass
@@ -43,22 +52,25 @@ def simulate_closed_loop(
     seed: int = 0,
     draws: Iterator[int] | None = None,
     policy: SpanPolicy | None = None,
+    accepted: Accepted | None = None,
 ) -> SimResult:
     """drafts None = plain decode on the plain engine; gate N gates rounds of >= N requests; buckets:
     a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
     accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`).
     policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round; told
     each running request's remaining tokens when none waits) and observes its outcome and its step's
-    time (host term included), as the engine's does."""
+    time (host term included), as the engine's does. accepted: request i's draws by tokens it has
+    output (the module docstring), in place of `draws` and `conditional`."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
-    draw = _drawer(conditional, seed) if draws is None else lambda _k: next(draws)
+    draw = _request_drawer(conditional, seed, draws, accepted, new_tokens)
     engine = "plain" if drafts is None else "spec"
     res = SimResult()
-    waiting, running = requests, []
+    waiting, running, ids = requests, [], []  # running: tokens left; ids: admission indices
     while waiting or running:
         if waiting and len(running) < concurrency:
             n = min(concurrency - len(running), waiting)
+            ids += range(requests - waiting, requests - waiting + n)
             waiting -= n
             res.steps.append((Plan.PREFILL.value, n))
             res.ms += costs.prefill_ms(engine, n)
@@ -80,18 +92,31 @@ def simulate_closed_loop(
                 policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
             if plan == Plan.SPECULATIVE.value:
                 limits = [min(k, left - 1) for left in running]
-                accepted = [min(draw(k), limit) for limit in limits]
+                got = [min(draw(i, left, k), limit) for i, left, limit in zip(ids, running, limits, strict=True)]
                 if policy is not None:
-                    policy.observe(limits, accepted)
-                commits = [1 + a for a in accepted]
+                    policy.observe(limits, got)
+                commits = [1 + a for a in got]
             else:
                 commits = [1] * n
                 if policy is not None and drafts is not None:
                     policy.gated()
             res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
+        ids = [i for i, left in zip(ids, running, strict=True) if left > 0]
         running = [left for left in running if left > 0]
     return res
+
+
+def _request_drawer(
+    conditional: Sequence[float], seed: int, draws: Iterator[int] | None, accepted: Accepted | None, new_tokens: int
+) -> Callable[[int, int, int], int]:
+    """draw(request index, tokens left, k): the accepted-draft count of one request-round of k drafts."""
+    if accepted is not None:
+        return lambda i, left, k: min(accepted(i, new_tokens - left), k)
+    if draws is not None:
+        return lambda _i, _left, _k: next(draws)
+    draw = _drawer(conditional, seed)
+    return lambda _i, _left, k: draw(k)
 
 
 def _drawer(conditional: Sequence[float], seed: int) -> Callable[[int], int]:

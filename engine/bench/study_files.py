@@ -1,6 +1,8 @@
 """A study's report from its files: a run cut short after its sweep (a device call's cap) keeps
 profile.csv, calibration.csv, sweep.csv and the meta.json and checks.json written as they are known;
-this writes study.md, summary.csv and the PNGs from them on any machine.
+this writes study.md, summary.csv and the PNGs from them on any machine. The predictions replay the
+modelled drafter's own draws where the run wrote them (draws.npz; engine/bench/study_draws.py), else
+seeded draws from the profile; a run without checks.json is reported without its checks.
 
     python -m engine.bench.study_files DIR
 """
@@ -18,6 +20,7 @@ from engine.bench.modelled import parse_profile
 from engine.bench.report import read_csv
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study import _parser, waves_for
+from engine.bench.study_draws import StudyDraws
 from engine.bench.study_report import write_study
 
 PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
@@ -45,7 +48,8 @@ def report(directory: Path) -> None:
     """study.md, summary.csv, study.json and the PNGs from a study directory's files (meta.json and
     checks.json: engine/bench/study_report.py write_meta, write_checks)."""
     meta = json.loads((directory / "meta.json").read_text())
-    checks = json.loads((directory / "checks.json").read_text())
+    checked = directory / "checks.json"
+    checks = json.loads(checked.read_text()) if checked.is_file() else {"echo": None, "lossless": None}
     args = _parser().parse_args([*meta["argv"], "--out", str(directory)])
     profiled_rows = [typed(r) for r in read_csv(directory / "profile.csv")]
     profiled = {key: [r for r in profiled_rows if r["engine"] == name] for key, name in PROFILED.items()}
@@ -56,7 +60,8 @@ def report(directory: Path) -> None:
     arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
     rows = [typed(r) for r in read_csv(directory / "sweep.csv")]
     echo, lossless = checks["echo"], checks["lossless"]
-    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, meta["buckets"])
+    draws = StudyDraws.load(directory)
+    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, meta["buckets"], draws)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown
+from engine.bench.study_draws import StudyDraws
+from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.summary import summarize
 from engine.policy import SpanPolicy
+from engine.scheduler import Plan
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
 PREDICT_SEEDS = 16  # replays per predicted cell
@@ -66,13 +69,17 @@ def predict(
     waves: int,
     buckets: Sequence[int],
     seeds: int = PREDICT_SEEDS,
+    draws: StudyDraws | None = None,
+    rounds: Sequence[int] = (),
 ) -> float | None:
     """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
     replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
     the table or the calibration lacks a point (a profile cut short by its time budget). The adaptive
     arm's replays each run a fresh policy on the table whose estimate starts at the profile's rates:
     the measured rounds follow a warm-up round of the same profile, which leaves the engine's there
-    (its host terms are learnt from the replay's own steps)."""
+    (its host terms are learnt from the replay's own steps). With the study's draws
+    (engine/bench/study_draws.py) it is the median over the measured `rounds` of replays of each
+    round on the drafter's own draws for that round's prompts, the statistic the sweep reports."""
     drafts = arm_drafts(arm, len(profile.conditional))
 
     def policy() -> SpanPolicy | None:
@@ -82,14 +89,18 @@ def predict(
         policy.conditional = list(profile.conditional)
         return policy
 
+    runs = [{"seed": args.seed + i} for i in range(1 if drafts is None else seeds)]  # plain replays draw nothing
+    known = [draws.accepted(profile.name, arm.label, r * waves * c) for r in rounds] if draws and drafts else []
+    if known and None not in known:
+        runs = [{"seed": args.seed + r, "accepted": a} for r, a in zip(rounds, known, strict=True)]
     try:
         return statistics.median(
             simulate_closed_loop(
                 *(costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets),
-                seed=args.seed + i,
                 policy=policy(),
+                **run,
             ).tok_s
-            for i in range(1 if drafts is None else seeds)  # plain replays draw nothing
+            for run in runs
         )
     except ValueError as err:
         log.warning("no prediction for %s at c=%d: %s", arm.label, c, err)
@@ -114,13 +125,24 @@ def tau_model(profile: AcceptanceProfile, drafts: int, new_tokens: int, rounds: 
     return truncated_tau(profile.conditional, drafts, new_tokens - 1), math.sqrt(var / max(rounds, 1))
 
 
-def annotate(summary: list[dict], profile: AcceptanceProfile, costs, args, waves_for, buckets) -> None:
-    """Add predicted tok/s (and its ratio to the measured median) and τ modelled vs observed."""
+def annotate(
+    summary: list[dict],
+    profile: AcceptanceProfile,
+    costs,
+    args,
+    waves_for,
+    buckets,
+    draws: StudyDraws | None = None,
+    rounds: dict[tuple[int, str], list[int]] | None = None,
+) -> None:
+    """Add predicted tok/s (and its ratio to the measured median) and τ modelled vs observed.
+    rounds: the measured rounds per (c, arm), which the study's draws replay."""
     plain_pred: dict[int, float] = {}
     for s in summary:
         arm, c = parse_arm(s["arm"]), s["concurrency"]
         s["profile"] = profile.name
-        s["predicted_tok_s"] = predict(costs, c, arm, profile, args, waves_for(c), buckets)
+        ran = (rounds or {}).get((c, s["arm"]), [])
+        s["predicted_tok_s"] = predict(costs, c, arm, profile, args, waves_for(c), buckets, draws=draws, rounds=ran)
         pred = s["predicted_tok_s"]
         s["predicted_vs_measured"] = pred / s["tok_s"] if pred and s["tok_s"] else None
         if s["arm"] == PLAIN:
@@ -132,6 +154,45 @@ def annotate(summary: list[dict], profile: AcceptanceProfile, costs, args, waves
             continue
         s["tau_model"], s["tau_se"] = tau_model(profile, drafts, args.new_tokens, sum(hist))
         s["tau_agrees"] = abs(s["tokens_per_round"] - s["tau_model"]) <= TAU_SIGMAS * s["tau_se"] + 1e-9
+
+
+class _Free:
+    """Step costs of nothing: a static arm's replayed steps do not depend on what they cost."""
+
+    def prefill_ms(self, engine: str, n: int) -> float:
+        return 0.0
+
+    def step_ms(self, plan: str, batch: int, rows: int, drafts: int = 0) -> float:
+        return 0.0
+
+
+def replay_check(
+    rows: Sequence[dict], profile: AcceptanceProfile, args, waves_for, draws: StudyDraws
+) -> tuple[int, int]:
+    """(runs whose replay on the drafter's own draws took the engine's prefill, speculative and gated
+    step counts, runs replayed): the draws are applied as the engine applies them. Static speculative
+    arms only: the adaptive policy decides on the engine's own walls."""
+    same = total = 0
+    for r in rows:
+        arm, c = parse_arm(r["arm"]), r["concurrency"]
+        drafts = arm_drafts(arm, len(profile.conditional))
+        accepted = draws.accepted(profile.name, arm.label, r["round"] * waves_for(c) * c)
+        if drafts is None or arm.adaptive or accepted is None:
+            continue
+        try:
+            res = simulate_closed_loop(
+                _Free(), c, waves_for(c) * c, args.new_tokens, drafts, gate=arm.gate, accepted=accepted
+            )
+        except ValueError:  # a run past the stored draws (read_draws: the prompts the sweep reaches)
+            continue
+        plans = Counter(plan for plan, _ in res.steps)
+        total += 1
+        same += (plans[Plan.PREFILL.value], plans[Plan.SPECULATIVE.value], plans[Plan.GATED.value]) == (
+            r["prefill_steps"],
+            r["spec_steps"],
+            r["gated_steps"],
+        )
+    return same, total
 
 
 def best_arms(summary: Sequence[dict]) -> list[list]:
@@ -176,7 +237,7 @@ def profile_table(summary: Sequence[dict]) -> str:
     return markdown_table([*header, "predicted tok/s", "pred vs meas", "rounds"], rows) + "\n"
 
 
-def checks_markdown(costs: dict[str, list[dict]], echo: dict, lossless: list[dict]) -> str:
+def checks_markdown(costs: dict[str, list[dict]], echo: dict | None, lossless: list[dict] | None) -> str:
     equality = costs["random"]
     known = {r["batch"]: r["ms"] for r in costs["plain"] if r["kind"] == "verify" and r["span"] == 1}
     rows = [
@@ -185,6 +246,8 @@ def checks_markdown(costs: dict[str, list[dict]], echo: dict, lossless: list[dic
     ]
     text = "Plain step (one-row span per request, graph replay, ms): known-continuation vs random 4B weights\n\n"
     text += markdown_table(["batch", "random (std 0.02)", "known", "known vs random"], rows) + "\n\n"
+    if echo is None or lossless is None:
+        return text + "Echo and lossless checks: not in this run's files (checks.json).\n"
     verdict = "every" if not echo["failures"] else f"{len(echo['failures'])} failures:"
     text += f"Echo check: {echo['prompts']} prompts, {echo['steps']} greedy steps each: {verdict} output token "
     text += "is its prompt's last token.\n\n" if not echo["failures"] else f"{echo['failures'][:5]}\n\n"
@@ -205,21 +268,30 @@ def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
     write_json(out / "checks.json", {"echo": echo, "lossless": lossless})
 
 
-def write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets) -> None:
+def write_study(
+    args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws=None
+) -> None:
     """study.md, study.json, sweep.csv, summary.csv and one sweep PNG per profile under args.out
     (profile.csv and calibration.csv are written by the study as soon as they are measured).
-    profiled: the profile rows by engine; costs: the step costs the predictions replay on."""
+    profiled: the profile rows by engine; costs: the step costs the predictions replay on; draws:
+    the modelled drafter's own (engine/bench/study_draws.py; None: the replay draws its own)."""
     profile_rows = profiled["spec"]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
     title = "# The lever study: Qwen3-4B geometry, known continuation, modelled drafter"
-    summaries, text = [], [f"{title}\n\n{meta_lines(meta)}\n"]
+    summaries, text, checked = [], [f"{title}\n\n{meta_lines(meta)}\n"], [0, 0]
     text += [MODELLED, "\n", checks_markdown(profiled, echo, lossless), "\n"]
     for profile in profiles:
         mine = [r for r in rows if r["profile"] == profile.name]
         summary = summarize(mine, labels, args.parity_bar)
-        annotate(summary, profile, costs, args, waves_for, buckets)
+        rounds: dict[tuple[int, str], list[int]] = {}
+        for r in mine:
+            rounds.setdefault((r["concurrency"], r["arm"]), []).append(r["round"])
+        annotate(summary, profile, costs, args, waves_for, buckets, draws, rounds)
+        if draws:
+            same, total = replay_check(mine, profile, args, waves_for, draws)
+            checked = [checked[0] + same, checked[1] + total]
         summaries += summary
         cond = ", ".join(f"{a:.3f}" for a in profile.conditional)
         text.append(f"## Profile `{profile.name}` (conditional acceptance by position: {cond})\n\n")
@@ -231,7 +303,12 @@ def write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, cost
         png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
         sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
     fit_text, fit = prediction_markdown(summaries)
-    text += ["## The cost model\n\n", fit_text, "\n", calibration_markdown(costs), "\n"]
+    replay = "seeded draws from the profile"
+    if draws:
+        replay = "the modelled drafter's own draws, per measured round (replayed on them, {} of {} static "
+        replay = replay.format(*checked) + "speculative runs took the engine's prefill, speculative and gated steps)"
+    text += ["## The cost model\n\n", fit_text, f"\nThe replays draw {replay}. ", round_markdown(rows, summaries)]
+    text += ["\n", calibration_markdown(costs), "\n"]
     mark_over(profile_rows, 1.2)
     text += [L20, "\n## The cost profile (known-continuation target + DFlash-4B drafter)\n\n"]
     text.append(profile_markdown(profile_rows, 1.2))

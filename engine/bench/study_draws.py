@@ -1,0 +1,178 @@
+"""The modelled drafter's own draws, read before the sweep, for the cost model's replay.
+
+The drafter (engine/bench/modelled.py) keys each request-round's acceptance on the request's current
+token (its prompt's last: the known target echoes it) and KV length, so where every request of the
+sweep's closed loop gets its first wrong draft is fixed before anything runs. The i.i.d. replay drew
+its own and so finished its requests elsewhere: at c <= 16 a round is two waves whose second is
+prefilled as the first drains, and a prefill step there is ~20 ms, four to five rounds; the H200
+studies ran trim 4 at `code` c=4 in 3, 3, 4 prefill steps where the replay's median run takes 4,
+and the cell read 11-15 % under-predicted in every run since the draws were shared (the same prompts
+draw the same). Replayed on these draws (rebuilt for the H200 studies at 3cd81a7 and 4eb2fd8), all
+324 static speculative runs of each took the engine's prefill, speculative and gated step counts,
+and the cells within 10 % went 146 -> 160, 150 -> 158, 150 -> 155 and 148 -> 151 of 162. These
+are inputs of the study, not measurements: nothing here reads the sweep.
+
+draws.npz: per (profile, replica) a uint8 array [prompts, new_tokens], entry [p, j] the drafts the
+drafter gets right for prompt p at KV length len(prompt p) + j; `total` is the sweep's prompt count
+(closed_loop takes prompt (first + i) % total for request i).
+
+    python -m engine.bench.study_draws DIR   (on the study's device: a run's draws.npz from its meta.json)
+
+rebuilds the draws of a study that predates the file (the drafter's table is seeded on its device:
+the same GPU model and torch give the same draws); the report then checks them against the sweep's
+step counts (engine/bench/study_report.py replay_check), so wrong draws cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.bench.arms import Arm
+from engine.bench.costsim import Accepted
+from engine.bench.modelled import AcceptanceProfile, ModelledDrafter
+
+log = logging.getLogger(__name__)
+
+DRAWS_FILE = "draws.npz"
+
+
+@dataclass
+class StudyDraws:
+    """counts[(profile, replica)]: [prompts, positions] accepted drafts; replicas: arm label -> replica."""
+
+    counts: dict[tuple[str, int], np.ndarray]
+    replicas: dict[str, int]
+    total: int  # prompts in the sweep's list
+
+    def accepted(self, profile: str, label: str, first: int) -> Accepted | None:
+        """The draws of one arm-run whose requests take prompts first, first + 1, ... (None: unknown)."""
+        table = self.counts.get((profile, self.replicas.get(label, 0)))
+        if table is None:
+            return None
+        rows, positions = table.shape
+
+        def draw(index: int, generated: int) -> int:
+            p, j = (first + index) % self.total, generated - 1  # KV length: prompt + output - 1
+            if p >= rows or not 0 <= j < positions:
+                raise ValueError(f"draws: prompt {p}, position {j} outside the table ({rows} x {positions})")
+            return int(table[p, j])
+
+        return draw
+
+    def save(self, out: Path) -> None:
+        keys = sorted(self.counts)
+        labels = sorted(self.replicas)
+        np.savez_compressed(
+            out / DRAWS_FILE,
+            total=np.array(self.total),
+            profiles=np.array([profile for profile, _ in keys]),
+            tables=np.array([replica for _, replica in keys], dtype=np.int64),
+            labels=np.array(labels),
+            replicas=np.array([self.replicas[a] for a in labels], dtype=np.int64),
+            **{f"counts{i}": self.counts[key] for i, key in enumerate(keys)},
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> StudyDraws | None:
+        """The study's draws, or None where the run predates them (the replay then draws its own)."""
+        path = directory / DRAWS_FILE
+        if not path.is_file():
+            return None
+        with np.load(path) as f:
+            keys = zip(f["profiles"].tolist(), f["tables"].tolist(), strict=True)
+            counts = {(profile, replica): f[f"counts{i}"] for i, (profile, replica) in enumerate(keys)}
+            replicas = dict(zip(f["labels"].tolist(), f["replicas"].tolist(), strict=True))
+            return cls(counts, replicas, int(f["total"]))
+
+
+def sweep_prompts(concurrency: Sequence[int], rounds: int, waves_for, total: int) -> int:
+    """Prompts the sweep's rounds (warm-up included) can reach: round r of c starts at r x waves x c."""
+    return min(total, max((rounds + 1) * waves_for(c) * c for c in concurrency))
+
+
+def read_draws(
+    drafter: ModelledDrafter,
+    prompts: Sequence[Sequence[int]],
+    profiles: Sequence[AcceptanceProfile],
+    arms: Sequence[Arm],
+    new_tokens: int,
+    count: int,
+) -> StudyDraws:
+    """The drafter's draws for the first `count` prompts at every KV length a request reaches, per
+    profile and per replica an arm draws from (its own method, on its device); its profile and
+    replica are put back to the first profile's and 0."""
+    device = drafter.device
+    lengths = torch.tensor([len(p) for p in prompts[:count]], device=device)
+    token = torch.tensor([p[-1] for p in prompts[:count]], device=device)[:, None].expand(-1, new_tokens)
+    num_kv = lengths[:, None] + torch.arange(new_tokens, device=device)[None, :]
+    replicas = {}
+    for arm in arms:
+        if not arm.is_plain:
+            drafter.before_arm(arm)
+            replicas[arm.label] = drafter.replica
+    counts = {}
+    try:
+        for profile in profiles:
+            drafter.set_profile(profile)
+            for replica in sorted(set(replicas.values())):
+                drafter.set_replica(replica)
+                got = drafter.accepted(token.reshape(-1), num_kv.reshape(-1)).view(count, new_tokens)
+                counts[(profile.name, replica)] = got.to(torch.uint8).cpu().numpy()
+    finally:
+        drafter.set_profile(profiles[0])
+        drafter.set_replica(0)
+    log.info("draws: %d prompts x %d positions, %d tables", count, new_tokens, len(counts))
+    return StudyDraws(counts, replicas, len(prompts))
+
+
+def draws_stage(drafter: ModelledDrafter, prompts, profiles, arms, args, waves_for) -> StudyDraws | None:
+    """read_draws for the study's sweep, written to draws.npz; None (logged) if that fails: the
+    predictions then replay seeded draws from the profile."""
+    count = sweep_prompts(args.concurrency, args.rounds, waves_for, len(prompts))
+    try:
+        draws = read_draws(drafter, prompts, profiles, arms, args.new_tokens, count)
+        draws.save(args.out)
+    except Exception:
+        log.exception("reading the modelled drafter's draws failed: predictions replay seeded draws")
+        return None
+    return draws
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m engine.bench.study_draws", description=__doc__.split("\n\n")[0])
+    p.add_argument("study", type=Path, help="a study's output directory (meta.json)")
+    cli = p.parse_args(argv)
+    from engine.bench.arms import parse_arms
+    from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
+    from engine.bench.known_pair import known_pair
+    from engine.bench.modelled import parse_profile
+    from engine.bench.study import _parser, study_prompts, waves_for
+    from engine.models.config import DFlashConfig
+
+    meta = json.loads((cli.study / "meta.json").read_text())
+    args = _parser().parse_args([*meta["argv"], "--out", str(cli.study)])
+    setup_logging(args.verbose)
+    device = resolve_device(args.device)
+    target, drafter = known_pair(args.geometry, device, torch_dtype(args.dtype, device), args.seed)
+    per_round = DFlashConfig.from_dict(drafter.config).drafts_per_round
+    engine = make_engine(target, drafter, args, device, max_num_seqs=1, seq_tokens=64, headroom=per_round + 1)
+    profiles = [parse_profile(name).first(per_round) for name in args.profiles]
+    prompts = study_prompts(args, engine.target_cfg.geometry.vocab_size)
+    modelled = ModelledDrafter(engine, profiles[0], seed=args.seed)
+    arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
+    count = sweep_prompts(args.concurrency, args.rounds, waves_for, len(prompts))
+    read_draws(modelled, prompts, profiles, arms, args.new_tokens, count).save(cli.study)
+    print(f"wrote {cli.study / DRAWS_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
