@@ -18,7 +18,7 @@ from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study import main as study_main
 from engine.bench.study import waves_for
-from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown
+from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown, round_markdown
 from engine.bench.study_refit import main as refit_main
 from engine.bench.study_refit import refit_study
 from engine.bench.study_report import arm_drafts
@@ -140,6 +140,20 @@ def test_prediction_fit_counts_the_cells_within_the_bar():
     assert "2 of 3 (c, profile, arm) cells within ±10 %" in text
     assert "| code | 1 | spec | 1,535 | 870 | +76.4 % |" in text and "| chat | 64 | spec |" not in text
     assert "no cell" in prediction_markdown([cells[-1]])[0]
+
+
+def test_each_run_is_scored_by_round_and_the_graphs_runs_captured_are_counted():
+    cells = [summary_cell("code", 64, "spec", 100.0, 100.0), summary_cell("code", 64, "plain", 50.0, None)]
+    run = {"profile": "code", "concurrency": 64, "arm": "spec"}
+    rows = [{**run, "round": 1, "tok_s": 80.0, "graph_captures": 2}, {**run, "round": 2, "tok_s": 104.0}]
+    rows += [
+        {**run, "round": 2, "tok_s": 96.0, "graph_captures": 0},
+        {**run, "arm": "plain", "round": 1, "tok_s": 50.0},
+    ]
+    text = round_markdown(rows, cells)  # round 1 paid 2 captures: +25 %; round 2 within
+    assert "round 1: 0 of 1 within ±10 %, mean error +25.0 %; round 2: 2 of 2 within ±10 %" in text
+    assert "Graphs captured during measured runs: 2 (in 1 runs)." in text
+    assert round_markdown([], cells) == ""
 
 
 def test_calibration_markdown_lists_the_terms():

@@ -6,8 +6,9 @@ modelled drafter (real forwards, modelled first wrong draft), one device run end
 Stages: build the pair on the device; the cost profile (verify per (batch, span), drafter per batch)
 and the same plain step on random 4B weights; the echo check (every greedy step repeats the last
 prompt token); the lossless check (every arm's output equals the target's greedy continuation); the
-host and prefill calibration (engine/bench/calibrate.py); the sweep per concurrency and profile; τ
-observed vs modelled; the cost model's prediction beside it.
+host and prefill calibration (engine/bench/calibrate.py); every graph the sweep can replay, captured
+(engine/bench/study_graphs.py); the modelled drafter's draws (engine/bench/study_draws.py); the sweep
+per concurrency and profile; τ observed vs modelled; the cost model's prediction beside it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from engine.bench.meta import run_meta
 from engine.bench.modelled import ModelledDrafter, parse_profile
 from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
+from engine.bench.study_draws import draws_stage
+from engine.bench.study_graphs import CaptureLog, graph_stage, tag_rows
 from engine.bench.study_report import arm_drafts, predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
@@ -76,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
         "(minus --reserve-s); >= 1 round per (c, profile) always runs",
     )
     p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
+    p.add_argument(
+        "--graphs-budget-s",
+        type=float,
+        default=60.0,
+        help="capturing the sweep's graphs at every batch bucket before it (what is left is captured on first use)",
+    )
     add_calibration_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parity-bar", type=float, default=0.02)
@@ -166,6 +175,7 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                 if budget < least:
                     log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f needed)", c, profile.name, left, least)
                     continue
+            captures = CaptureLog(engines, drafter.before_arm)
             got, _ = run_sweep(
                 engines,
                 arms_at(arms, c),
@@ -176,12 +186,19 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                 waves_for(c),
                 budget,
                 progress=False,
-                before_arm=drafter.before_arm,
+                before_arm=captures.before_arm,
             )
+            tag_rows(got, captures.runs(), len(arms_at(arms, c)))
             rows += [{"profile": profile.name, **r} for r in got]
             write_csv(args.out / "sweep.csv", rows)  # a run cut short keeps what it measured
             log.info("c=%d %s: %d rows, %.0f s so far", c, profile.name, len(got), time.perf_counter() - start)
     return rows
+
+
+def study_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    """The sweep's prompts (seeded: a report from the files rebuilds them, engine/bench/study_draws.py)."""
+    count = 4 * max(args.concurrency) * max(args.rounds + 1, 4)
+    return random_prompts(count, args.prompt_len, vocab, args.seed + 1)
 
 
 def graph_buckets(engine: Engine) -> list[int]:
@@ -245,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("profiles done at %.0f s", time.perf_counter() - t0)
 
     vocab = engines["plain"].target_cfg.geometry.vocab_size
-    prompts = random_prompts(4 * max_c * max(args.rounds + 1, 4), args.prompt_len, vocab, args.seed + 1)
+    prompts = study_prompts(args, vocab)
     echo = echo_check(engines["plain"], prompts[: args.echo_batch], args.echo_steps)
     drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
     lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
@@ -254,6 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
     costs = calibration_stage(engines, table, prompts, args, arms, per_round)
     log.info("calibration done at %.0f s", time.perf_counter() - t0)
+    batches = [b for b in graph_buckets(engines["spec"]) if b <= max_c]
+    graphs = graph_stage(engines["spec"], arms, per_round, batches, context, args.graphs_budget_s)
+    draws = draws_stage(drafter, prompts, profiles, arms, args, waves_for)
+    log.info("graphs and draws done at %.0f s", time.perf_counter() - t0)
 
     if args.time_budget_s is not None:
         args.sweep_budget_s = max(0.0, args.time_budget_s - (time.perf_counter() - t0) - args.reserve_s)
@@ -266,11 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         profiles={p.name: list(p.conditional) for p in profiles},
         new_tokens=args.new_tokens,
         prompt_len=args.prompt_len,
+        graphs_captured=graphs,
         seconds=time.perf_counter() - t0,
     )
     buckets = graph_buckets(engines["spec"])
     profiled = {"spec": profile_rows, "plain": plain_rows, "random": equality}
-    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets)
+    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
     return 0
 
 

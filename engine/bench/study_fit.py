@@ -60,6 +60,28 @@ def prediction_markdown(summary: Sequence[dict], bar: float = PREDICTION_BAR) ->
     return text, fit
 
 
+def round_markdown(rows: Sequence[dict], summary: Sequence[dict], bar: float = PREDICTION_BAR) -> str:
+    """Each measured run against its cell's prediction, by round, and the graphs the runs captured:
+    a one-off a round pays (a graph captured mid-sweep, ~30 ms on the H200 4B) shows as that round's
+    bias. Runs of cells without a prediction are left out."""
+    pred = {(s.get("profile", ""), s["concurrency"], s["arm"]): s.get("predicted_tok_s") for s in summary}
+    by_round: dict[int, list[float]] = {}
+    for r in rows:
+        p = pred.get((r.get("profile", ""), r["concurrency"], r["arm"]))
+        if p and r.get("tok_s"):
+            by_round.setdefault(r["round"], []).append(p / r["tok_s"] - 1)
+    parts = [
+        f"round {k}: {sum(abs(e) <= bar for e in v)} of {len(v)} within ±{100 * bar:.0f} %, "
+        f"mean error {pct(1 + statistics.fmean(v))}"
+        for k, v in sorted(by_round.items())
+    ]
+    text = f"Per measured run against its cell's prediction: {'; '.join(parts)}.\n" if parts else ""
+    captures = [r["graph_captures"] for r in rows if r.get("graph_captures") is not None]
+    if captures:
+        text += f"Graphs captured during measured runs: {sum(captures)} (in {sum(n > 0 for n in captures)} runs).\n"
+    return text
+
+
 def calibration_markdown(costs: StepCosts) -> str:
     """The calibrated terms: host ms per step by plan and batch, prefill ms by engine and requests."""
     per_k = bool(costs.spec_host)  # the speculative round's terms by K replace their median

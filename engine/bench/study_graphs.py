@@ -1,0 +1,162 @@
+"""Every CUDA graph the sweep can replay, captured before it, so no measured run pays a capture.
+
+A step of n requests replays the graph of its batch bucket (1, 2, 4, 8, then every 8 rows from 16:
+engine/graphs.py), captured on first use: an eager forward, a sync and the capture. The profile and
+the calibration run the power-of-two batches only and the sweep's warm-up round captures the buckets
+it drains through, so a measured run that drains through one no run reached yet pays its capture.
+That was the recurring miss at c >= 128 on the H200 4B studies: the trims' verify (target phase per
+speculative round) ran over the table by 11-14 % in round 1, 3-10 % in round 2, 2-6 % in round 3.
+Replayed on the drafter's own draws (engine/bench/study_draws.py), which pins each run's batches, the
+runs at c >= 64 that met a new graph were predicted +9.8 % fast (88 of 128 within 10 %), the others
++0.3 % (417 of 424); ~30 ms a graph. The cost model predicts the steady state, where every graph
+exists; this stage makes the sweep measure it. `CaptureLog` counts the graphs each arm-run captured
+(the sweep rows' `graph_captures`: 0 in measured runs once this stage captured them all).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from engine.bench.arms import Arm
+from engine.bench.profile import prefill_requests
+from engine.bench.study_report import arm_drafts
+from engine.calibration import policy_spans
+from engine.engine import Engine
+
+log = logging.getLogger(__name__)
+
+FREE_GIB = 8.0  # stop capturing with less device memory free than this (the sweep captures the rest)
+
+
+def graph_keys(arms: Sequence[Arm], per_round: int) -> tuple[list[int], bool]:
+    """(the drafts K of every speculative round an arm can run, whether any runs one-token rounds:
+    a gate, or the adaptive policy's K = 0)."""
+    ks: set[int] = set()
+    one_token = False
+    for arm in arms:
+        if arm.is_plain:
+            continue
+        k = arm_drafts(arm, per_round)
+        ks |= {s - 1 for s in policy_spans(per_round) if 0 < s - 1 <= k} if arm.adaptive else {k}
+        one_token |= bool(arm.gate) or arm.adaptive
+    return sorted(ks), one_token
+
+
+def capture_graphs(
+    engine: Engine,
+    ks: Sequence[int],
+    one_token: bool,
+    batches: Sequence[int],
+    context: int,
+    budget_s: float | None,
+) -> int:
+    """Run the verify of each K, the drafter and (one_token) the one-token step at each batch on
+    requests of `context` tokens, capturing what is not yet captured; the engine is left idle.
+    Stops at the time budget or the device-memory floor. Returns the graphs captured."""
+    graphs, runner = engine.runner.graphs, engine.runner
+    if not graphs.enabled or not batches:
+        return 0
+    before, start = graphs.captures, time.perf_counter()
+    vocab = engine.target_cfg.geometry.vocab_size
+    reqs = prefill_requests(engine, max(batches), context, max(ks, default=0) + 2)
+    try:
+        for b in sorted(batches):
+            sub = reqs[:b]
+            steps = [_verify(engine, sub, k, vocab) for k in ks] + [_draft(engine, sub)]
+            steps += [_one_token(engine, sub)] if one_token else []
+            if _stop(engine.device, start, budget_s):
+                log.warning("graph capture stopped before batch %d: the sweep captures the rest", b)
+                break
+            for step in steps:
+                step()
+    finally:
+        runner.reset()
+        while engine.has_unfinished():  # the requests run out their few tokens (in graphs of batch max)
+            engine.step()
+    return graphs.captures - before
+
+
+def _verify(engine: Engine, sub: list, k: int, vocab: int) -> Callable[[], object]:
+    def step():
+        drafts = torch.randint(0, vocab, (len(sub), k), device=engine.device)
+        engine.runner.stage(sub, [k] * len(sub))
+        return engine.runner.verify(sub, drafts, k, engine.rounds.accept)
+
+    return step
+
+
+def _draft(engine: Engine, sub: list) -> Callable[[], object]:
+    def step():
+        engine.runner.stage(sub)
+        return engine.runner.draft(sub)
+
+    return step
+
+
+def _one_token(engine: Engine, sub: list) -> Callable[[], object]:
+    def step():
+        engine.runner.stage(sub)
+        return engine.runner.decode(sub)
+
+    return step
+
+
+def _stop(device: torch.device, start: float, budget_s: float | None) -> bool:
+    if budget_s is not None and time.perf_counter() - start > budget_s:
+        return True
+    return device.type == "cuda" and torch.cuda.mem_get_info(device)[0] < FREE_GIB * 2**30
+
+
+class CaptureLog:
+    """A sweep's before_arm hook that counts the graphs the engines captured in each arm-run."""
+
+    def __init__(self, engines: dict[str, Engine], inner: Callable[[Arm], None] | None = None):
+        self.engines, self.inner, self.marks = engines, inner, []
+
+    def _total(self) -> int:
+        return sum(e.runner.graphs.captures for e in self.engines.values())
+
+    def before_arm(self, arm: Arm) -> None:
+        self.marks.append(self._total())
+        if self.inner:
+            self.inner(arm)
+
+    def runs(self) -> list[int]:
+        """Graphs captured by each arm-run so far, in order (the last one's up to now)."""
+        marks = [*self.marks, self._total()]
+        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def tag_rows(rows: list[dict], captures: list[int], warmup_runs: int) -> None:
+    """Each measured row's graph_captures: the runs after the warm-up round's, in the sweep's order."""
+    measured = captures[warmup_runs:]
+    if len(measured) != len(rows):
+        log.warning("graph captures: %d measured runs for %d rows; not tagged", len(measured), len(rows))
+        return
+    for row, n in zip(rows, measured, strict=True):
+        row["graph_captures"] = n
+
+
+def graph_stage(engine: Engine, arms: Sequence[Arm], per_round: int, batches: Sequence[int], context: int, budget_s):
+    """capture_graphs for the study's arms at every graph bucket up to the largest concurrency; a
+    failure is logged and the sweep captures on first use, as before. Returns the graphs captured."""
+    ks, one_token = graph_keys(arms, per_round)
+    t0 = time.perf_counter()
+    try:
+        n = capture_graphs(engine, ks, one_token, batches, context, budget_s)
+    except Exception:
+        log.exception("graph capture failed: the sweep captures its graphs on first use")
+        return 0
+    log.info(
+        "captured %d graphs (K %s, one-token %s, %d batches) in %.1f s",
+        n,
+        ks,
+        one_token,
+        len(batches),
+        time.perf_counter() - t0,
+    )
+    return n
