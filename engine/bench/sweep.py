@@ -132,7 +132,8 @@ def run_sweep(
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
     new_tokens: one output length, or one per prompt (load.output_lengths).
-    Per concurrency: one warm-up round (every arm once: graph captures, compiles; discarded), then
+    Per concurrency: one warm-up round (every arm once: compiles, and the graphs of the batches that
+    round drains through, not every batch a later round may reach; discarded), then
     `rounds` rounds, round r starting at arm r mod n and on prompts from r * waves * c on (so c=1 does
     not measure the same two prompts every round). The budget is shared evenly by the concurrencies
     not yet run; a round is skipped when the slowest measured round would overrun its share (at least
