@@ -11,7 +11,6 @@ import pytest
 from engine.bench.report import read_csv
 from engine.bench.study import main as study_main
 from engine.bench.study_draws import StudyDraws
-from engine.bench.study_draws import main as draws_main
 from engine.bench.study_files import main as files_main
 from engine.bench.study_files import typed
 
@@ -37,7 +36,7 @@ def test_a_study_is_reported_again_from_its_files(tmp_path, capsys):
     assert (tmp_path / "study.md").read_text() == text
     stored = StudyDraws.load(tmp_path)
     (tmp_path / "draws.npz").unlink()  # a run from before the draws were stored: rebuilt from its meta
-    assert draws_main([str(tmp_path)]) == 0
+    assert files_main(["--rebuild-draws", str(tmp_path)]) == 0
     rebuilt = StudyDraws.load(tmp_path)
     assert rebuilt.replicas == stored.replicas and rebuilt.total == stored.total
     assert set(rebuilt.counts) == set(stored.counts)

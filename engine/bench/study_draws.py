@@ -16,9 +16,9 @@ draws.npz: per (profile, replica) a uint8 array [prompts, new_tokens], entry [p,
 drafter gets right for prompt p at KV length len(prompt p) + j; `total` is the sweep's prompt count
 (closed_loop takes prompt (first + i) % total for request i).
 
-    python -m engine.bench.study_draws DIR   (on the study's device: a run's draws.npz from its meta.json)
+    python -m engine.bench.study_files --rebuild-draws DIR   (on the study's device)
 
-rebuilds the draws of a study that predates the file (the drafter's table is seeded on its device:
+rebuilds (rebuild_draws) the draws of a study that predates the file (the drafter's table is seeded on its device:
 the same GPU model and torch give the same draws); the report then checks them against the sweep's
 step counts (engine/bench/study_report.py replay_check), so wrong draws cannot pass unnoticed.
 """
@@ -35,9 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench.arms import Arm
+from engine.bench.arms import Arm, parse_arms
+from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.costsim import Accepted
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter
+from engine.bench.known_pair import known_pair
+from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.models.config import DFlashConfig
 
 log = logging.getLogger(__name__)
 
@@ -146,33 +149,21 @@ def draws_stage(drafter: ModelledDrafter, prompts, profiles, arms, args, waves_f
     return draws
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.study_draws", description=__doc__.split("\n\n")[0])
-    p.add_argument("study", type=Path, help="a study's output directory (meta.json)")
-    cli = p.parse_args(argv)
-    from engine.bench.arms import parse_arms
-    from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
-    from engine.bench.known_pair import known_pair
-    from engine.bench.modelled import parse_profile
-    from engine.bench.study import _parser, study_prompts, waves_for
-    from engine.models.config import DFlashConfig
-
-    meta = json.loads((cli.study / "meta.json").read_text())
-    args = _parser().parse_args([*meta["argv"], "--out", str(cli.study)])
+def rebuild_draws(directory: Path, parser: argparse.ArgumentParser, prompts_for, waves_for) -> Path:
+    """A study's draws.npz from its meta.json: its arguments parsed by the study's own `parser`, its
+    prompts from `prompts_for(args, vocab)` (engine/bench/study.py passes these in: this module stays
+    below it)."""
+    meta = json.loads((directory / "meta.json").read_text())
+    args = parser.parse_args([*meta["argv"], "--out", str(directory)])
     setup_logging(args.verbose)
     device = resolve_device(args.device)
     target, drafter = known_pair(args.geometry, device, torch_dtype(args.dtype, device), args.seed)
     per_round = DFlashConfig.from_dict(drafter.config).drafts_per_round
     engine = make_engine(target, drafter, args, device, max_num_seqs=1, seq_tokens=64, headroom=per_round + 1)
     profiles = [parse_profile(name).first(per_round) for name in args.profiles]
-    prompts = study_prompts(args, engine.target_cfg.geometry.vocab_size)
+    prompts = prompts_for(args, engine.target_cfg.geometry.vocab_size)
     modelled = ModelledDrafter(engine, profiles[0], seed=args.seed)
     arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
     count = sweep_prompts(args.concurrency, args.rounds, waves_for, len(prompts))
-    read_draws(modelled, prompts, profiles, arms, args.new_tokens, count).save(cli.study)
-    print(f"wrote {cli.study / DRAWS_FILE}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    read_draws(modelled, prompts, profiles, arms, args.new_tokens, count).save(directory)
+    return directory / DRAWS_FILE

@@ -5,6 +5,8 @@ modelled drafter's own draws where the run wrote them (draws.npz; engine/bench/s
 seeded draws from the profile; a run without checks.json is reported without its checks.
 
     python -m engine.bench.study_files DIR
+    python -m engine.bench.study_files --rebuild-draws DIR   (first rebuilds draws.npz: on the study's
+                                                             GPU type, engine/bench/study_draws.py)
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from engine.bench.costmodel import CostTable
 from engine.bench.modelled import parse_profile
 from engine.bench.report import read_csv
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study import _parser, waves_for
-from engine.bench.study_draws import StudyDraws
+from engine.bench.study import _parser, study_prompts, waves_for
+from engine.bench.study_draws import StudyDraws, rebuild_draws
 from engine.bench.study_report import write_study
 
 PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
@@ -67,8 +69,11 @@ def report(directory: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.study_files", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="a study's output directory")
+    p.add_argument("--rebuild-draws", action="store_true", help="rebuild draws.npz from meta.json first")
     args = p.parse_args(argv)
     try:
+        if args.rebuild_draws:
+            print(f"wrote {rebuild_draws(args.study, _parser(), study_prompts, waves_for)}")
         report(args.study)
     except (OSError, KeyError, ValueError) as err:
         raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
