@@ -185,8 +185,9 @@ class Rounds:
         if self.policy is None:
             k = round_drafts(self.per_round, lv.max_drafts)
         else:
+            useful = max(r.remaining for r in reqs) - 1
             remaining = [r.remaining for r in reqs] if draining else None
-            k = self.policy.decide(len(reqs), lv.max_drafts, lv.max_batch, remaining)
+            k = self.policy.decide(len(reqs), lv.max_drafts, lv.max_batch, remaining, useful)
             if k == 0:
                 self.one_token(reqs, gated=True)
                 return

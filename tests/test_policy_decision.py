@@ -244,3 +244,17 @@ def test_no_probe_where_speculation_is_far_behind():
     code = _profile(0.87, 0.78)
     _run(policy, rng, 8, code, 50)
     assert set(_run(policy, rng, 256, code, 600)[3:]) == {0}  # the 4B table at 256: 0.62 of the gated value
+
+
+def test_no_round_verifies_drafts_no_request_may_accept():
+    """A batch whose requests have one token left runs the gated round whatever the K in force, and
+    one whose most has three left verifies no more than the smallest variant covering two drafts;
+    the K in force stays for the next wave (the H200 study at 3cfef9c: stragglers ending a c=256 wave
+    in 8- and 15-draft rounds)."""
+    policy = SpanPolicy(free_rows(), PER_ROUND)
+    policy.conditional = [0.9] * PER_ROUND
+    assert policy.decide(70) == PER_ROUND and policy.k == PER_ROUND
+    assert policy.decide(70, remaining=[1] * 70, useful=0) == 0
+    assert policy.decide(70, remaining=[3] * 70, useful=2) == 2
+    assert policy.decide(70, remaining=[4] * 70, useful=3) == 4  # 4 covers three drafts, 2 does not
+    assert policy.k == PER_ROUND and policy.decide(70, remaining=[64] * 70, useful=63) == PER_ROUND

@@ -113,7 +113,13 @@ def test_cheap_drafter_speculates_every_round_with_all_drafts(tiny_target, tiny_
     outs, rows = run(engine, capsys)
     assert [o.token_ids for o in outs] == [plain[tuple(p)] for p in PROMPTS]
     assert rows and not any(r.gated for r in rows)
-    assert {r.span_limit for r in rows} == {engine.drafts_per_round}
+    full, capped = engine.drafts_per_round, set()
+    for r in rows:  # a round verifies fewer only where no request of it may accept more: their last
+        if r.span_limit < full:
+            capped.add(r.request)
+        else:
+            assert r.request not in capped, "a full round after a capped one: the cap is not the tokens left"
+    assert capped and sum(r.span_limit == full for r in rows) > len(rows) / 2
 
 
 def test_cost_table_from_the_environment(tiny_target, tiny_drafter, monkeypatch, tmp_path):

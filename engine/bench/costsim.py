@@ -82,7 +82,7 @@ def simulate_closed_loop(
                 plan = Plan.DECODE.value
             else:
                 if policy is not None:  # nothing waiting: the wave's remaining tokens, as the engine passes
-                    k = policy.decide(n, drafts, gate, None if waiting else list(running))
+                    k = policy.decide(n, drafts, gate, None if waiting else list(running), max(running) - 1)
                 gated = (gate and n >= gate) or k == 0
                 plan = Plan.GATED.value if gated else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
