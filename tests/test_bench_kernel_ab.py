@@ -30,9 +30,11 @@ def test_before_runs_the_reduce_kernels_and_restores_the_dispatch():
 
 
 def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
+    """What the deferral acts on: one-row o and fused SwiGLU->down are split-K GEMVs in the shipped
+    table (the configs themselves change with each sweep)."""
     t = tuning.load("NVIDIA H200")
-    assert t.linear[O_SHAPE][1] == SkinnyConfig(1, 16, 256, 4, 4, 2)
-    assert t.silu_mul_linear[DOWN][1] == SkinnyConfig(1, 8, 512, 2, 4, 1)
+    for cfg in (t.linear[O_SHAPE][1], t.silu_mul_linear[DOWN][1]):
+        assert cfg.block_m == 1 and cfg.split_k > 1
 
 
 def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
