@@ -12,7 +12,7 @@ request index of the engine changes), then cached. The cache lives under $PEGASP
 
 The host term (host_a, host_b) stays 0: the per-request host work of a round (settling, the
 scheduler, the trace) runs on live requests only, so dummy rows cannot time it; the policy learns it
-online from the rounds' walls instead (engine/policy.py HostTerm).
+online from the rounds' walls instead (engine/host_term.py HostTerm).
 """
 
 from __future__ import annotations

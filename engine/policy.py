@@ -31,7 +31,6 @@ is near break-even (WAVE_BAND), K is valued over the whole wave instead of one r
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import accumulate
@@ -40,13 +39,13 @@ from pathlib import Path
 
 from engine.costs import CostTable, read_cost_table
 from engine.drain import WaveValues
+from engine.host_term import HostTerm
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one
 # (on the H200 4B study the cost model over-predicted speculative arms at c >= 64, and the policy's
 # break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
 SPEC_DISCOUNT = 0.05
-FIRST_WALLS = 3  # a host term starts from the median of this many walls
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
 PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tokens) left to every request
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
@@ -95,67 +94,6 @@ def resolve_table(source: str | Path | CostTable | None) -> CostTable | None:
     if source is None or isinstance(source, CostTable):
         return source
     return read_cost_table(source)
-
-
-def _bucket(batch: int) -> int:
-    return 1 << max(batch - 1, 0).bit_length()
-
-
-class HostTerm:
-    """The ms a round costs beyond the table's device time, per kind (gated or speculative) and batch
-    bucket (the power of two at or above the batch): an EMA of each round's measured wall minus the
-    table's time for it. On a small model the speculative round's host work (settling, the scheduler,
-    the trace) outweighs its device time, so a table of graph replays alone speculates at a loss. A
-    step that captured a graph never arrives here (the engine drops its wall: on the H200 4B study a
-    bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated `code` at c=64, where
-    speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). A term starts as
-    the median of its first three walls, each capped at the device time (a kind the policy seldom
-    chooses is learnt from few walls: at 98faeda the gated term at 128 started at 2.1 ms, nearly three
-    times its later 0.74, and the `code` arm verified 4 drafts there, 9.5 % under the gate); later
-    walls are clipped to three times the term plus the device time (a GC pause moves it a little; a
-    host-bound round that dwarfs its device time is learnt in a few rounds: 1.5x a round at most). A
-    kind never seen at a bucket counts 0 there, so it is tried and learnt: read off other buckets, a
-    term misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
-    round of 16 look 16 times dearer and kept the small pair speculating at a loss, 03985b1; on the
-    line through buckets 16 and 32, an unseen speculative term at 64 gated the 4B `code` arm at c=64,
-    where speculation wins by 26 %, db862e5)."""
-
-    def __init__(self, rate: float = 0.25):
-        self.rate = rate
-        self.ms: dict[tuple[bool, int], float] = {}  # (speculative, bucket) -> host ms
-        self._seen: set[tuple[int, int]] = set()  # (K, batch) whose first wall was skipped
-        self._first: dict[tuple[bool, int], list[float]] = {}  # the walls a term starts from
-
-    def add(self, batch: int, k: int, wall_ms: float, device_ms: float) -> None:
-        if (k, batch) not in self._seen:  # a new shape's first round pays one-off costs (allocations)
-            self._seen.add((k, batch))
-            return
-        key = (k > 0, _bucket(batch))
-        residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
-        first = self._first.setdefault(key, [])
-        if len(first) < FIRST_WALLS:  # a robust start: the median of the first walls, each capped
-            first.append(min(residual, device_ms))
-            self.ms[key] = statistics.median(first)
-            return
-        old = self.ms[key]
-        self.ms[key] = old + self.rate * (min(residual, 3.0 * old + device_ms) - old)
-
-    def relax(self, batch: int, rate: float) -> None:
-        """A policy-gated round: the speculative term at this bucket moves toward the gated one, so a
-        term that an outlier inflated is probed again rather than latching the policy at 0."""
-        spec, gated = self.ms.get((True, _bucket(batch))), self.ms.get((False, _bucket(batch)))
-        if spec is not None and gated is not None and spec > gated:
-            self.ms[True, _bucket(batch)] = spec - rate * (spec - gated)
-
-    def predict(self, batch: int, speculative: bool) -> float:
-        """The term at the batch's bucket; a gated round's never above the speculative round's, whose
-        host work is a superset of it: an inflated gated term is not re-learnt while the policy keeps
-        speculating (at a8d8ca0 the 4B study's gated term at 128 stood at 3.3 ms for the whole sweep,
-        against a speculative 1.5, and the `chat` arm verified 4 drafts at c=128, 27 % under plain)."""
-        bucket = _bucket(batch)
-        term = self.ms.get((speculative, bucket), 0.0)
-        spec = self.ms.get((True, bucket))
-        return term if speculative or spec is None else min(term, spec)
 
 
 class SpanPolicy:

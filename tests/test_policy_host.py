@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.policy import HostTerm, SpanPolicy, round_times
+from engine.host_term import HostTerm
+from engine.policy import SpanPolicy, round_times
 from tests.policy_tables import table
 
 PER_ROUND = 15
