@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from engine.bench.arms import parse_arm
+from engine.bench.arms import arm_drafts, parse_arm
 from engine.bench.calibrate import budget_tokens, calib_batches, calibrate
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
@@ -21,7 +21,6 @@ from engine.bench.study import waves_for
 from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown, round_markdown
 from engine.bench.study_refit import main as refit_main
 from engine.bench.study_refit import refit_study
-from engine.bench.study_report import arm_drafts
 from engine.scheduler import Plan
 
 DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.SPECULATIVE, Plan.PREFILL))

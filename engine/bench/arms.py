@@ -41,6 +41,13 @@ class Arm:
         return {"max_drafts": self.trim, "max_batch": self.gate, "hedge": 0, "policy": self.policy}
 
 
+def arm_drafts(arm: Arm, per_round: int) -> int | None:
+    """Drafts a speculative arm verifies per round (None for plain)."""
+    if arm.is_plain:
+        return None
+    return min(arm.trim, per_round) if arm.trim else per_round
+
+
 def parse_arm(spec: str) -> Arm:
     """One arm from its label; a ValueError names what is wrong with it."""
     text = spec.strip()

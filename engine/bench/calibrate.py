@@ -31,9 +31,9 @@ import statistics
 import time
 from collections.abc import Sequence
 
+from engine.bench.arms import arm_drafts
 from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study_report import arm_drafts
 from engine.config import SamplingParams
 from engine.costs import CostTable
 from engine.engine import Engine

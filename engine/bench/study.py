@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.arms import ADAPTIVE_ARM, Arm, parse_arms
+from engine.bench.arms import ADAPTIVE_ARM, Arm, arm_drafts, parse_arms
 from engine.bench.calibrate import (
     add_calibration_args,
     budget_tokens,
@@ -42,7 +42,7 @@ from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
 from engine.bench.study_draws import draws_stage
 from engine.bench.study_graphs import CaptureLog, graph_stage, tag_rows
-from engine.bench.study_report import arm_drafts, predicted_seconds, write_checks, write_meta, write_study
+from engine.bench.study_report import predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
 from engine.config import SamplingParams

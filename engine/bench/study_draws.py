@@ -20,7 +20,7 @@ drafter gets right for prompt p at KV length len(prompt p) + j; `total` is the s
 
 rebuilds (rebuild_draws) the draws of a study that predates the file (the drafter's table is seeded on its device:
 the same GPU model and torch give the same draws); the report then checks them against the sweep's
-step counts (engine/bench/study_report.py replay_check), so wrong draws cannot pass unnoticed.
+step counts (replay_check below), so wrong draws cannot pass unnoticed.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +36,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench.arms import Arm, parse_arms
+from engine.bench.arms import Arm, arm_drafts, parse_arm, parse_arms
 from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
-from engine.bench.costsim import Accepted
+from engine.bench.costsim import Accepted, simulate_closed_loop
 from engine.bench.known_pair import known_pair
 from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.models.config import DFlashConfig
+from engine.scheduler import Plan
 
 log = logging.getLogger(__name__)
 
@@ -167,3 +169,42 @@ def rebuild_draws(directory: Path, parser: argparse.ArgumentParser, prompts_for,
     count = sweep_prompts(args.concurrency, args.rounds, waves_for, len(prompts))
     read_draws(modelled, prompts, profiles, arms, args.new_tokens, count).save(directory)
     return directory / DRAWS_FILE
+
+
+class _Free:
+    """Step costs of nothing: a static arm's replayed steps do not depend on what they cost."""
+
+    def prefill_ms(self, engine: str, n: int) -> float:
+        return 0.0
+
+    def step_ms(self, plan: str, batch: int, rows: int, drafts: int = 0) -> float:
+        return 0.0
+
+
+def replay_check(
+    rows: Sequence[dict], profile: AcceptanceProfile, args, waves_for, draws: StudyDraws
+) -> tuple[int, int]:
+    """(runs whose replay on the drafter's own draws took the engine's prefill, speculative and gated
+    step counts, runs replayed): the draws are applied as the engine applies them. Static speculative
+    arms only: the adaptive policy decides on the engine's own walls."""
+    same = total = 0
+    for r in rows:
+        arm, c = parse_arm(r["arm"]), r["concurrency"]
+        drafts = arm_drafts(arm, len(profile.conditional))
+        accepted = draws.accepted(profile.name, arm.label, r["round"] * waves_for(c) * c)
+        if drafts is None or arm.adaptive or accepted is None:
+            continue
+        try:
+            res = simulate_closed_loop(
+                _Free(), c, waves_for(c) * c, args.new_tokens, drafts, gate=arm.gate, accepted=accepted
+            )
+        except ValueError:  # a run past the stored draws (read_draws: the prompts the sweep reaches)
+            continue
+        plans = Counter(plan for plan, _ in res.steps)
+        total += 1
+        same += (plans[Plan.PREFILL.value], plans[Plan.SPECULATIVE.value], plans[Plan.GATED.value]) == (
+            r["prefill_steps"],
+            r["spec_steps"],
+            r["gated_steps"],
+        )
+    return same, total

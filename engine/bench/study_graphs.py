@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from engine.bench.arms import Arm
+from engine.bench.arms import Arm, arm_drafts
 from engine.bench.profile import prefill_requests
-from engine.bench.study_report import arm_drafts
 from engine.calibration import policy_spans
 from engine.engine import Engine
 

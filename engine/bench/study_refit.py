@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.bench.arms import parse_arm
+from engine.bench.arms import arm_drafts, parse_arm
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.modelled import AcceptanceProfile, parse_profile
 from engine.bench.report import read_csv
 from engine.bench.stepcosts import ENGINES, HOST_PLANS, StepCosts
 from engine.bench.study_fit import prediction_markdown
-from engine.bench.study_report import arm_drafts
 from engine.graphs import batch_buckets
 from engine.scheduler import Plan
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, parse_arm
+from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
 from engine.bench.costmodel import committed_pmf, expected_committed, truncated_tau
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.meta import meta_lines
@@ -20,11 +19,10 @@ from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.stepcosts import StepCosts
-from engine.bench.study_draws import StudyDraws
+from engine.bench.study_draws import StudyDraws, replay_check
 from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.summary import summarize
 from engine.policy import SpanPolicy
-from engine.scheduler import Plan
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
 PREDICT_SEEDS = 16  # replays per predicted cell
@@ -51,13 +49,6 @@ acceptance on the device, the KV and the scheduling. The target's weights are ch
 continuation is known (each step repeats the last prompt token); its step time is the random 4B
 weights' (table below), so the costs are the geometry's.
 """
-
-
-def arm_drafts(arm: Arm, per_round: int) -> int | None:
-    """Drafts a speculative arm verifies per round (None for plain)."""
-    if arm.is_plain:
-        return None
-    return min(arm.trim, per_round) if arm.trim else per_round
 
 
 def predict(
@@ -154,45 +145,6 @@ def annotate(
             continue
         s["tau_model"], s["tau_se"] = tau_model(profile, drafts, args.new_tokens, sum(hist))
         s["tau_agrees"] = abs(s["tokens_per_round"] - s["tau_model"]) <= TAU_SIGMAS * s["tau_se"] + 1e-9
-
-
-class _Free:
-    """Step costs of nothing: a static arm's replayed steps do not depend on what they cost."""
-
-    def prefill_ms(self, engine: str, n: int) -> float:
-        return 0.0
-
-    def step_ms(self, plan: str, batch: int, rows: int, drafts: int = 0) -> float:
-        return 0.0
-
-
-def replay_check(
-    rows: Sequence[dict], profile: AcceptanceProfile, args, waves_for, draws: StudyDraws
-) -> tuple[int, int]:
-    """(runs whose replay on the drafter's own draws took the engine's prefill, speculative and gated
-    step counts, runs replayed): the draws are applied as the engine applies them. Static speculative
-    arms only: the adaptive policy decides on the engine's own walls."""
-    same = total = 0
-    for r in rows:
-        arm, c = parse_arm(r["arm"]), r["concurrency"]
-        drafts = arm_drafts(arm, len(profile.conditional))
-        accepted = draws.accepted(profile.name, arm.label, r["round"] * waves_for(c) * c)
-        if drafts is None or arm.adaptive or accepted is None:
-            continue
-        try:
-            res = simulate_closed_loop(
-                _Free(), c, waves_for(c) * c, args.new_tokens, drafts, gate=arm.gate, accepted=accepted
-            )
-        except ValueError:  # a run past the stored draws (read_draws: the prompts the sweep reaches)
-            continue
-        plans = Counter(plan for plan, _ in res.steps)
-        total += 1
-        same += (plans[Plan.PREFILL.value], plans[Plan.SPECULATIVE.value], plans[Plan.GATED.value]) == (
-            r["prefill_steps"],
-            r["spec_steps"],
-            r["gated_steps"],
-        )
-    return same, total
 
 
 def best_arms(summary: Sequence[dict]) -> list[list]:
