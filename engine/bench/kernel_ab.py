@@ -9,7 +9,8 @@ dispatches it on this device, in one process (GPU only):
 split-K partials end in their reduce kernel; "after" is the current dispatch (gemm.DEFER_MAX_ROWS: at
 one row the partials go to the next add + RMSNorm prologue; set it higher to try more rows, where
 norm.add_rms_norm sums them). Rows:
-- the two pairs the deferral joins, at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
+- the two pairs the deferral joins (at one row; above it both sides run the reduce kernel unless
+  DEFER_MAX_ROWS is raised), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
   norm->q|k|v (the layer's second and first halves' projections);
 - o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
   sides run the same kernels: the per-op times of the step);
@@ -82,18 +83,8 @@ def before() -> Iterator[None]:
 def tables_from(path: Path) -> Iterator[None]:
     """Another tuned table (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) in
     force on every CUDA device, instead of the shipped one: a retune's "before" or "after"."""
-    tables = tuning.parse(json.loads(path.read_text()), str(path))
-    keys = [("cuda", i) for i in range(torch.cuda.device_count())]
-    saved = {key: tuning._by_device.get(key) for key in keys}
-    tuning._by_device.update(dict.fromkeys(keys, tables))
-    try:
+    with tuning.in_force(tuning.parse(json.loads(path.read_text()), str(path))):
         yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                tuning._by_device.pop(key, None)
-            else:
-                tuning._by_device[key] = old
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):

@@ -125,7 +125,7 @@ def add_rms_norm(
     if isinstance(x, SplitSum) and x.dtype == residual.dtype and residual.dim() == 2:
         x, planes = x.parts, x.parts.shape[0]
     x = dense(x)
-    x2, r2 = (x[0], _rows(residual)) if planes else (_rows(x), _rows(residual))
+    x2, r2 = x[0] if planes else _rows(x), _rows(residual)
     sum_dtype = residual.dtype if planes else torch.promote_types(x.dtype, residual.dtype)
     summed = torch.empty(x2.shape, dtype=sum_dtype, device=x.device)
     out = torch.empty(x2.shape, dtype=torch.promote_types(sum_dtype, weight.dtype), device=x.device)

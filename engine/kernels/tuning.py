@@ -30,7 +30,8 @@ import json
 import re
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -233,6 +234,24 @@ def tables_for(device: torch.device) -> TunedTables:
                 name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
                 t = _by_device[key] = load(name)
     return t
+
+
+@contextmanager
+def in_force(tables: TunedTables) -> Iterator[None]:
+    """`tables` for every CUDA device while the block runs (a retune's A/B), then what was there."""
+    keys = [("cuda", i) for i in range(torch.cuda.device_count())]
+    with _lock:
+        saved = {key: _by_device.get(key) for key in keys}
+        _by_device.update(dict.fromkeys(keys, tables))
+    try:
+        yield
+    finally:
+        with _lock:
+            for key, old in saved.items():
+                if old is None:
+                    _by_device.pop(key, None)
+                else:
+                    _by_device[key] = old
 
 
 def reset() -> None:
