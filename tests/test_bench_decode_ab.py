@@ -83,3 +83,8 @@ def test_kernel_rows_put_both_arms_side_by_side(monkeypatch):
     assert rows[1]["after_calls"] == 0.0 and rows[1]["before_us"] == 2.0 and rows[0]["after_us"] == 10.0
     md = decode_ab.kernels_markdown(rows)
     assert "### Kernels at c=8" in md and "| 12.0 | 10.0 |" in md
+
+
+def test_a_bad_table_flag_is_refused_before_any_engine(tmp_path):
+    with pytest.raises(SystemExit, match="--after-tables: .*No such file"):
+        decode_ab.main(["--out", str(tmp_path), "--device", "cpu", "--after-tables", str(tmp_path / "none.json")])

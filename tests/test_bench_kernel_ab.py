@@ -95,13 +95,22 @@ def test_needs_a_gpu(tmp_path):
         kernel_ab.main(["--out", str(tmp_path)])
 
 
-def test_tables_from_puts_a_sweeps_table_in_force_and_restores_the_shipped_one(monkeypatch, tmp_path):
+def test_a_sweeps_table_is_put_in_force_and_the_shipped_one_restored(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(tuning, "_by_device", {("cuda", 0): tuning.DEFAULT})
     retuned = tuning.TunedTables("nvidia-h200", linear={O_SHAPE: {8: SkinnyConfig(16, 64, 64, 4, 4, 5)}})
     path = tmp_path / "nvidia-h200.json"
     path.write_text(tuning.dumps(retuned, "NVIDIA H200"))
-    with kernel_ab.tables_from(path):
+    with tuning.in_force(kernel_ab.read_tables(path)):
         for i in (0, 1):
             assert tuning._by_device["cuda", i].linear[O_SHAPE][8] == SkinnyConfig(16, 64, 64, 4, 4, 5)
     assert tuning._by_device == {("cuda", 0): tuning.DEFAULT}
+
+
+@pytest.mark.parametrize(("text", "match"), [(None, "No such file"), ("{", "Expecting"), ('{"format": 9}', "format-1")])
+def test_a_missing_or_malformed_table_is_refused(tmp_path, text, match):
+    path = tmp_path / "t.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=match):
+        kernel_ab.read_tables(path)

@@ -210,3 +210,9 @@ def test_calibration_batches_default_to_every_concurrency_and_bad_flags_are_refu
     ):
         with pytest.raises(SystemExit, match=match):
             study_main(["--out", str(tmp_path), "--concurrency", "1", "16", *flags])
+
+
+@pytest.mark.parametrize("budget", ["-1", "nan"])
+def test_a_negative_graph_budget_is_refused(tmp_path, budget):
+    with pytest.raises(SystemExit, match="--graphs-budget-s must be >= 0"):
+        study_main(["--out", str(tmp_path), "--graphs-budget-s", budget])

@@ -28,11 +28,12 @@ from pathlib import Path
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode import engine_run
 from engine.bench.geometry import GEOMETRIES, target_config
-from engine.bench.kernel_ab import before, tables_from
+from engine.bench.kernel_ab import before, read_tables
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
 from engine.bench.steps import profile_arm
+from engine.kernels import tuning
 
 ARMS = {"before": before, "after": nullcontext}
 
@@ -166,6 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.prompt_len < 1
     ):
         raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
+    runs = dict(ARMS)
+    for arm, path in (("before", args.before_tables), ("after", args.after_tables)):
+        if path is not None:
+            try:
+                runs[arm] = partial(tuning.in_force, read_tables(path))
+            except ValueError as err:
+                raise SystemExit(f"--{arm}-tables: {err}") from None
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
@@ -175,10 +183,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
     }
     prompts = random_prompts(max_c, args.prompt_len, config["vocab_size"], args.seed)
-    runs = dict(ARMS)
-    for arm, path in (("before", args.before_tables), ("after", args.after_tables)):
-        if path is not None:
-            runs[arm] = partial(tables_from, path)
     rows = interleaved(
         runs, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
     )

@@ -39,7 +39,7 @@ from engine.bench.hw import copy_bandwidth
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels import fused_linear, gemm, linear, norm, tuning
-from engine.kernels.tuning import SkinnyConfig
+from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
 EPS = 1e-6
@@ -79,12 +79,14 @@ def before() -> Iterator[None]:
         gemm.DEFER_MAX_ROWS = saved
 
 
-@contextmanager
-def tables_from(path: Path) -> Iterator[None]:
-    """Another tuned table (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) in
-    force on every CUDA device, instead of the shipped one: a retune's "before" or "after"."""
-    with tuning.in_force(tuning.parse(json.loads(path.read_text()), str(path))):
-        yield
+def read_tables(path: Path) -> TunedTables:
+    """A tuned table file (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) for a
+    retune's A/B arm; ValueError naming the file if it is missing or not a tuned table (unlike the
+    shipped file's loader, which falls back: an A/B against the wrong table measures nothing)."""
+    try:
+        return tuning.parse(json.loads(path.read_text()), str(path))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):

@@ -217,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(str(err)) from None
     if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
         raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
+    if not args.graphs_budget_s >= 0:  # NaN too
+        raise SystemExit(f"--graphs-budget-s must be >= 0 (0: no graph stage), got {args.graphs_budget_s}")
     try:
         args.calib_batches = calib_batches(args)
     except ValueError as err:
