@@ -36,6 +36,9 @@ AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class SpanResult:
+    """A span step's outputs. With graphs on, logits and features are views of the runner's one buffer
+    each: read them before the next step (a copy to keep them longer)."""
+
     logits: torch.Tensor  # [N * S, V]
     greedy: torch.Tensor  # [N * S] int64
     features: torch.Tensor | None  # [N * S, n_taps * H]
@@ -84,6 +87,10 @@ class ModelRunner:
         self._staged_copied = torch.cuda.Event() if pinned else None
         self._staged_for: list[Request] | None = None
         self._last_drafts: torch.Tensor | None = None
+        # Span steps' logits and features land in one buffer each, not in every graph's own outputs
+        # (which held ~40 GiB of logits once the 4B study had captured its 167 graphs).
+        span = 1 + (drafter.cfg.block_size if drafter is not None else 0)
+        self._span_out = self._output_buffers(width * span) if self.graphs.enabled else None
 
     # -- host -> device -----------------------------------------------------------------------------
     def to_device(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -184,14 +191,28 @@ class ModelRunner:
             return None
         return torch.empty(rows, self.drafter.cfg.feature_size, dtype=self.dtype, device=self.device)
 
+    def _output_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [rows, V], features [rows, F] or None) for span steps of up to `rows` rows."""
+        vocab = self.target.lm_head.shape[0]
+        return torch.empty(rows, vocab, dtype=self.dtype, device=self.device), self._features(rows)
+
+    def _span_outputs(self, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A span step's logits and features buffers: views of the shared ones (valid until the next
+        step writes them: every caller reads a step's results before the next step), or (None, fresh)
+        when eager."""
+        if self._span_out is None or rows > self._span_out[0].shape[0]:
+            return None, self._features(rows)
+        logits, features = self._span_out
+        return logits[:rows], None if features is None else features[:rows]
+
     def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
         span = ids.shape[1]
         positions, meta = self._span_meta(rows, num_kv, span, causal=True)
-        features = self._features(ids.numel())
+        out, features = self._span_outputs(ids.numel())
         hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
         if features is not None:
             self.drafter.store_context(features, positions, meta.slot_mapping, self.draft_kv)
-        logits = self.target.logits(hidden)
+        logits = self.target.logits(hidden, out=out)
         return logits, self.ops.argmax(logits), features
 
     def span_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:

@@ -79,7 +79,23 @@ def test_graphed_steps_store_the_drafter_context_fp32(tiny_target, tiny_drafter,
 
 
 def _row_logits(e: Engine, reqs, ids) -> torch.Tensor:
-    return e.runner.span_rows(torch.tensor(ids, device="cuda"), [r.slot for r in reqs], [r.num_kv for r in reqs]).logits
+    """A copy: a span step's logits are a view of the runner's one buffer, which the next step rewrites."""
+    res = e.runner.span_rows(torch.tensor(ids, device="cuda"), [r.slot for r in reqs], [r.num_kv for r in reqs])
+    return res.logits.clone()
+
+
+def test_graphs_share_one_logits_buffer(tiny_target, tiny_drafter):
+    """Every span graph writes its logits and features into the runner's one buffer each, so a graph
+    costs its intermediates' pool memory only, not its own [rows, V] logits."""
+    e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17)
+    e.generate(prompts(9), SamplingParams(max_tokens=24, ignore_eos=True))
+    e.generate(prompts(17), SamplingParams(max_tokens=24, ignore_eos=True))
+    steps = [g for key, g in e.runner.graphs.captured.items() if key[0] in ("verify", "decode")]
+    assert len(steps) >= 3
+    logits, features = e.runner._span_out
+    for g in steps:
+        assert g.outputs[0].data_ptr() == logits.data_ptr()
+        assert g.outputs[2].data_ptr() == features.data_ptr()
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])

@@ -71,6 +71,24 @@ def test_linear_dispatch(monkeypatch):
 
 
 @pytest.mark.usefixtures("row_invariant_dot")
+@pytest.mark.parametrize(
+    "fn",
+    [linear.linear, linear.linear_ref, linear.linear_batch_invariant, linear.linear_batch_invariant_ref],
+    ids=["linear", "ref", "invariant", "invariant-ref"],
+)
+@pytest.mark.parametrize("m", [1, 3, 9])  # GEMV, dot path, above the table's m_max: cuBLAS
+def test_linear_writes_into_out(monkeypatch, fn, m):
+    """out= (the runner's shared logits buffer): the same bits as a fresh result, in that buffer."""
+    torch.manual_seed(10)
+    use_tables(monkeypatch, TunedTables("test", m_max=4))
+    x, w = randn(m, 96), randn(72, 96, scale=0.1)
+    buf = torch.full((12, 72), float("nan"))
+    got = fn(x, w, out=buf[:m])
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, fn(x, w))
+    assert buf[m:].isnan().all()
+
+
+@pytest.mark.usefixtures("row_invariant_dot")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_linear_batch_invariant(dtype):
     torch.manual_seed(9)

@@ -212,11 +212,12 @@ def launch(
     swiglu: bool = False,
     norm=None,
     defer: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
     (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
     by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
-    SplitSum, with no reduce launched."""
+    SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one."""
     n, k = weight.shape
     m = x.shape[0]
     split = cfg.split_k > 1
@@ -231,14 +232,15 @@ def launch(
             x = x.tensor()
     x_rows = x[0] if planes else x
     dtype = norm[0].dtype if planes else x.dtype
+    assert out is None or (not defer and out.shape == (m, n) and out.is_contiguous() and out.dtype == dtype)
     if m == 0:
-        return torch.empty(m, n, dtype=dtype, device=x.device)
+        return torch.empty(m, n, dtype=dtype, device=x.device) if out is None else out
     assert cfg.block_m != 1 or m == 1, "the GEMV path serves M == 1 only"
     assert norm is None or cfg.split_k == 1, "the NORM prologue needs whole rows: split_k 1"
     # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
-    y = None if deferred else torch.empty(m, n, dtype=dtype, device=x.device)
+    y = None if deferred else out if out is not None else torch.empty(m, n, dtype=dtype, device=x.device)
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     args = (x, weight, y if y is not None else parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n)

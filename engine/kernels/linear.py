@@ -12,15 +12,16 @@ from engine.kernels.gemm import SplitSum, launch
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
-def linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, weight)
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """out: the [..., N] result's buffer (F.linear without a bias is this very matmul)."""
+    return F.linear(x, weight) if out is None else torch.matmul(x, weight.t(), out=out)
 
 
-def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear_batch_invariant_ref(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """One GEMM per row, so a row's result never depends on how many rows share the call."""
     if x.shape[0] == 0:
-        return x.new_empty(0, weight.shape[0])
-    return torch.cat([F.linear(x[i : i + 1], weight) for i in range(x.shape[0])])
+        return x.new_empty(0, weight.shape[0]) if out is None else out
+    return torch.cat([F.linear(x[i : i + 1], weight) for i in range(x.shape[0])], out=out)
 
 
 # --- Triton ---------------------------------------------------------------------------------
@@ -69,12 +70,12 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
 
 
 def linear_with_config(
-    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False
+    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False, out: torch.Tensor | None = None
 ) -> torch.Tensor | SplitSum:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous.
-    defer: a one-row split-K y may come back as its partials (gemm.SplitSum)."""
+    defer: a one-row split-K y may come back as its partials (gemm.SplitSum). out: y's [M, N] buffer."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return launch(x, weight, cfg, defer=defer)
+    return launch(x, weight, cfg, defer=defer, out=out)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -97,20 +98,25 @@ def dispatch_config(config_for, x: torch.Tensor, weight: torch.Tensor, row_width
     return cfg if cfg is not None and _plain(weight) else None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, defer: bool = False) -> torch.Tensor | SplitSum:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, defer: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor | SplitSum:
     """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere.
     defer (Ops.linear_to_residual: a product only added to the residual stream): one split-K row of
-    [M, K] rows comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum."""
+    [M, K] rows comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum.
+    out: a contiguous buffer of the result's shape, written and returned (never with defer)."""
     cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
     if cfg is None:
-        return F.linear(x, weight)
-    y = linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2)
+        return linear_ref(x, weight, out)
+    rows = None if out is None else out.view(-1, weight.shape[0])
+    y = linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2 and out is None, out=rows)
     return y if isinstance(y, SplitSum) else y.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Batch-invariant Triton GEMM: fixed tiles and K order for every M, so row i is bit-identical
-    whether the call has 1 or 64 rows."""
+    whether the call has 1 or 64 rows. out: as linear's."""
     n = weight.shape[0]
-    y = linear_with_config(as_rows(x), weight.contiguous(), INVARIANT_CONFIG)
+    rows = None if out is None else out.view(-1, n)
+    y = linear_with_config(as_rows(x), weight.contiguous(), INVARIANT_CONFIG, out=rows)
     return y.view(*x.shape[:-1], n)
