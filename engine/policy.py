@@ -21,7 +21,7 @@ that only the batch's cost gates is never refreshed there, nor the positions pas
 acceptance rose meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its
 rounds on an estimate left by `chat`, 23 % under trim 8). So one round probes the best larger K when
 its value on the estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last
-probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing: the
+probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing (per batch bucket): the
 probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
 the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
 table: 0.62 of the gated round). While the batch only drains (no request will come) and speculation
@@ -122,7 +122,8 @@ class SpanPolicy:
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
         self._streak = 0
-        self._probe_k, self._since, self._probe_every = None, 0.0, PROBE_FIRST  # ms under a K since a probe
+        self._probes: dict[tuple[int, int], list[float]] = {}  # (batch bucket, K) -> [ms since a probe, spacing]
+        self._batch = 0  # the last decision's batch
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
         self.host = HostTerm()
@@ -160,6 +161,7 @@ class SpanPolicy:
         # waiting out the patience runs the wrong K over a share of it (H200 study at f53b035: `chat`
         # c=64 kept the last cell's K=4 for its first rounds and lost 13-15 % to plain).
         patience = 1 if draining else self.patience
+        previous = self.k
         if self.k not in values:
             self.k, self._streak = best, 0
         elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
@@ -169,11 +171,12 @@ class SpanPolicy:
         else:
             self._streak = 0
         self._starved = self.k == 0 and self._starved_at_one(max_drafts)
-        if self.k != self._probe_k:
-            self._probe_k, self._since, self._probe_every = self.k, 0.0, PROBE_FIRST
+        if self.k != previous and batch == self._batch:  # the estimate moved K, not the load: probe afresh
+            self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
+        self._batch = batch
         if self.k == 0:
             self.host.relax(batch, self.host_relax)
-        k = self._probe(times, values, min(remaining) if draining else None)
+        k = self._probe(batch, times, values, min(remaining) if draining else None)
         if useful is not None:  # this round only: the K in force stays for the next wave
             cover = min((c for c in values if c >= useful), default=max(values))
             if k > cover:
@@ -181,25 +184,30 @@ class SpanPolicy:
         self.chosen[k] += 1
         return k
 
-    def _probe(self, times: dict[int, float], values: dict[int, float], wave_left: int | None) -> int:
+    def _probe(self, batch: int, times: dict[int, float], values: dict[int, float], wave_left: int | None) -> int:
         """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
-        the rounds under the K in force since the last probe took `_probe_every` times the probe's ms
-        (a starved estimate relaxes instead). Waves probe too: at 3cd81a7, with no probe in a wave,
-        the H200 study's `code` c=64 gated every round of every wave on the estimate `chat` c=32
-        left (-24 % against trim 8; the latch of b0194de again, since each of its cells is a wave). But
-        in a wave (wave_left: the fewest tokens any request has left) a probe due near its end waits
-        for the next wave: a lockstep wave ends with its slowest request, so a late probe cannot
-        shorten it and learns too late to help (at bc80d89 the H200 study's c=128 cells probed in
-        their last rounds and lost 8-10 % to plain)."""
+        the rounds under the K in force since the last probe took its spacing times the probe's ms
+        (a starved estimate relaxes instead). The spacing and the ms since a probe are kept per batch
+        bucket (powers of two) and K in force, and start afresh only where the estimate moves K at an
+        unchanged batch: kept per K alone, they restarted whenever the load moved K, and the H200
+        study's cells (each its own batch, in turn) probed anew in every 64-token wave (at 532fe16
+        the `code` c=128 waves that probed ran 0.82-0.92 of plain, those that did not 0.96-1.03).
+        Waves probe too: at 3cd81a7, with no probe in a wave, the H200 study's `code` c=64 gated every
+        round of every wave on the estimate `chat` c=32 left (-24 % against trim 8). But in a wave
+        (wave_left: the fewest tokens any request has left) a probe due near its end waits for the next
+        wave: a lockstep wave ends with its slowest request, so a late probe cannot shorten it and
+        learns too late to help (at bc80d89 the H200 study's c=128 cells probed in their last rounds
+        and lost 8-10 % to plain)."""
+        state = self._probes.setdefault((batch.bit_length(), self.k), [0.0, PROBE_FIRST])
         larger = {k: v for k, v in values.items() if k > self.k}
         if larger and not (self.k == 0 and self._starved):
             k = max(larger, key=lambda k: (larger[k], -k))
             late = wave_left is not None and wave_left < PROBE_WAVE_LEFT * (1 + k)
-            due = self._since >= self._probe_every * times[k]
+            due = state[0] >= state[1] * times[k]
             if due and not late and larger[k] >= PROBE_FLOOR * values[self.k]:
-                self._since, self._probe_every = 0.0, min(2 * self._probe_every, PROBE_MAX)
+                state[:] = [0.0, min(2 * state[1], PROBE_MAX)]
                 return k
-        self._since += times[self.k]
+        state[0] += times[self.k]
         return self.k
 
     def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:

@@ -205,3 +205,30 @@ def test_a_server_loop_never_drains_a_closed_loop_drains_its_last_wave(tiny_targ
     given = [r is not None for _, r in calls]
     assert given[0] is False and given[-1] is True and given == sorted(given)  # none, then from the last wave
     assert not engine.no_more_requests
+
+
+def test_the_probe_spacing_outlives_a_load_that_moves_k():
+    """`chat` waves at batch 32 (K=4) and 64 (gated) in turn, as the study's cells run: the spacing of
+    the probes at 64 keeps growing across the waves between (kept per K alone, it restarted at every
+    switch and each 64-wave probed: 12 probes in these 8 waves)."""
+    rng = random.Random(5)
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CHAT)
+    probes = []
+    for _ in range(8):
+        waves(policy, 32, CHAT, 1, rng)
+        lefts: list[tuple[int, int]] = []
+        ks = waves(policy, 64, CHAT, 1, rng, lefts)
+        probes.append(sum(1 for k, (batch, _) in zip(ks, lefts, strict=True) if k and batch == 64))
+    assert probes[0] == 1 and sum(probes) <= 4 and sum(probes[4:]) <= 1
+
+
+def test_an_estimate_that_moves_k_at_one_batch_probes_afresh():
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CHAT)
+    assert policy.decide(96) == 0
+    policy._probes[7, 0] = [0.0, 512]  # a long spacing at batch 64-127 under K = 0
+    policy._probes[6, 0] = [0.0, 512]  # and at 32-63
+    policy.conditional = list(CODE)  # acceptance rose: K moves at the same batch
+    ks = [policy.decide(96) for _ in range(4)]
+    assert ks[-1] == 4 and (7, 0) not in policy._probes and policy._probes[6, 0][1] == 512
