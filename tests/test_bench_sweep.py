@@ -58,6 +58,7 @@ def test_outputs_and_complete_rows(swept):
         keys = ("tok_s", "wall_s", "ratio_vs_plain", "steps", "draft_ms", "target_ms", "other_ms", "seq", "gc_ms")
         for key in (*keys, "mean_batch"):
             assert r[key] != "", (key, r)
+        assert 0 < float(r["prefill_ms"]) <= float(r["other_ms"]) + float(r["target_ms"])  # its 2 waves' prefills
         assert int(r["requests"]) == 2 * c  # two waves of c
         assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored
         assert int(r["max_in_flight"]) == c

@@ -151,12 +151,15 @@ def acceptance_histogram(stats: SpecStats) -> list[int]:
 
 
 def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
-    """Summed ms per phase over steps: draft, target (verify/decode/prefill forwards), other = total
-    minus both (scheduling, sampling, acceptance, host sync)."""
+    """Summed ms per phase over steps: draft, target (verify/decode forwards), other = total minus both
+    (scheduling, sampling, acceptance, host sync, and the prefill steps, which mark no phase), and
+    prefill: the prefill steps' own wall, so other - prefill is the decode-side steps' host time."""
     draft = sum(s.phases.get("draft", 0.0) for s in steps)
     target = sum(s.phases.get("target", 0.0) for s in steps)
     total = sum(s.total for s in steps)
-    return {"draft_ms": draft, "target_ms": target, "other_ms": max(0.0, total - draft - target), "steps_ms": total}
+    prefill = sum(s.total for s in steps if s.plan == Plan.PREFILL.value)
+    other = max(0.0, total - draft - target)
+    return {"draft_ms": draft, "target_ms": target, "other_ms": other, "prefill_ms": prefill, "steps_ms": total}
 
 
 def mean_batch(steps: Sequence[StepTiming]) -> float | None:
