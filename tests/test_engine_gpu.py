@@ -90,8 +90,9 @@ def test_graphs_share_one_logits_buffer(tiny_target, tiny_drafter):
     e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17)
     e.generate(prompts(9), SamplingParams(max_tokens=24, ignore_eos=True))
     e.generate(prompts(17), SamplingParams(max_tokens=24, ignore_eos=True))
-    steps = [g for key, g in e.runner.graphs.captured.items() if key[0] in ("verify", "decode")]
-    assert len(steps) >= 3
+    steps = {key: g for key, g in e.runner.graphs.captured.items() if key[0] in ("verify", "decode")}
+    assert len({key[-1] for key in steps}) >= 2  # two batch buckets at least
+    steps = list(steps.values())
     logits, features = e.runner._span_out
     for g in steps:
         assert g.outputs[0].data_ptr() == logits.data_ptr()

@@ -82,7 +82,7 @@ def test_linear_writes_into_out(monkeypatch, fn, m):
     torch.manual_seed(10)
     use_tables(monkeypatch, TunedTables("test", m_max=4))
     x, w = randn(m, 96), randn(72, 96, scale=0.1)
-    buf = torch.full((12, 72), float("nan"))
+    buf = torch.full((12, 72), float("nan"), device=x.device)
     got = fn(x, w, out=buf[:m])
     assert got.data_ptr() == buf.data_ptr() and torch.equal(got, fn(x, w))
     assert buf[m:].isnan().all()
