@@ -1,16 +1,13 @@
 """Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs.
 
-Uniform steps replay CUDA graphs (engine/graphs.py), their rows padded to the batch bucket with
-rows that point at the null block. Hedge chains are extra row groups of the same span with
-block-table rows of their own (after the null row), so a hedged verify is one more span step of the
-same shape family; the draft graph is keyed on the branch positions it walks.
-
-A decode, gated or speculative step reads its per-request inputs (current token, table row,
-committed rows, draft limit) from one staged buffer, copied host -> device once per step; the
-verify graph takes the draft graph's output buffer as is and accepts on the device, so a round
-costs one copy in, two graph launches and one copy out. Every target forward that captures
-features also stores them as drafter context K/V at the same slots: rows a round rejects sit past
-the committed length, where the drafter never looks and later rows overwrite them.
+Uniform steps replay CUDA graphs (engine/graphs.py), padded to the batch bucket with rows that point
+at the null block. Hedge chains are extra row groups of the same span with block-table rows of their
+own (after the null row); the draft graph is keyed on the branch positions it walks. A decode, gated
+or speculative step reads its per-request inputs (current token, table row, committed rows, draft
+limit) from one staged buffer, copied host -> device once per step; the verify graph takes the draft
+graph's output buffer as is and accepts on the device: one copy in, two graph launches, one copy out.
+Every target forward that captures features also stores them as drafter context K/V at the same
+slots: rows a round rejects sit past the committed length, where later rows overwrite them.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class SpanResult:
-    """A span step's outputs. With graphs on, logits and features are views of the runner's one buffer
-    each: read them before the next step (a copy to keep them longer)."""
+    """With graphs on, logits and features are views of one runner buffer each: valid until the next step."""
 
     logits: torch.Tensor  # [N * S, V]
     greedy: torch.Tensor  # [N * S] int64
@@ -87,10 +83,9 @@ class ModelRunner:
         self._staged_copied = torch.cuda.Event() if pinned else None
         self._staged_for: list[Request] | None = None
         self._last_drafts: torch.Tensor | None = None
-        # Span steps' logits and features land in one buffer each, not in every graph's own outputs
-        # (which held ~40 GiB of logits once the 4B study had captured its 167 graphs).
-        span = 1 + (drafter.cfg.block_size if drafter is not None else 0)
-        self._span_out = self._output_buffers(width * span) if self.graphs.enabled else None
+        rows = width * (1 + (drafter.cfg.block_size if drafter is not None else 0)) if self.graphs.enabled else 0
+        logits = torch.empty(rows, target.lm_head.shape[0], dtype=self.dtype, device=self.device)
+        self._span_out = (logits, self._features(rows)) if rows else None
 
     # -- host -> device -----------------------------------------------------------------------------
     def to_device(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -119,8 +114,7 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget the staged step and the last drafts after a failed step (the next step restages)."""
-        self._staged_for = None
-        self._last_drafts = None
+        self._staged_for = self._last_drafts = None
 
     def _check_staged(self, reqs: list[Request]) -> None:
         if self._staged_for is not reqs and self._staged_for != reqs:
@@ -191,23 +185,16 @@ class ModelRunner:
             return None
         return torch.empty(rows, self.drafter.cfg.feature_size, dtype=self.dtype, device=self.device)
 
-    def _output_buffers(self, rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits [rows, V], features [rows, F] or None) for span steps of up to `rows` rows."""
-        vocab = self.target.lm_head.shape[0]
-        return torch.empty(rows, vocab, dtype=self.dtype, device=self.device), self._features(rows)
-
     def _span_outputs(self, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A span step's logits and features buffers: views of the shared ones (valid until the next
-        step writes them: every caller reads a step's results before the next step), or (None, fresh)
-        when eager."""
+        """A span step's logits and features: views of one buffer each (not each graph's own: ~40 GiB at
+        the 4B study's 167 graphs), or (None, fresh features) when eager."""
         if self._span_out is None or rows > self._span_out[0].shape[0]:
             return None, self._features(rows)
         logits, features = self._span_out
         return logits[:rows], None if features is None else features[:rows]
 
     def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
-        span = ids.shape[1]
-        positions, meta = self._span_meta(rows, num_kv, span, causal=True)
+        positions, meta = self._span_meta(rows, num_kv, ids.shape[1], causal=True)
         out, features = self._span_outputs(ids.numel())
         hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
         if features is not None:
