@@ -187,7 +187,7 @@ def dummy_requests(engine: EngineView, count: int, context: int, budget: int) ->
             if step is None or step.plan is not Plan.PREFILL:
                 raise RuntimeError(f"calibration: the dummy requests do not fit ({scheduler.describe()})")
             runner.assign_blocks(step.grown)
-            _, greedy, _ = runner.prefill(step.reqs)
+            _, greedy = runner.prefill(step.reqs)
             for r, token in zip(step.reqs, greedy.tolist(), strict=True):
                 r.prefilled(token, context_stored=engine.drafter is not None)
         yield reqs

@@ -277,7 +277,7 @@ class Engine:
         self.scheduler.schedule()
         try:
             self.runner.assign_blocks([req])
-            logits, _, _ = self.runner.prefill([req])
+            logits, _ = self.runner.prefill([req])
         finally:
             req.finish(Finish.LENGTH)
             self.scheduler.release(req)
@@ -286,7 +286,7 @@ class Engine:
     # -- steps -------------------------------------------------------------------------------------
     def _prefill(self, reqs: list[Request]) -> None:
         """Prompts, and preempted requests' prompt + output (they keep their current token: no sample)."""
-        logits, greedy, _ = self.runner.prefill(reqs)
+        logits, greedy = self.runner.prefill(reqs)
         fresh = [i for i, r in enumerate(reqs) if not r.output_ids]
         if len(fresh) < len(reqs):
             logits, greedy = logits[fresh], greedy[fresh]

@@ -24,6 +24,8 @@ from engine.models.dflash import DFlashDrafter
 from engine.models.layers import AttnMeta
 from engine.models.markov import markov_walk
 from engine.models.qwen3 import Qwen3ForCausalLM
+from engine.prefill import prefill as run_prefill
+from engine.prefill import staged_buffers
 from engine.request import Request
 
 STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
@@ -85,7 +87,8 @@ class ModelRunner:
         self._last_drafts: torch.Tensor | None = None
         rows = width * (1 + (drafter.cfg.block_size if drafter is not None else 0)) if self.graphs.enabled else 0
         logits = torch.empty(rows, target.lm_head.shape[0], dtype=self.dtype, device=self.device)
-        self._span_out = (logits, self._features(rows)) if rows else None
+        self._span_out = (logits, self.features(rows)) if rows else None
+        self.prefill_staged = staged_buffers(width, self.device) if self.graphs.enabled else None
 
     # -- host -> device -----------------------------------------------------------------------------
     def to_device(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -151,45 +154,25 @@ class ModelRunner:
         return positions.reshape(-1), meta
 
     # -- target ------------------------------------------------------------------------------------
-    def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Whole prompts (`prefill_ids`: prompt + committed output after a preemption), eagerly.
-        Returns logits and argmax at each prompt's last row, and feature rows for every prompt row
-        when a drafter is loaded (also stored as its context)."""
-        ids, positions, slots, starts = [], [], [], [0]
-        for r in reqs:
-            n = len(r.prefill_ids)
-            ids += r.prefill_ids
-            positions += range(n)
-            slots += self.slots(r, range(n))
-            starts.append(starts[-1] + n)
-        rows = self.to_device([r.slot for r in reqs])
-        slot_mapping, position_ids = self.to_device(slots), self.to_device(positions)
-        meta = AttnMeta(
-            slot_mapping,
-            self.block_tables.index_select(0, rows),
-            self.to_device([len(r.prefill_ids) for r in reqs], torch.int32),
-            self.to_device(starts, torch.int32),
-            max(len(r.prefill_ids) for r in reqs),
-            causal=True,
-        )
-        features = self._features(len(ids))
-        hidden = self.target.forward(self.to_device(ids), position_ids, meta, self.kv, self.taps, features)
-        if features is not None:
-            self.drafter.store_context(features, position_ids, slot_mapping, self.draft_kv)
-        last = hidden.index_select(0, self.to_device(starts[1:]) - 1)
-        logits = self.target.logits(last)
-        return logits, self.ops.argmax(logits), features
+    def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Whole prompts (`prefill_ids`: prompt + committed output after a preemption): logits and argmax
+        at each prompt's last row; with a drafter every row's features are stored as its context."""
+        return run_prefill(self, reqs)
 
-    def _features(self, rows: int) -> torch.Tensor | None:
+    def features(self, rows: int) -> torch.Tensor | None:
         if not self.taps:
             return None
         return torch.empty(rows, self.drafter.cfg.feature_size, dtype=self.dtype, device=self.device)
+
+    def logits_buffer(self, rows: int) -> torch.Tensor:
+        """The first `rows` rows of the shared logits buffer (graphs on)."""
+        return self._span_out[0][:rows]
 
     def _span_outputs(self, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """A span step's logits and features: views of one buffer each (not each graph's own: ~40 GiB at
         the 4B study's 167 graphs), or (None, fresh features) when eager."""
         if self._span_out is None or rows > self._span_out[0].shape[0]:
-            return None, self._features(rows)
+            return None, self.features(rows)
         logits, features = self._span_out
         return logits[:rows], None if features is None else features[:rows]
 

@@ -1,0 +1,95 @@
+"""The prefill step: whole prompts (`prefill_ids`) through the target, and with a drafter their feature
+rows into its KV as context; from a CUDA graph where the step fits one, else eagerly.
+
+A prefill of short prompts is launch-bound: on the H200 one 16-token prompt took 21 ms on the plain
+4B engine (31 ms with the drafter's context stored) for ~4.4 ms of device time, the host issuing ~400
+Triton launches (docs/benchmarks/spec-levers-h200.md). So up to PREFILL_GRAPH_TOKENS tokens a prefill
+replays the graph of its (token bucket, longest-prompt bucket, request bucket), its inputs staged in
+two persistent buffers by one copy each. Padded tokens are token 0 at position 0 with slot -1: no
+K/V is written and no sequence's span holds them; padded requests sit on the null row with no tokens.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.kernels._triton import next_pow2
+from engine.models.layers import AttnMeta
+from engine.request import Request
+
+if TYPE_CHECKING:
+    from engine.runner import ModelRunner
+
+PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly: compute-bound, their launches a small share
+TOKEN_FIELDS, REQUEST_FIELDS = 3, 4  # (id, position, slot) per token; (row, length, start, last) per request
+
+
+def prefill_bucket(tokens: int) -> int | None:
+    """The token count a graphed prefill of `tokens` runs at (powers of two up to 256, then multiples
+    of 256, so no more than a quarter is padding where compute starts to count), None: eager."""
+    if tokens > PREFILL_GRAPH_TOKENS:
+        return None
+    return max(16, next_pow2(tokens)) if tokens <= 256 else -(-tokens // 256) * 256
+
+
+def staged_buffers(width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The graphed prefill's inputs: per token [3, PREFILL_GRAPH_TOKENS], per request [4, width + 1]."""
+    tokens = torch.zeros(TOKEN_FIELDS, PREFILL_GRAPH_TOKENS, dtype=torch.int64, device=device)
+    return tokens, torch.zeros(REQUEST_FIELDS, width + 1, dtype=torch.int64, device=device)
+
+
+def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits and argmax at each request's last prefill row; the K/V (and drafter context) of every
+    row written. Graphed when the runner has staged buffers and the tokens fit a bucket."""
+    lens = [len(r.prefill_ids) for r in reqs]
+    ids = [t for r in reqs for t in r.prefill_ids]
+    positions = [p for n in lens for p in range(n)]
+    slots = [s for r, n in zip(reqs, lens, strict=True) for s in runner.slots(r, range(n))]
+    starts = [0]
+    for n in lens:
+        starts.append(starts[-1] + n)
+    total, n = starts[-1], len(reqs)
+    t = prefill_bucket(total) if runner.prefill_staged is not None else None
+    if t is None:
+        slot_mapping, position_ids = runner.to_device(slots), runner.to_device(positions)
+        tables = runner.block_tables.index_select(0, runner.to_device([r.slot for r in reqs]))
+        lengths, qsl = runner.to_device(lens, torch.int32), runner.to_device(starts, torch.int32)
+        meta = AttnMeta(slot_mapping, tables, lengths, qsl, max(lens), causal=True)
+        last = runner.to_device(starts[1:]) - 1
+        return _forward(runner, runner.to_device(ids), position_ids, meta, last)
+    m, q = runner.graphs.rows(n), min(t, max(16, next_pow2(max(lens))))
+    pad, extra = t - total, m - n
+    token_rows = [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad]
+    request_rows = [
+        [r.slot for r in reqs] + [runner.null_row] * (extra + 1),
+        lens + [0] * (extra + 1),
+        starts + [total] * extra,
+        [s - 1 for s in starts[1:]] + [0] * (extra + 1),
+    ]
+    tokens, requests = runner.prefill_staged
+    tokens[:, :t].copy_(torch.tensor(token_rows, dtype=torch.int64, pin_memory=True), non_blocking=True)
+    requests[:, : m + 1].copy_(torch.tensor(request_rows, dtype=torch.int64, pin_memory=True), non_blocking=True)
+    logits, greedy = runner.graphs.run(("prefill", t, q), partial(_staged, runner, t, m, q), n, {}, {})
+    return logits[:n], greedy[:n]
+
+
+def _staged(runner: ModelRunner, t: int, m: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The graphed body: the staged buffers' first t tokens and m requests (+ the end of the spans)."""
+    tokens, requests = runner.prefill_staged
+    ids, positions, slots = tokens[:, :t]
+    rows, lens, starts, last = requests[:, : m + 1]
+    tables = runner.block_tables.index_select(0, rows[:m])
+    meta = AttnMeta(slots, tables, lens[:m].to(torch.int32), starts.to(torch.int32), q, causal=True)
+    return _forward(runner, ids, positions, meta, last[:m], out=runner.logits_buffer(m))
+
+
+def _forward(runner: ModelRunner, ids, positions, meta: AttnMeta, last, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    features = runner.features(ids.shape[0])
+    hidden = runner.target.forward(ids, positions, meta, runner.kv, runner.taps, features)
+    if features is not None:
+        runner.drafter.store_context(features, positions, meta.slot_mapping, runner.draft_kv)
+    logits = runner.target.logits(hidden.index_select(0, last), out=out)
+    return logits, runner.ops.argmax(logits)
