@@ -11,8 +11,9 @@ K/V is written and no sequence's span holds them; padded requests sit on the nul
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -20,8 +21,26 @@ from engine.kernels._triton import next_pow2
 from engine.models.layers import AttnMeta
 from engine.request import Request
 
-if TYPE_CHECKING:
-    from engine.runner import ModelRunner
+
+class ModelRunner(Protocol):
+    """What a prefill uses of engine/runner.py's ModelRunner (which imports this module)."""
+
+    target: Any
+    drafter: Any
+    ops: Any
+    graphs: Any
+    kv: list
+    draft_kv: list
+    taps: tuple[int, ...]
+    block_tables: torch.Tensor
+    null_row: int
+    prefill_staged: tuple[torch.Tensor, torch.Tensor] | None
+
+    def slots(self, req: Request, positions: range) -> list[int]: ...
+    def to_device(self, values: Sequence[int], dtype: torch.dtype = torch.int64) -> torch.Tensor: ...
+    def features(self, rows: int) -> torch.Tensor | None: ...
+    def logits_buffer(self, rows: int) -> torch.Tensor: ...
+
 
 PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly: compute-bound, their launches a small share
 TOKEN_FIELDS, REQUEST_FIELDS = 3, 4  # (id, position, slot) per token; (row, length, start, last) per request
