@@ -9,7 +9,8 @@ table holds no host time; what a step adds to them (scheduling, staging the inpu
 modelled drafter's rewrite, the sync, acceptance and bookkeeping, the outputs) is the rest. Host work
 that overlaps the device inside a step is hidden in its wall and is rightly not counted: timing the
 host side alone (a profiler's CPU time) would count it and over-predict at large batches. A prefill
-step runs eagerly (no graph), so it is timed whole: its wall, add_request included, is the cost.
+step is no table row (a graph of its own buckets, or eager above 2,048 tokens), so it is timed whole:
+its wall, add_request included, is the cost.
 
 The host term is the mean over a window of steps, not the median: every KV block's worth of tokens a
 step grows every request's block table (outside the PhaseTimer, inside `engine.step()`: ~10 ms at 256
@@ -159,7 +160,7 @@ def calibrate(
 
 
 def _row(kind: str, engine: str, plan: str, batch: int, drafts: int, wall: float, device: float | None) -> dict:
-    """One calibration row; a prefill's wall is its whole cost (eager: no table device time)."""
+    """One calibration row; a prefill's wall is its whole cost (no table device time)."""
     return {
         "kind": kind,
         "engine": engine,

@@ -9,7 +9,8 @@ calibrated on the same engines in the same run (engine/bench/calibrate.py):
   speculative round's also per calibrated drafts K and linear in K between them (at batch 256 on the
   H200 4B study the term was +1.6 ms at K = 2 and -1.8 ms at K = 15, where the table's span-16 verify
   runs slow: their median, -0.3 ms, made every trim 11-18 % too fast there);
-- the wall of a prefill step admitting n requests (eager, launch-bound: not a graph replay), per
+- the wall of a prefill step admitting n requests (a graph replay up to 2,048 tokens, engine/prefill.py;
+  eager and compute-bound above; the table holds no prefill row), per
   engine (the speculative engine's prefill also stores the drafter's context).
 
 Calibration rows (calibration.csv): {kind, engine, plan, batch, drafts, wall_ms, device_ms, host_ms}:

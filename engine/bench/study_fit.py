@@ -93,5 +93,5 @@ def calibration_markdown(costs: StepCosts) -> str:
     text += markdown_table(["plan", *(str(b) for b in batches)], rows) + "\n\n"
     ns = sorted({n for points in costs.prefill.values() for n in points})
     rows = [[engine, *(fmt(points.get(n), 2) for n in ns)] for engine, points in costs.prefill.items()]
-    text += "Prefill step wall, ms (median; eager, add_request included), by requests admitted:\n\n"
+    text += "Prefill step wall, ms (median; a graph up to 2,048 tokens; add_request included), by requests:\n\n"
     return text + markdown_table(["engine", *(str(n) for n in ns)], rows) + "\n"
