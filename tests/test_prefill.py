@@ -19,16 +19,8 @@ def test_token_buckets_pad_at_most_a_quarter_past_256():
 
 
 def _engine(target, drafter, graphs: bool) -> Engine:
-    config = EngineConfig(
-        model=str(target),
-        draft_model=str(drafter),
-        device="cuda",
-        backend="triton",
-        dtype="float32",
-        cuda_graphs=graphs,
-        max_num_seqs=17,
-    )
-    return Engine(config)
+    options = {"device": "cuda", "backend": "triton", "dtype": "float32", "max_num_seqs": 17}
+    return Engine(EngineConfig(model=str(target), draft_model=str(drafter), cuda_graphs=graphs, **options))
 
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9, [100, 200, 150, 42, 42, 8, 1]]
