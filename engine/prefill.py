@@ -89,8 +89,9 @@ def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, tor
         [s - 1 for s in starts[1:]] + [0] * (extra + 1),
     ]
     tokens, requests = runner.prefill_staged
-    tokens[:, :t].copy_(torch.tensor(token_rows, dtype=torch.int64, pin_memory=True), non_blocking=True)
-    requests[:, : m + 1].copy_(torch.tensor(request_rows, dtype=torch.int64, pin_memory=True), non_blocking=True)
+    pinned = tokens.is_cuda
+    tokens[:, :t].copy_(torch.tensor(token_rows, dtype=torch.int64, pin_memory=pinned), non_blocking=True)
+    requests[:, : m + 1].copy_(torch.tensor(request_rows, dtype=torch.int64, pin_memory=pinned), non_blocking=True)
     logits, greedy = runner.graphs.run(("prefill", t, q), partial(_staged, runner, t, m, q), n, {}, {})
     return logits[:n], greedy[:n]
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.prefill import PREFILL_GRAPH_TOKENS, prefill_bucket
+from engine.prefill import PREFILL_GRAPH_TOKENS, prefill_bucket, staged_buffers
 
 
 def test_token_buckets_pad_at_most_a_quarter_past_256():
@@ -16,6 +16,51 @@ def test_token_buckets_pad_at_most_a_quarter_past_256():
     assert prefill_bucket(PREFILL_GRAPH_TOKENS + 1) is None
     for t in range(257, PREFILL_GRAPH_TOKENS + 1, 37):
         assert t <= prefill_bucket(t) < 1.25 * t + 256 and prefill_bucket(t) % 256 == 0
+
+
+class EagerBuckets:
+    """StepGraphs' part a prefill uses, run eagerly on the CPU: rows padded to the buckets, the step
+    function called as it would be captured."""
+
+    captures = 0
+
+    def __init__(self):
+        self.keys: list[tuple] = []
+
+    def rows(self, n: int) -> int:
+        return next(b for b in (1, 2, 4, 8) if b >= n)
+
+    def run(self, key, fn, n, values, pads):
+        self.keys.append((*key, self.rows(n)))
+        return fn(**values)
+
+
+def test_the_padded_prefill_writes_what_the_plain_one_writes(tiny_target, tiny_drafter, one_thread):
+    """The graphed prefill's inputs (tokens padded to the bucket with slot -1, requests padded on the
+    null row, the longest-prompt bucket as the attention's span), run eagerly on the CPU against the
+    unpadded prefill: the first token's log-probabilities agree, and so does every K/V row of the
+    target's and the drafter's caches (the padding wrote none)."""
+
+    def build() -> Engine:
+        config = EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", max_num_seqs=8)
+        e = Engine(config)
+        for k, v in e.runner.kv + e.runner.draft_kv:
+            k.zero_(), v.zero_()
+        return e
+
+    padded, plain = build(), build()
+    runner, vocab = padded.runner, padded.target_cfg.geometry.vocab_size
+    runner.graphs, runner.prefill_staged = EagerBuckets(), staged_buffers(8, torch.device("cpu"))
+    runner.logits_buffer = lambda rows: torch.empty(rows, vocab)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # 6 + 3 + 40 tokens: bucket 64, span 64, 4 requests
+    params = SamplingParams(max_tokens=1, logprobs=3, ignore_eos=True)
+    for got, want in zip(padded.generate(prompts, params), plain.generate(prompts, params), strict=True):
+        assert got.token_ids == want.token_ids
+        assert got.logprobs[0].logprob == pytest.approx(want.logprobs[0].logprob, abs=1e-5)
+    assert runner.graphs.keys == [("prefill", 64, 64, 4)]
+    for (k, v), (k0, v0) in zip(runner.kv + runner.draft_kv, plain.runner.kv + plain.runner.draft_kv, strict=True):
+        assert torch.allclose(k, k0, atol=1e-5) and torch.allclose(v, v0, atol=1e-5)
+        assert k.abs().sum() > 0
 
 
 def _engine(target, drafter, graphs: bool) -> Engine:
