@@ -88,4 +88,4 @@ class Qwen3ForCausalLM:
 
     def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """out: a [T, V] buffer to write them into (the runner's graph outputs) instead of a new one."""
-        return self.ops.linear(hidden, self.lm_head) if out is None else self.ops.linear(hidden, self.lm_head, out=out)
+        return self.ops.linear(hidden, self.lm_head, out=out)
