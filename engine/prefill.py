@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from itertools import accumulate
 from typing import Any, Protocol
 
 import torch
@@ -63,13 +64,12 @@ def staged_buffers(width: int, device: torch.device) -> tuple[torch.Tensor, torc
 def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and argmax at each request's last prefill row; the K/V (and drafter context) of every
     row written. Graphed when the runner has staged buffers and the tokens fit a bucket."""
-    lens = [len(r.prefill_ids) for r in reqs]
-    ids = [t for r in reqs for t in r.prefill_ids]
-    positions = [p for n in lens for p in range(n)]
-    slots = [s for r, n in zip(reqs, lens, strict=True) for s in runner.slots(r, range(n))]
-    starts = [0]
-    for n in lens:
-        starts.append(starts[-1] + n)
+    prompts = [r.prefill_ids for r in reqs]  # a property that builds its list: once a request
+    lens = [len(p) for p in prompts]
+    ids = [t for p in prompts for t in p]
+    positions = [i for length in lens for i in range(length)]
+    slots = [s for r, length in zip(reqs, lens, strict=True) for s in runner.slots(r, range(length))]
+    starts = list(accumulate(lens, initial=0))
     total, n = starts[-1], len(reqs)
     t = prefill_bucket(total) if runner.prefill_staged is not None else None
     if t is None:
