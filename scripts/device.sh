@@ -53,6 +53,8 @@ stage eval64 40 "τ of \$PAIR at 64 new tokens (the reference loop)"
 run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max-new-tokens 64 --device cuda; }
 stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
 run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
+stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at 1, 8, 16 rows; logs/kernel_ab)"
+run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16}; }
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"

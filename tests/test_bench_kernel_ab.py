@@ -68,19 +68,22 @@ def test_before_is_the_same_function(swiglu, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
-def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row():
+def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_to_16():
     rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 16, 64])]
     for m in (1, 8, 16, 64):
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
     for m in (1, 8, 16, 64):
         assert ("o → norm→gate|up", m) in rows and ("SwiGLU→down → norm→q|k|v", m) in rows
-    assert not any(label.startswith("norm") and m > 1 for label, m in rows)
+    assert {m for label, m in rows if label.startswith("norm")} == {1, 8, 16}  # the unfused pairs at 2-16
     assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
     assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
     for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:
         assert tuning.check_config(c) is None and c.block_m == 1, c
     assert all(c.split_k == 1 for c in kernel_ab.NORM_CANDIDATES)  # the prologue needs whole rows
+    for c in map(SkinnyConfig._make, kernel_ab.PREFETCH_NORM + kernel_ab.PREFETCH_SWIGLU):
+        assert tuning.check_config(c) is None and c.block_m == 16, c
+    assert all(c[3] == 1 for c in kernel_ab.PREFETCH_NORM)
 
 
 @pytest.mark.parametrize("argv", [["--ms", "0"], ["--ms", "1", "-3"]])
@@ -114,3 +117,14 @@ def test_a_missing_or_malformed_table_is_refused(tmp_path, text, match):
         path.write_text(text)
     with pytest.raises(ValueError, match=match):
         kernel_ab.read_tables(path)
+
+
+def test_prefetch_rows_switch_the_prologue_reads_back_and_restore_them():
+    assert gemm.PROLOGUE_PREFETCH
+    with kernel_ab.in_step_prologue():
+        assert not gemm.PROLOGUE_PREFETCH
+    assert gemm.PROLOGUE_PREFETCH
+    labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 64])]
+    prefetch = {m for label, m in labels if label.startswith("prefetch:")}
+    assert prefetch == {8}  # the fused tl.dot path's rows: 2-16 rows only
+    assert ("norm→gate|up", 8) in labels and ("SwiGLU→down", 8) in labels  # the unfused pairs beside them

@@ -16,7 +16,11 @@ norm.add_rms_norm sums them). Rows:
   sides run the same kernels: the per-op times of the step);
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
   where the dispatch does not take it): the data to retune the table's one-row entries (after = that
-  config, before = the previous dispatch).
+  config, before = the previous dispatch);
+- the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
+  its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
+  at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
+  that M, "SwiGLU→down"): the data to give the fused kernels the 2-16-row table entries.
 
 Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
 engine launches it. Writes DIR/kernel_ab.csv and prints a Markdown table: microseconds,
@@ -52,6 +56,17 @@ CANDIDATES = [
     SkinnyConfig(1, 8, 512, 1, 4, 1),
     SkinnyConfig(1, 8, 512, 2, 4, 2),
 ]
+# tl.dot-path configs of the fused kernels at 2-16 rows (the NORM prologue needs split_k 1).
+PREFETCH_NORM = [
+    SkinnyConfig(16, 32, 256, 1, 4, 4),
+    SkinnyConfig(16, 64, 64, 1, 4, 5),
+    SkinnyConfig(16, 64, 128, 1, 4, 3),
+]
+PREFETCH_SWIGLU = [
+    SkinnyConfig(16, 32, 128, 4, 4, 4),
+    SkinnyConfig(16, 32, 128, 8, 4, 3),
+    SkinnyConfig(16, 64, 64, 8, 4, 5),
+]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
     SkinnyConfig(1, 32, 128, 1, 4, 2),
@@ -77,6 +92,16 @@ def before() -> Iterator[None]:
         yield
     finally:
         gemm.DEFER_MAX_ROWS = saved
+
+
+@contextmanager
+def in_step_prologue() -> Iterator[None]:
+    """The tl.dot path's prologue reading each tile in its own K step (before PROLOGUE_PREFETCH)."""
+    saved, gemm.PROLOGUE_PREFETCH = gemm.PROLOGUE_PREFETCH, False
+    try:
+        yield
+    finally:
+        gemm.PROLOGUE_PREFETCH = saved
 
 
 def read_tables(path: Path) -> TunedTables:
@@ -143,11 +168,22 @@ def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = N
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
-def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
+def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
+    """The fused kernel (NORM or SWIGLU prologue) at cfg on both sides: only the switch differs."""
+    nbytes, copies, ws = cases.rotated_weights(n, k)
+    if swiglu:
+        x = torch.randn(m, 2 * k, device=cases.DEVICE).to(cases.DTYPE)
+        fn = lambda i: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)  # noqa: E731
+        return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
+    nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
+    return nbytes, copies, with_cfg, ref, with_cfg
+
+
+def measure(label: str, m: int, case, timer: Timer, bw_gbps: float, switch=before) -> dict:
     nbytes, copies, fn, ref, after_fn = case
     row: dict = {"op": label, "M": m}
     for side in ("before", "after"):
-        with before() if side == "before" else nullcontext():
+        with switch() if side == "before" else nullcontext():
             fn = fn if side == "before" else after_fn
             err = rel_err(fn(0), ref)
             if not err < 2e-2:
@@ -174,6 +210,14 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
     for cfg in NORM_CANDIDATES:
         yield f"norm→q|k|v {list(cfg)}", 1, lambda cfg=cfg: norm_case(qkv_n, h, 1, cfg)
         yield f"norm→gate|up {list(cfg)}", 1, lambda cfg=cfg: norm_case(gu_n, h, 1, cfg)
+    for m in (m for m in ms if 2 <= m <= 16):
+        yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
+        yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)
+        for cfg in map(SkinnyConfig._make, PREFETCH_NORM):
+            yield f"prefetch: norm→q|k|v {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(qkv_n, h, m, False, cfg)
+            yield f"prefetch: norm→gate|up {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(gu_n, h, m, False, cfg)
+        for cfg in map(SkinnyConfig._make, PREFETCH_SWIGLU):
+            yield f"prefetch: SwiGLU→down {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(h, inter, m, True, cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,7 +233,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bw, timer, rows = copy_bandwidth(torch.device("cuda")) / 1e9, Timer("graph"), []  # GB/s
     for label, m, build in cases_for(args.ms):
         try:
-            rows.append(measure(label, m, build(), timer, bw))
+            switch = in_step_prologue if label.startswith("prefetch:") else before
+            rows.append(measure(label, m, build(), timer, bw, switch))
         except Exception as e:  # one failing op is reported; the others still run
             log.warning("%s M=%d failed: %s", label, m, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         torch.cuda.empty_cache()

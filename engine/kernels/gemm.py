@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels._triton import cdiv, jit, pdl
-from engine.kernels.gemm_prologues import _add_scale, _swiglu
+from engine.kernels.gemm_prologues import _add_scale, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.tuning import SkinnyConfig
 
@@ -33,6 +33,11 @@ EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
 # it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
 # split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
 DEFER_MAX_ROWS = 1
+# The tl.dot path's prologues (SWIGLU, NORM) read their tiles one K step ahead, into registers: the
+# pipeliner stages only loads that feed tl.dot, so an activation formed in registers waited for each
+# tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
+# the unfused pairs (the kernel sweep at 3cfef9c, H200).
+PROLOGUE_PREFETCH = True
 
 
 @jit(do_not_specialize=["M"])
@@ -63,6 +68,7 @@ def _linear_kernel(
     PRECISION: tl.constexpr,
     SWIGLU: tl.constexpr,
     NORM: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
@@ -128,6 +134,10 @@ def _linear_kernel(
         s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
         ss = tl.zeros([BLOCK_M], tl.float32)  # per-row sums: a [BLOCK_M, BLOCK_K] fp32 tile costs registers
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if PREFETCH:  # the prologue's reads run a tile ahead (see PROLOGUE_PREFETCH)
+            x_next, aux_next, nw_next = _prologue_tiles(
+                x_rows, r_rows, nw_ptr, up_off, k_lo + rk0, m_ok, k_hi, SWIGLU, NORM
+            )
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
             k_ok = (rk < k_hi)[None, :]
@@ -137,12 +147,22 @@ def _linear_kernel(
             else:
                 xm = m_ok[:, None] & k_ok
                 w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
-            x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
+            if PREFETCH:
+                x, aux, nw = x_next, aux_next, nw_next
+                x_next, aux_next, nw_next = _prologue_tiles(
+                    x_rows, r_rows, nw_ptr, up_off, rk + BLOCK_K, m_ok, k_hi, SWIGLU, NORM
+                )
+            else:
+                x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
+                if SWIGLU:
+                    aux = tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0)
+                if NORM:
+                    aux = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
+                    nw = tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0)
             if SWIGLU:
-                x = _swiglu(x, tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0))
+                x = _swiglu(x, aux)
             if NORM:
-                r = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
-                s, x = _add_scale(x, r, tl.load(nw_ptr + rk[None, :], mask=k_ok, other=0.0))
+                s, x = _add_scale(x, aux, nw[None, :])
                 tl.store(s_rows + rk[None, :], s, mask=xm & writer)
                 ss += tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=1)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
@@ -253,7 +273,10 @@ def launch(
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        _linear_kernel[grid](*args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, **meta)
+        prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
+        _linear_kernel[grid](
+            *args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, PREFETCH=prefetch, **meta
+        )
     if deferred:
         return SplitSum(parts, dtype)
     return _reduce(parts, y) if split else y

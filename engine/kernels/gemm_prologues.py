@@ -23,3 +23,20 @@ def _add_scale(x, r, nw):
     add_rms_norm_ref rounds the sum; the row's 1/rms is applied to the accumulator at the end."""
     s = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
     return s, (s.to(tl.float32) * nw.to(tl.float32)).to(x.dtype)
+
+
+@jit
+def _prologue_tiles(x_rows, r_rows, nw_ptr, up_off, rk, m_ok, k_hi, SWIGLU: tl.constexpr, NORM: tl.constexpr):
+    """What the prologue reads for one [BLOCK_M, BLOCK_K] tile (x, then up or r, then nw; a tile
+    past k_hi reads nothing): issued a tile ahead by the prefetching tl.dot path (gemm.py)."""
+    k_ok = rk < k_hi
+    xm = m_ok[:, None] & k_ok[None, :]
+    x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
+    aux = x
+    nw = tl.zeros_like(rk).to(x.dtype)
+    if SWIGLU:
+        aux = tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0)
+    if NORM:
+        aux = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
+        nw = tl.load(nw_ptr + rk, mask=k_ok, other=0.0)
+    return x, aux, nw
