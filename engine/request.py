@@ -67,8 +67,7 @@ class Request:
     generator: torch.Generator | None = None
     # Drafter state: feature rows not yet in the drafter cache, and how many rows are.
     draft_ready: bool = False
-    ctx_pending: list[Rows] = field(default_factory=list)  # a winning hedge chain's rows
-    ctx_deferred: int = 0  # gated rounds' rows in the context stash (engine/pending.py), after ctx_pending
+    ctx_pending: list[Rows] = field(default_factory=list)
     draft_kv_len: int = 0
     streamed: int = 0  # output tokens already reported by step()
     stop_strings: StopStrings | None = None
@@ -99,14 +98,9 @@ class Request:
         return self.status is Status.FINISHED
 
     @property
-    def handed_rows(self) -> int:
-        """Feature rows a winning hedge chain handed over, not yet stored."""
-        return sum(count for _, _, count in self.ctx_pending)
-
-    @property
     def pending_rows(self) -> int:
-        """Feature rows waiting to join the drafter's KV: a hedge's handover, then gated rounds' rows."""
-        return self.handed_rows + self.ctx_deferred
+        """Feature rows waiting to join the drafter's KV (a hedge's handover, gated rounds' rows)."""
+        return sum(count for _, _, count in self.ctx_pending)
 
     @property
     def draft_context_len(self) -> int:
@@ -142,24 +136,23 @@ class Request:
         self.status, self.num_kv = Status.WAITING, 0
         self.drop_draft_state()
 
-    def advanced(self, accepted: list[int], bonus: int, keep_context: bool, deferred: bool = False) -> int:
+    def advanced(self, accepted: list[int], bonus: int, keep_context: bool, deferred: Rows | None = None) -> int:
         """A round committed `accepted` drafts plus the target's `bonus` token (a one-token round has
         no drafts); the K/V of [current, *accepted] is now committed. `keep_context`: the forward
-        stored their feature rows as drafter context too, or, `deferred` (a gated round: one row), the
-        round put its row in the context stash, to be stored before this request drafts again
-        (engine/pending.py); a plain decode drops the drafter state instead. Returns the tokens
-        committed."""
-        if deferred and accepted:
-            raise ValueError(f"{self.id}: a deferred round commits one token, not {len(accepted) + 1}")
+        stored their feature rows as drafter context too, or, with `deferred`, handed them back to wait
+        with the pending rows until this request drafts again (a gated round); a plain decode drops
+        the drafter state instead. Returns the tokens committed."""
+        if deferred is not None and deferred[2] != len(accepted) + 1:
+            raise ValueError(f"{self.id}: {deferred[2]} deferred rows for {len(accepted) + 1} committed")
         committed = self._commit([*accepted, bonus])
         if self.finished:
             return committed
         self.num_kv += len(accepted) + 1
         if not keep_context:
             self.drop_draft_state()
-        elif deferred:
-            self.ctx_deferred += 1
-        elif self.pending_rows:
+        elif deferred is not None:
+            self.ctx_pending.append(deferred)
+        elif self.ctx_pending:
             raise RuntimeError(f"{self.id}: a round stored its context over {self.pending_rows} pending rows")
         else:
             self.draft_kv_len = self.num_kv
@@ -168,13 +161,11 @@ class Request:
     def context_pending(self, rows: Rows) -> None:
         """The last committed positions take these feature rows (a winning hedge chain's) in place of
         the stored ones; they are stored before the next draft."""
-        if self.pending_rows:
-            raise RuntimeError(f"{self.id}: a hedge handover over {self.pending_rows} pending rows")
         self.ctx_pending, self.draft_kv_len = [rows], self.num_kv - rows[2]
 
     def context_flushed(self) -> None:
         """The pending rows are now in the drafter's KV."""
-        self.ctx_pending, self.ctx_deferred, self.draft_kv_len = [], 0, self.num_kv
+        self.ctx_pending, self.draft_kv_len = [], self.num_kv
 
     def scored(self, entries: list) -> None:
         """Log-probabilities of the latest committed tokens, in order."""
@@ -189,7 +180,6 @@ class Request:
     def drop_draft_state(self) -> None:
         self.draft_ready = False
         self.ctx_pending = []
-        self.ctx_deferred = 0
         self.draft_kv_len = 0
 
     def _commit(self, tokens: list[int]) -> int:

@@ -25,7 +25,7 @@ from engine.costs import CostTable
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.pending import ContextStash
+from engine.pending import store_if_full, store_pending
 from engine.policy import SpanPolicy
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
@@ -108,7 +108,6 @@ class Rounds:
         self.cost_table, self._span_policy = cost_table, None
         self.learn_host = cost_table is None  # a table given at start is taken as the whole cost
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
-        self.stash = ContextStash(runner)
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
@@ -163,17 +162,18 @@ class Rounds:
         res = self.runner.decode(reqs)
         self._mark("target")
         tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
-        if gated:
-            self.stash.defer(reqs, res.features)
+        # A gated round's features outlive the shared buffer they sit in: one copy of the batch's rows.
+        feats = res.features.clone() if gated else None
         committed = [
-            r.advanced([], token, keep_context=gated, deferred=gated) for r, token in zip(reqs, tokens, strict=True)
+            r.advanced([], token, keep_context=gated, deferred=(feats, i, 1) if gated else None)
+            for i, (r, token) in enumerate(zip(reqs, tokens, strict=True))
         ]
         record_logprobs(reqs, res.logits, 1, committed)
         if not gated:
             self.hedger.pause()
             self._policy_k = None
             return
-        self.stash.store_if_full(reqs)
+        store_if_full(self.runner, reqs)
         s = self.stats
         s.rounds += len(reqs)
         s.gated_rounds += len(reqs)
@@ -200,7 +200,7 @@ class Rounds:
                 self.one_token(reqs, gated=True)
                 return
         limits = [draft_limit(k, r.remaining) for r in reqs]
-        self.stash.store(reqs)
+        store_pending(runner, reqs)
         runner.stage(reqs, limits)
         plan = self.hedger.plan(reqs, limits, k)
         if plan:

@@ -55,11 +55,8 @@ def test_context_kv_equals_hf_features_after_every_step(monkeypatch, pair, promp
     for ids, budget in zip(prompt_ids, BUDGETS, strict=True):
         engine.add_request(ids, SamplingParams(max_tokens=budget, ignore_eos=True))
     stores = []
-    stash = engine.rounds.stash
-    store = stash._store_stash
-    monkeypatch.setattr(
-        stash, "_store_stash", lambda reqs: stores.append(sum(r.ctx_deferred for r in reqs)) or store(reqs)
-    )
+    store = engine.runner.store_context
+    monkeypatch.setattr(engine.runner, "store_context", lambda f, p, s: stores.append(len(p)) or store(f, p, s))
     checked, most_pending = 0, 0
     while engine.has_unfinished():
         engine.step()

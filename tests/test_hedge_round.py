@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, SamplingParams, pending
+from engine import round as round_module
 from engine.pending import gather_rows
 from tests.checkpoints import VOCAB, make_dspark_drafter
 from tests.kv_checks import check_draft_kv, check_kv, hf_state
@@ -58,13 +59,12 @@ def hedged_engine(monkeypatch, target, drafter, plain, corrupt_at: int | None, c
         )
     )
     real_draft, real_chains = engine.runner.draft, engine.runner.draft_chains
-    real_store = engine.rounds.stash.store
 
-    def store_pending(reqs):
+    def store_pending(runner, reqs):
         for r in reqs:
             if r.ctx_pending:
-                contexts.append((r, r.draft_kv_len, gather_rows(r.ctx_pending, engine.runner.to_device).clone()))
-        real_store(reqs)
+                contexts.append((r, r.draft_kv_len, gather_rows(r.ctx_pending, runner.to_device).clone()))
+        pending.store_pending(runner, reqs)
 
     def main_rows(reqs, width):
         rows = []
@@ -93,7 +93,7 @@ def hedged_engine(monkeypatch, target, drafter, plain, corrupt_at: int | None, c
         return torch.tensor([m for _, m in rows]), torch.tensor(chains)
 
     engine.runner.draft, engine.runner.draft_chains = draft, draft_chains
-    monkeypatch.setattr(engine.rounds.stash, "store", store_pending)
+    monkeypatch.setattr(round_module, "store_pending", store_pending)
     return engine
 
 
