@@ -92,9 +92,7 @@ class CostTable:
         return self.gated_ms(batch)
 
     def gated_ms(self, batch: int) -> float:
-        """One gated round: a one-row span per request on the speculative engine. The verify row stores
-        the features, which a gated round defers (engine/pending.py): the store is charged here, at
-        the round, though a request pays it later, in one batched store, or never if it finishes."""
+        """One gated round: a one-row span per request on the speculative engine (features stored)."""
         return self.verify_ms(batch, 1) + self.host_ms(batch)
 
     def round_ms(self, batch: int, drafts: int) -> float:

@@ -10,10 +10,6 @@ import torch
 from engine.config import SamplingParams
 from engine.stopping import StopStrings
 
-# Feature rows start .. start + count - 1 of a [rows, features] tensor that others may share (a gated
-# round's batch, a hedge's winners): a plain tuple, made per request and round on the hot path.
-Rows = tuple[torch.Tensor, int, int]
-
 
 @dataclass
 class RequestOutput:
@@ -67,7 +63,7 @@ class Request:
     generator: torch.Generator | None = None
     # Drafter state: feature rows not yet in the drafter cache, and how many rows are.
     draft_ready: bool = False
-    ctx_pending: list[Rows] = field(default_factory=list)
+    ctx_pending: list[torch.Tensor] = field(default_factory=list)
     draft_kv_len: int = 0
     streamed: int = 0  # output tokens already reported by step()
     stop_strings: StopStrings | None = None
@@ -98,14 +94,9 @@ class Request:
         return self.status is Status.FINISHED
 
     @property
-    def pending_rows(self) -> int:
-        """Feature rows waiting to join the drafter's KV (a hedge's handover, gated rounds' rows)."""
-        return sum(count for _, _, count in self.ctx_pending)
-
-    @property
     def draft_context_len(self) -> int:
         """Feature rows the drafter holds for this request: stored in its KV plus pending."""
-        return self.draft_kv_len + self.pending_rows
+        return self.draft_kv_len + sum(t.shape[0] for t in self.ctx_pending)
 
     # -- transitions: the only code that changes a request's state ----------------------------------
     def admitted(self, slot: int, blocks: list[int]) -> None:
@@ -136,32 +127,25 @@ class Request:
         self.status, self.num_kv = Status.WAITING, 0
         self.drop_draft_state()
 
-    def advanced(self, accepted: list[int], bonus: int, keep_context: bool, deferred: Rows | None = None) -> int:
+    def advanced(self, accepted: list[int], bonus: int, keep_context: bool) -> int:
         """A round committed `accepted` drafts plus the target's `bonus` token (a one-token round has
         no drafts); the K/V of [current, *accepted] is now committed. `keep_context`: the forward
-        stored their feature rows as drafter context too, or, with `deferred`, handed them back to wait
-        with the pending rows until this request drafts again (a gated round); a plain decode drops
-        the drafter state instead. Returns the tokens committed."""
-        if deferred is not None and deferred[2] != len(accepted) + 1:
-            raise ValueError(f"{self.id}: {deferred[2]} deferred rows for {len(accepted) + 1} committed")
+        stored their feature rows as drafter context too (a plain decode drops the drafter state
+        instead). Returns the tokens committed."""
         committed = self._commit([*accepted, bonus])
         if self.finished:
             return committed
         self.num_kv += len(accepted) + 1
-        if not keep_context:
-            self.drop_draft_state()
-        elif deferred is not None:
-            self.ctx_pending.append(deferred)
-        elif self.ctx_pending:
-            raise RuntimeError(f"{self.id}: a round stored its context over {self.pending_rows} pending rows")
-        else:
+        if keep_context:
             self.draft_kv_len = self.num_kv
+        else:
+            self.drop_draft_state()
         return committed
 
-    def context_pending(self, rows: Rows) -> None:
-        """The last committed positions take these feature rows (a winning hedge chain's) in place of
-        the stored ones; they are stored before the next draft."""
-        self.ctx_pending, self.draft_kv_len = [rows], self.num_kv - rows[2]
+    def context_pending(self, rows: torch.Tensor) -> None:
+        """The last len(rows) committed positions take these feature rows (a winning hedge chain's)
+        in place of the stored ones; they are stored before the next draft."""
+        self.ctx_pending, self.draft_kv_len = [rows], self.num_kv - rows.shape[0]
 
     def context_flushed(self) -> None:
         """The pending rows are now in the drafter's KV."""

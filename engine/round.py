@@ -1,10 +1,9 @@
 """The decode-side rounds, top to bottom (SPEC 2.4, 2.5): the one-token round and the speculative round.
 
 One-token round: each request's current token through the target (the plain decode step). A gated
-round (the batch is at or above MAX_BATCH) is the same step that keeps the capture: each row's
-features wait as the request's pending context (engine/pending.py), stored as drafter context before
-it drafts again, so speculation resumes once the batch shrinks. A plain decode (no drafter, or a
-request not draft-ready) drops the drafter state and writes no trace.
+round (the batch is at or above MAX_BATCH) is the same step that keeps the capture: the forward
+stored each row's features as drafter context, so speculation resumes once the batch shrinks. A
+plain decode (no drafter, or a request not draft-ready) drops the drafter state and writes no trace.
 
 Speculative round, per request: k drafts enter the verify (MAX_DRAFTS trims them), a request may
 accept at most `draft_limit` of them (its budget), the target verifies [current, d1..dk] in one
@@ -25,7 +24,6 @@ from engine.costs import CostTable
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.pending import store_if_full, store_pending
 from engine.policy import SpanPolicy
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
@@ -162,18 +160,12 @@ class Rounds:
         res = self.runner.decode(reqs)
         self._mark("target")
         tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
-        # A gated round's features outlive the shared buffer they sit in: one copy of the batch's rows.
-        feats = res.features.clone() if gated else None
-        committed = [
-            r.advanced([], token, keep_context=gated, deferred=(feats, i, 1) if gated else None)
-            for i, (r, token) in enumerate(zip(reqs, tokens, strict=True))
-        ]
+        committed = [r.advanced([], token, keep_context=gated) for r, token in zip(reqs, tokens, strict=True)]
         record_logprobs(reqs, res.logits, 1, committed)
         if not gated:
             self.hedger.pause()
             self._policy_k = None
             return
-        store_if_full(self.runner, reqs)
         s = self.stats
         s.rounds += len(reqs)
         s.gated_rounds += len(reqs)
@@ -200,7 +192,7 @@ class Rounds:
                 self.one_token(reqs, gated=True)
                 return
         limits = [draft_limit(k, r.remaining) for r in reqs]
-        store_pending(runner, reqs)
+        self._store_pending_context(reqs)
         runner.stage(reqs, limits)
         plan = self.hedger.plan(reqs, limits, k)
         if plan:
@@ -231,6 +223,21 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self._count(outcomes, len(plan), len(hedges), wins)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
+
+    def _store_pending_context(self, reqs: list[Request]) -> None:
+        """Rows a winning hedge chain handed over last round join the drafter's KV before it drafts."""
+        feats, positions, slots, owners = [], [], [], []
+        for r in reqs:
+            if r.ctx_pending:
+                span = range(r.draft_kv_len, r.num_kv)
+                feats += r.ctx_pending
+                positions += span
+                slots += self.runner.slots(r, span)
+                owners.append(r)
+        if feats:
+            self.runner.store_context(torch.cat(feats), positions, slots)
+            for r in owners:
+                r.context_flushed()
 
     def _accept_on_host(
         self, res: SpanResult, drafts: torch.Tensor, groups: list[Request], limits: list[int]

@@ -6,9 +6,8 @@ own (after the null row); the draft graph is keyed on the branch positions it wa
 or speculative step reads its per-request inputs (current token, table row, committed rows, draft
 limit) from one staged buffer, copied host -> device once per step; the verify graph takes the draft
 graph's output buffer as is and accepts on the device: one copy in, two graph launches, one copy out.
-Every verify and prefill that captures features also stores them as drafter context K/V at the same
-slots: rows a round rejects sit past the committed length, where later rows overwrite them. A decode
-step leaves its features to the caller (a gated round defers them, a plain one drops them).
+Every target forward that captures features also stores them as drafter context K/V at the same
+slots: rows a round rejects sit past the committed length, where later rows overwrite them.
 """
 
 from __future__ import annotations
@@ -177,11 +176,11 @@ class ModelRunner:
         logits, features = self._span_out
         return logits[:rows], None if features is None else features[:rows]
 
-    def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor, store: bool = True) -> tuple:
+    def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
         positions, meta = self._span_meta(rows, num_kv, ids.shape[1], causal=True)
         out, features = self._span_outputs(ids.numel())
         hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
-        if features is not None and store:
+        if features is not None:
             self.drafter.store_context(features, positions, meta.slot_mapping, self.draft_kv)
         logits = self.target.logits(hidden, out=out)
         return logits, self.ops.argmax(logits), features
@@ -199,8 +198,7 @@ class ModelRunner:
         return _trim(SpanResult(logits, greedy, features), n * span)
 
     def decode(self, reqs: list[Request]) -> SpanResult:
-        """Each staged request's current token at position num_kv (a plain or gated step). Its
-        features are not stored as drafter context: a gated round defers them (engine/round.py)."""
+        """Each staged request's current token at position num_kv (a plain or gated step)."""
         self._check_staged(reqs)
         n = len(reqs)
         logits, greedy, features = self.graphs.run(
@@ -210,7 +208,7 @@ class ModelRunner:
 
     def _staged_decode(self, m: int) -> tuple:
         ids = self.field("token", m)[:, None]
-        return self._span_forward(ids, self.field("row", m), self.field("num_kv", m), store=False)
+        return self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
 
     def verify(
         self, reqs: list[Request], drafts: torch.Tensor, k: int, accept: AcceptRule

@@ -17,9 +17,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM as HFQwen3
 
-from engine import Engine, EngineConfig, SamplingParams, pending
-from engine import round as round_module
-from engine.pending import gather_rows
+from engine import Engine, EngineConfig, SamplingParams
 from tests.checkpoints import VOCAB, make_dspark_drafter
 from tests.kv_checks import check_draft_kv, check_kv, hf_state
 from trace_tools import hedge_trace_rows, levers_trace_rows, summarize_hedge
@@ -48,7 +46,7 @@ def plain(tiny_target):
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
-def hedged_engine(monkeypatch, target, drafter, plain, corrupt_at: int | None, contexts: list, **levers) -> Engine:
+def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list, **levers) -> Engine:
     engine = Engine(
         EngineConfig(
             model=str(target),
@@ -59,12 +57,13 @@ def hedged_engine(monkeypatch, target, drafter, plain, corrupt_at: int | None, c
         )
     )
     real_draft, real_chains = engine.runner.draft, engine.runner.draft_chains
+    real_store = engine.rounds._store_pending_context
 
-    def store_pending(runner, reqs):
+    def store_pending(reqs):
         for r in reqs:
             if r.ctx_pending:
-                contexts.append((r, r.draft_kv_len, gather_rows(r.ctx_pending, runner.to_device).clone()))
-        pending.store_pending(runner, reqs)
+                contexts.append((r, r.draft_kv_len, torch.cat(r.ctx_pending).clone()))
+        real_store(reqs)
 
     def main_rows(reqs, width):
         rows = []
@@ -93,7 +92,7 @@ def hedged_engine(monkeypatch, target, drafter, plain, corrupt_at: int | None, c
         return torch.tensor([m for _, m in rows]), torch.tensor(chains)
 
     engine.runner.draft, engine.runner.draft_chains = draft, draft_chains
-    monkeypatch.setattr(round_module, "store_pending", store_pending)
+    engine.rounds._store_pending_context = store_pending
     return engine
 
 
@@ -116,10 +115,10 @@ def run_checked(engine: Engine, hf, capsys, contexts: list):
     return [done[i] for i in ids], levers_trace_rows(lines), hedge_trace_rows(lines)
 
 
-def test_winning_chain_becomes_canonical(monkeypatch, tiny_target, dspark, plain, hf_target, capsys):
+def test_winning_chain_becomes_canonical(tiny_target, dspark, plain, hf_target, capsys):
     c = 1
     contexts: list = []
-    engine = hedged_engine(monkeypatch, tiny_target, dspark, plain, c, contexts)
+    engine = hedged_engine(tiny_target, dspark, plain, c, contexts)
     outs, rounds, hedges = run_checked(engine, hf_target, capsys, contexts)
     for prompt, budget, out in zip(PROMPTS, BUDGETS, outs, strict=True):
         assert out.token_ids == plain[tuple(prompt)][:budget]
@@ -139,9 +138,9 @@ def test_winning_chain_becomes_canonical(monkeypatch, tiny_target, dspark, plain
     assert engine.stats.committed_tokens == sum(BUDGETS) - len(PROMPTS)
 
 
-def test_losing_chains_leave_no_trace(monkeypatch, tiny_target, dspark, plain, hf_target, capsys):
+def test_losing_chains_leave_no_trace(tiny_target, dspark, plain, hf_target, capsys):
     contexts: list = []
-    engine = hedged_engine(monkeypatch, tiny_target, dspark, plain, None, contexts)
+    engine = hedged_engine(tiny_target, dspark, plain, None, contexts)
     outs, rounds, hedges = run_checked(engine, hf_target, capsys, contexts)
     for prompt, budget, out in zip(PROMPTS, BUDGETS, outs, strict=True):
         assert out.token_ids == plain[tuple(prompt)][:budget]
@@ -151,8 +150,8 @@ def test_losing_chains_leave_no_trace(monkeypatch, tiny_target, dspark, plain, h
     assert all(r.accepted_draft == r.verified_draft for r in rounds)
 
 
-def test_gated_rounds_have_no_chains(monkeypatch, tiny_target, dspark, plain, capsys):
-    engine = hedged_engine(monkeypatch, tiny_target, dspark, plain, 1, [], max_batch=3)
+def test_gated_rounds_have_no_chains(tiny_target, dspark, plain, capsys):
+    engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_batch=3)
     outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     gated = {(r.request) for r in levers_trace_rows(lines) if r.gated}
@@ -163,9 +162,9 @@ def test_gated_rounds_have_no_chains(monkeypatch, tiny_target, dspark, plain, ca
         assert out.token_ids == plain[tuple(prompt)][:budget]
 
 
-def test_trim_limits_branch_positions(monkeypatch, tiny_target, dspark, plain, capsys):
+def test_trim_limits_branch_positions(tiny_target, dspark, plain, capsys):
     # k = 2: the chain at position 2 can never be verified; spans stay 1 + 2 for main and chains.
-    engine = hedged_engine(monkeypatch, tiny_target, dspark, plain, 1, [], max_drafts=2)
+    engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_drafts=2)
     outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     assert max(r.verified_draft for r in levers_trace_rows(lines)) == 2

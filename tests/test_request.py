@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from engine.config import SamplingParams
@@ -29,32 +28,11 @@ def test_a_winning_chain_hands_over_its_rows_until_the_next_draft():
     r = _req()
     r.prefilled(9, context_stored=True)
     r.advanced([1, 2], 4, keep_context=True)
-    r.context_pending((torch.zeros(5, 4), 1, 3))  # the winner's rows replace the main span's [current, d1, d2]
+    rows = torch.zeros(3, 4)
+    r.context_pending(rows)  # the winner's rows replace the main span's [current, d1, d2]
     assert (r.draft_kv_len, r.draft_context_len) == (3, 6)
     r.context_flushed()
     assert (r.draft_kv_len, r.ctx_pending) == (6, [])
-
-
-def test_gated_rounds_defer_their_rows_until_flushed():
-    r = _req()
-    r.prefilled(9, context_stored=True)
-    batch = torch.zeros(4, 2)  # one gated round's features for a batch of four
-    r.advanced([], 1, keep_context=True, deferred=(batch, 2, 1))
-    r.advanced([], 2, keep_context=True, deferred=(batch, 0, 1))
-    assert (r.num_kv, r.draft_kv_len, r.draft_context_len, r.pending_rows) == (5, 3, 5, 2)
-    with pytest.raises(RuntimeError, match="over 2 pending rows"):
-        r.advanced([4], 5, keep_context=True)  # a stored round may not skip pending rows
-    with pytest.raises(ValueError, match="1 deferred rows for 2 committed"):
-        r.advanced([6], 7, keep_context=True, deferred=(batch, 1, 1))  # refused before it commits
-    r.context_flushed()
-    assert (r.draft_kv_len, r.ctx_pending) == (r.num_kv, [])
-
-
-def test_finishing_drops_deferred_rows():
-    r = _req(max_tokens=2)
-    r.prefilled(9, context_stored=True)
-    r.advanced([], 1, keep_context=True, deferred=(torch.zeros(1, 2), 0, 1))
-    assert r.finished and r.ctx_pending == [] and r.draft_context_len == 0
 
 
 def test_plain_decode_drops_the_drafter_state():

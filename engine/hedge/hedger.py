@@ -175,10 +175,9 @@ class Hedger:
             grown.append((r, rows))
         if winners:
             self.scratch.commit(winners)
-            feats, start = res.features.index_select(0, self.runner.to_device(keep)), 0
-            for r, rows in grown:
-                r.context_pending((feats, start, rows))
-                start += rows
+            feats = res.features.index_select(0, self.runner.to_device(keep))
+            for (r, _), rows in zip(grown, feats.split([c for _, c in grown]), strict=True):
+                r.context_pending(rows)
         return lines
 
     def tick(self, plan: list[tuple[int, int]], committed: int) -> None:
