@@ -12,7 +12,7 @@ import torch
 from engine.bench import sweep
 from engine.bench.arms import parse_arms
 from engine.bench.common import make_engine
-from engine.bench.gcstate import GcWatch, frozen_heap
+from engine.bench.gcstate import GcWatch, frozen_heap, settle_heap
 from engine.bench.load import LoadResult, closed_loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -96,3 +96,21 @@ def test_the_sweep_runs_every_closed_loop_on_a_frozen_heap(monkeypatch, thawed):
     rows, _ = sweep.run_sweep({"plain": Levers(), "spec": Levers()}, arms, [[1]], [1], 1, 4, progress=False)
     assert frozen and all(frozen) and gc.get_freeze_count() == 0
     assert {(r["gc_ms"], r["gc_full"]) for r in rows} == {(0.5, 1)}
+
+
+def test_settle_heap_freezes_what_earlier_runs_left_only_inside_a_frozen_sweep(thawed):
+    gc.collect()
+    records = [[i] for i in range(1000)]  # a sweep's records: alive, tracked, growing
+    settle_heap()
+    assert gc.get_freeze_count() == 0  # outside a frozen sweep nothing is frozen
+    with frozen_heap():
+        frozen = gc.get_freeze_count()
+        records += [[i] for i in range(1000)]
+        garbage = Node()
+        dead = weakref.ref(garbage)
+        del garbage
+        settle_heap()
+        assert dead() is None  # the young garbage is collected, not frozen
+        assert gc.get_freeze_count() >= frozen + 1000  # the new records joined the frozen heap
+        assert gc.get_count()[0] < 50  # the next run's collections start from an empty young heap
+    assert gc.get_freeze_count() == 0 and len(records) == 2000

@@ -4,13 +4,12 @@ fixed number of requests has completed. Greedy, fixed output length (EOS ignored
 from __future__ import annotations
 
 import copy
-import gc
 import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from engine.bench.gcstate import GcWatch
+from engine.bench.gcstate import GcWatch, settle_heap
 from engine.bench.hw import peak_memory_gib, reset_peak_memory
 from engine.config import SamplingParams
 from engine.engine import Engine, SpecStats
@@ -46,8 +45,9 @@ def closed_loop(
     """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
     prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence (output_lengths), the
     length at the same index. Prefill steps are part of the wall time (output tok/s is end
-    to end). The young GC generations are collected before the clock starts, so every run starts from
-    the same collector state; the collections the run pays are reported (gcstate.py). Once the last
+    to end). The young GC generations are collected before the clock starts (and in a frozen-heap
+    sweep what earlier runs left is frozen: gcstate.settle_heap), so every run starts from the same
+    collector state; the collections the run pays are reported (gcstate.py). Once the last
     request is submitted the engine is told no more will come (`Engine.no_more_requests`: the
     adaptive policy values K over that draining wave)."""
     if concurrency < 1 or num_requests < 1 or not prompts:
@@ -64,7 +64,7 @@ def closed_loop(
     first_step = len(engine.timer.records)
     before = copy.deepcopy(engine.stats)
     reset_peak_memory(engine.device)
-    gc.collect(1)
+    settle_heap()
     sync(engine.device)
 
     submitted = done = tokens = in_flight = max_in_flight = 0
