@@ -55,6 +55,14 @@ stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table 
 run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
 stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at 1, 8, 16 rows; logs/kernel_ab)"
 run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16}; }
+stage fused-ab 240 "the fused kernels at 8 and 16 rows (kernel_ab's prefetch rows); a table of those that beat their unfused pair, interleaved against the shipped one in a decode A/B at c=8 and 16 (logs/fused-ab); install it by hand if it wins"
+run_fused_ab() {
+  local table="$LOG/fused-ab/nvidia-h200.json"
+  python3 -m engine.bench.kernel_ab --out "$LOG/fused-ab" --ms 8 16 --fused-table "$table" || return
+  grep -q '+ 0 fused entries' "$table" && { echo "no fused config beat its pair: no decode A/B"; return 0; }
+  python3 -m engine.bench.decode_ab --out "$LOG/fused-ab/decode" --concurrency 8 16 --repeats ${AB_REPEATS:-3} \
+    --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
+}
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"

@@ -3,6 +3,8 @@ reduce kernels), its cases and its argument checks (the timing itself needs a GP
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -81,9 +83,9 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_t
     for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:
         assert tuning.check_config(c) is None and c.block_m == 1, c
     assert all(c.split_k == 1 for c in kernel_ab.NORM_CANDIDATES)  # the prologue needs whole rows
-    for c in map(SkinnyConfig._make, kernel_ab.PREFETCH_NORM + kernel_ab.PREFETCH_SWIGLU):
+    for c in kernel_ab.PREFETCH_NORM + kernel_ab.PREFETCH_SWIGLU:
         assert tuning.check_config(c) is None and c.block_m == 16, c
-    assert all(c[3] == 1 for c in kernel_ab.PREFETCH_NORM)
+    assert all(c.split_k == 1 for c in kernel_ab.PREFETCH_NORM)
 
 
 @pytest.mark.parametrize("argv", [["--ms", "0"], ["--ms", "1", "-3"]])
@@ -128,3 +130,26 @@ def test_prefetch_rows_switch_the_prologue_reads_back_and_restore_them():
     prefetch = {m for label, m in labels if label.startswith("prefetch:")}
     assert prefetch == {8}  # the fused tl.dot path's rows: 2-16 rows only
     assert ("norm→gate|up", 8) in labels and ("SwiGLU→down", 8) in labels  # the unfused pairs beside them
+
+
+def test_fused_winners_beat_their_dispatched_pair_by_the_margin_and_join_the_table():
+    row = lambda op, m, us: {"op": op, "M": m, "after_us": us}  # noqa: E731
+    rows = [
+        row("norm→gate|up", 8, 28.5),
+        row("prefetch: norm→gate|up [16, 64, 128, 1, 4, 3]", 8, 27.0),  # 0.947: a winner
+        row("prefetch: norm→gate|up [16, 128, 64, 1, 4, 4]", 8, 26.0),  # the better one
+        row("norm→q|k|v", 8, 11.7),
+        row("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]", 8, 11.5),  # inside the 3 % margin: not taken
+        row("prefetch: SwiGLU→down [16, 32, 128, 8, 4, 3]", 16, 10.0),  # no pair measured at 16: not taken
+    ]
+    winners = kernel_ab.fused_winners(rows)
+    assert list(winners) == [("norm→gate|up", 8)]
+    cfg, ratio = winners["norm→gate|up", 8]
+    assert cfg == SkinnyConfig(16, 128, 64, 1, 4, 4) and ratio == pytest.approx(26.0 / 28.5)
+    shipped = tuning.load("NVIDIA H200")
+    table = kernel_ab.with_fused(shipped, winners)
+    assert table.add_rms_norm_linear[(19456, 2560)][8] == cfg
+    assert table.add_rms_norm_linear[(19456, 2560)][1] == shipped.add_rms_norm_linear[(19456, 2560)][1]
+    assert table.linear == shipped.linear and table.silu_mul_linear == shipped.silu_mul_linear
+    again = tuning.parse(json.loads(tuning.dumps(table, "NVIDIA H200")))  # what decode_ab reads back
+    assert again.add_rms_norm_linear == table.add_rms_norm_linear

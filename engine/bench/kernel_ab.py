@@ -30,6 +30,7 @@ after/before, the after path's weight bytes over time as a fraction of the measu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -61,11 +62,22 @@ PREFETCH_NORM = [
     SkinnyConfig(16, 32, 256, 1, 4, 4),
     SkinnyConfig(16, 64, 64, 1, 4, 5),
     SkinnyConfig(16, 64, 128, 1, 4, 3),
+    SkinnyConfig(16, 32, 128, 1, 4, 4),
+    SkinnyConfig(16, 64, 256, 1, 4, 3),
+    SkinnyConfig(16, 64, 256, 1, 8, 3),
+    SkinnyConfig(16, 128, 128, 1, 8, 3),
+    SkinnyConfig(16, 128, 64, 1, 4, 4),
+    SkinnyConfig(16, 16, 256, 1, 4, 4),
 ]
 PREFETCH_SWIGLU = [
     SkinnyConfig(16, 32, 128, 4, 4, 4),
     SkinnyConfig(16, 32, 128, 8, 4, 3),
     SkinnyConfig(16, 64, 64, 8, 4, 5),
+    SkinnyConfig(16, 32, 256, 4, 4, 3),
+    SkinnyConfig(16, 64, 128, 4, 4, 3),
+    SkinnyConfig(16, 64, 128, 8, 8, 3),
+    SkinnyConfig(16, 16, 256, 8, 4, 3),
+    SkinnyConfig(16, 32, 64, 8, 4, 5),
 ]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
@@ -213,17 +225,59 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)
-        for cfg in map(SkinnyConfig._make, PREFETCH_NORM):
+        for cfg in PREFETCH_NORM:
             yield f"prefetch: norm→q|k|v {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(qkv_n, h, m, False, cfg)
             yield f"prefetch: norm→gate|up {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(gu_n, h, m, False, cfg)
-        for cfg in map(SkinnyConfig._make, PREFETCH_SWIGLU):
+        for cfg in PREFETCH_SWIGLU:
             yield f"prefetch: SwiGLU→down {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(h, inter, m, True, cfg)
+
+
+FUSED_OPS = {  # kernel_ab label -> (tuned-table section, weight shape key)
+    "norm→q|k|v": ("add_rms_norm_linear", cases.SHAPES[0]),
+    "norm→gate|up": ("add_rms_norm_linear", cases.SHAPES[2]),
+    "SwiGLU→down": ("silu_mul_linear", cases.DOWN_SHAPE),
+}
+
+
+def fused_winners(rows: Sequence[dict], margin: float = 0.03) -> dict[tuple[str, int], tuple[SkinnyConfig, float]]:
+    """(op, M) -> (config, fused / pair) for the prefetched fused configs faster than the unfused pair
+    as dispatched at that M by more than `margin`."""
+    pair = {(r["op"], r["M"]): r["after_us"] for r in rows if r["op"] in FUSED_OPS}
+    best: dict[tuple[str, int], tuple[SkinnyConfig, float]] = {}
+    for r in rows:
+        if not r["op"].startswith("prefetch: "):
+            continue
+        op, cfg = r["op"][len("prefetch: ") :].rsplit(" [", 1)
+        base = pair.get((op, r["M"]))
+        if base is None or r["after_us"] > (1.0 - margin) * base:
+            continue
+        ratio = r["after_us"] / base
+        if (op, r["M"]) not in best or ratio < best[op, r["M"]][1]:
+            best[op, r["M"]] = (SkinnyConfig(*json.loads("[" + cfg)), ratio)
+    return best
+
+
+def with_fused(tables: TunedTables, winners: dict[tuple[str, int], tuple[SkinnyConfig, float]]) -> TunedTables:
+    """`tables` with each winner as its section's entry for the winner's M bucket."""
+    sections = {
+        "add_rms_norm_linear": dict(tables.add_rms_norm_linear),
+        "silu_mul_linear": dict(tables.silu_mul_linear),
+    }
+    for (op, m), (cfg, _) in winners.items():
+        section, shape = FUSED_OPS[op]
+        sections[section][shape] = {**sections[section].get(shape, {}), m: cfg}
+    return dataclasses.replace(tables, **sections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 64])
+    p.add_argument(
+        "--fused-table",
+        type=Path,
+        help="write the shipped table plus the prefetched fused configs that beat their unfused pair (an A/B arm)",
+    )
     args = p.parse_args(argv)
     if min(args.ms) < 1:
         raise SystemExit("--ms: row counts >= 1")
@@ -253,6 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     header = ["op", "M", "before µs", "after µs", "after/before", "after: of copy BW"]
     print(f"copy bandwidth {bw:.0f} GB/s\n\n" + markdown_table(header, table))
+    if args.fused_table:
+        winners = fused_winners(rows)
+        for (op, m), (cfg, ratio) in sorted(winners.items()):
+            print(f"fused {op} M={m}: {list(cfg)} at {ratio:.3f} of the unfused pair")
+        name = torch.cuda.get_device_name()
+        shipped = tuning.tables_for(torch.device("cuda"))
+        note = f"kernel_ab --fused-table: the shipped table + {len(winners)} fused entries"
+        args.fused_table.write_text(tuning.dumps(with_fused(shipped, winners), name, note))
     return 0
 
 
