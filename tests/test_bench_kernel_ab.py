@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from engine.bench import kernel_ab
+from engine.bench import kernel_ab, kernel_fused
 from engine.kernels import fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
@@ -142,12 +142,12 @@ def test_fused_winners_beat_their_dispatched_pair_by_the_margin_and_join_the_tab
         row("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]", 8, 11.5),  # inside the 3 % margin: not taken
         row("prefetch: SwiGLU→down [16, 32, 128, 8, 4, 3]", 16, 10.0),  # no pair measured at 16: not taken
     ]
-    winners = kernel_ab.fused_winners(rows)
+    winners = kernel_fused.fused_winners(rows)
     assert list(winners) == [("norm→gate|up", 8)]
     cfg, ratio = winners["norm→gate|up", 8]
     assert cfg == SkinnyConfig(16, 128, 64, 1, 4, 4) and ratio == pytest.approx(26.0 / 28.5)
     shipped = tuning.load("NVIDIA H200")
-    table = kernel_ab.with_fused(shipped, winners)
+    table = kernel_fused.with_fused(shipped, winners)
     assert table.add_rms_norm_linear[(19456, 2560)][8] == cfg
     assert table.add_rms_norm_linear[(19456, 2560)][1] == shipped.add_rms_norm_linear[(19456, 2560)][1]
     assert table.linear == shipped.linear and table.silu_mul_linear == shipped.silu_mul_linear

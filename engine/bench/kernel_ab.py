@@ -30,7 +30,6 @@ after/before, the after path's weight bytes over time as a fraction of the measu
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
+from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels import fused_linear, gemm, linear, norm, tuning
@@ -230,43 +230,6 @@ def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]
             yield f"prefetch: norm→gate|up {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(gu_n, h, m, False, cfg)
         for cfg in PREFETCH_SWIGLU:
             yield f"prefetch: SwiGLU→down {list(cfg)}", m, lambda m=m, cfg=cfg: fused_case(h, inter, m, True, cfg)
-
-
-FUSED_OPS = {  # kernel_ab label -> (tuned-table section, weight shape key)
-    "norm→q|k|v": ("add_rms_norm_linear", cases.SHAPES[0]),
-    "norm→gate|up": ("add_rms_norm_linear", cases.SHAPES[2]),
-    "SwiGLU→down": ("silu_mul_linear", cases.DOWN_SHAPE),
-}
-
-
-def fused_winners(rows: Sequence[dict], margin: float = 0.03) -> dict[tuple[str, int], tuple[SkinnyConfig, float]]:
-    """(op, M) -> (config, fused / pair) for the prefetched fused configs faster than the unfused pair
-    as dispatched at that M by more than `margin`."""
-    pair = {(r["op"], r["M"]): r["after_us"] for r in rows if r["op"] in FUSED_OPS}
-    best: dict[tuple[str, int], tuple[SkinnyConfig, float]] = {}
-    for r in rows:
-        if not r["op"].startswith("prefetch: "):
-            continue
-        op, cfg = r["op"][len("prefetch: ") :].rsplit(" [", 1)
-        base = pair.get((op, r["M"]))
-        if base is None or r["after_us"] > (1.0 - margin) * base:
-            continue
-        ratio = r["after_us"] / base
-        if (op, r["M"]) not in best or ratio < best[op, r["M"]][1]:
-            best[op, r["M"]] = (SkinnyConfig(*json.loads("[" + cfg)), ratio)
-    return best
-
-
-def with_fused(tables: TunedTables, winners: dict[tuple[str, int], tuple[SkinnyConfig, float]]) -> TunedTables:
-    """`tables` with each winner as its section's entry for the winner's M bucket."""
-    sections = {
-        "add_rms_norm_linear": dict(tables.add_rms_norm_linear),
-        "silu_mul_linear": dict(tables.silu_mul_linear),
-    }
-    for (op, m), (cfg, _) in winners.items():
-        section, shape = FUSED_OPS[op]
-        sections[section][shape] = {**sections[section].get(shape, {}), m: cfg}
-    return dataclasses.replace(tables, **sections)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -152,13 +152,10 @@ def _linear_kernel(
                 x_next, aux_next, nw_next = _prologue_tiles(
                     x_rows, r_rows, nw_ptr, up_off, rk + BLOCK_K, m_ok, k_hi, SWIGLU, NORM
                 )
+            elif SWIGLU or NORM:
+                x, aux, nw = _prologue_tiles(x_rows, r_rows, nw_ptr, up_off, rk, m_ok, k_hi, SWIGLU, NORM)
             else:
                 x = tl.load(x_rows + rk[None, :], mask=xm, other=0.0)
-                if SWIGLU:
-                    aux = tl.load(x_rows + up_off + rk[None, :], mask=xm, other=0.0)
-                if NORM:
-                    aux = tl.load(r_rows + rk[None, :], mask=xm, other=0.0)
-                    nw = tl.load(nw_ptr + rk, mask=rk < k_hi, other=0.0)
             if SWIGLU:
                 x = _swiglu(x, aux)
             if NORM:
