@@ -277,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = torch.cuda.get_device_name()
         shipped = tuning.tables_for(torch.device("cuda"))
         note = f"kernel_ab --fused-table: the shipped table + {len(winners)} fused entries"
+        args.fused_table.parent.mkdir(parents=True, exist_ok=True)
         args.fused_table.write_text(tuning.dumps(with_fused(shipped, winners), name, note))
     return 0
 
