@@ -94,6 +94,11 @@ def test_refuses_bad_row_counts(tmp_path, argv):
         kernel_ab.main(["--out", str(tmp_path), *argv])
 
 
+def test_refuses_a_folder_for_the_fused_table_before_it_runs(tmp_path):
+    with pytest.raises(SystemExit, match="--fused-table: .* is a folder"):
+        kernel_ab.main(["--out", str(tmp_path), "--fused-table", str(tmp_path)])
+
+
 @pytest.mark.skipif(CUDA, reason="checks the message on a host without a GPU")
 def test_needs_a_gpu(tmp_path):
     with pytest.raises(SystemExit, match="CUDA"):
