@@ -1,5 +1,6 @@
-"""The kernel before/after bench: its switch back to the previous dispatch (o's and down's split-K
-reduce kernels), its cases and its argument checks (the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switches back to the previous dispatch (the two-launch decode
+attention, o's and down's split-K reduce kernels, the in-step prologue), its cases and its argument
+checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 import pytest
 import torch
 
-from engine.bench import kernel_ab, kernel_fused
-from engine.kernels import fused_linear, gemm, linear, norm, tuning
+from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
+from engine.kernels import fused_linear, gemm, linear, norm, rope_attention, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -20,10 +21,10 @@ SPLIT = SkinnyConfig(1, 16, 64, 2, 4, 1)
 ROWS_SPLIT = SkinnyConfig(16, 16, 64, 2, 4, 1)
 
 
-def test_before_runs_the_reduce_kernels_and_restores_the_dispatch():
+def test_reduce_kernel_runs_the_reduce_kernels_and_restores_the_dispatch():
     assert gemm.DEFER_MAX_ROWS == 1 and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
     x1, x4, w = randn(1, 256), randn(4, 256), randn(16, 256)
-    with kernel_ab.before():
+    with kernel_ab.reduce_kernel():
         assert gemm.DEFER_MAX_ROWS == 0
         assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), torch.Tensor)
     assert gemm.DEFER_MAX_ROWS == 1
@@ -41,7 +42,7 @@ def test_the_h200_table_keeps_the_split_k_one_row_o_and_down():
 
 def test_a_candidate_runs_on_the_early_weights_gemv_whatever_the_dispatch():
     seen = []
-    kernel_ab.on_gemv(lambda: seen.append(gemm.EARLY_WEIGHTS))
+    kernel_ab_cases.on_gemv(lambda: seen.append(gemm.EARLY_WEIGHTS))
     assert seen == [gemm.PROLOGUES] and sorted(gemm.EARLY_WEIGHTS) == ["deferred", "norm"]
 
 
@@ -65,13 +66,30 @@ def test_before_is_the_same_function(swiglu, monkeypatch):
     for m, cfg in ((1, SPLIT), (4, ROWS_SPLIT)):
         x, r = randn(m, 512 if swiglu else 256), randn(m, 32)
         after = pair(x, r, cfg)
-        with kernel_ab.before():
+        with kernel_ab.reduce_kernel():
             prev = pair(x, r, cfg)
         assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
+def test_two_launch_attention_switches_the_fused_decode_off_and_back():
+    assert rope_attention.FUSE_DECODE
+    with kernel_ab.two_launch_attention():
+        assert not rope_attention.FUSE_DECODE
+    assert rope_attention.FUSE_DECODE
+
+
+def test_each_row_switches_back_its_own_change():
+    assert kernel_ab.switch_for("attention: QK-norm+RoPE+store → decode attention, ctx 256") is (
+        kernel_ab.two_launch_attention
+    )
+    assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
+    assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
+
+
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_to_16():
     rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 16, 64])]
+    attention = [(label, m) for label, m in rows if label.startswith("attention:")]
+    assert len(attention) == 8 and {m for _, m in attention} == {1, 8, 16, 64}
     for m in (1, 8, 16, 64):
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows

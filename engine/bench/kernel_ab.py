@@ -5,12 +5,14 @@ dispatches it on this device, in one process (GPU only):
 
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
-"before" is the dispatch the deferred split-K reduce replaced (issue 19): o's and SwiGLU->down's
-split-K partials end in their reduce kernel; "after" is the current dispatch (gemm.DEFER_MAX_ROWS: at
-one row the partials go to the next add + RMSNorm prologue; set it higher to try more rows, where
-norm.add_rms_norm sums them). Rows:
-- the two pairs the deferral joins (at one row; above it both sides run the reduce kernel unless
-  DEFER_MAX_ROWS is raised), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
+"before" is the previous dispatch of the row's op ("after" the current one), switched per row:
+- "attention: QK-norm+RoPE+store → decode attention" at every --ms batch and 256 / 2048 cached rows:
+  before = the two launches (rope.qk_norm_rope_store, then the attention), after = the one
+  (rope_attention.FUSE_DECODE; `two_launch_attention`, also decode_ab's "before" arm); bytes = the KV
+  read;
+- the two pairs the split-K deferral joins (before = o's and SwiGLU->down's partials summed by their
+  reduce kernel, `reduce_kernel`; after = at one row the partials go to the next add + RMSNorm
+  prologue, gemm.DEFER_MAX_ROWS), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
   norm->q|k|v (the layer's second and first halves' projections);
 - o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
   sides run the same kernels: the per-op times of the step);
@@ -23,8 +25,9 @@ norm.add_rms_norm sums them). Rows:
   that M, "SwiGLU→down"): the data to give the fused kernels the 2-16-row table entries.
 
 Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
-engine launches it. Writes DIR/kernel_ab.csv and prints a Markdown table: microseconds,
-after/before, the after path's weight bytes over time as a fraction of the measured copy bandwidth.
+engine launches it (cases: kernel_ab_cases.py). Writes DIR/kernel_ab.csv and prints a Markdown table:
+microseconds, after/before, the after path's bytes over time as a fraction of the measured copy
+bandwidth.
 """
 
 from __future__ import annotations
@@ -33,21 +36,21 @@ import argparse
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
+from engine.bench.kernel_ab_cases import attention_case, fused_case, norm_case, pair_case, proj_case
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import fused_linear, gemm, linear, norm, tuning
+from engine.kernels import gemm, rope_attention, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
-EPS = 1e-6
 # One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py), run on
 # it for o and SwiGLU->down too (which dispatch to the wait-first path), for a later retune.
 CANDIDATES = [
@@ -87,16 +90,17 @@ NORM_CANDIDATES = [
 
 
 @contextmanager
-def early_weights(prologues: frozenset[str]) -> Iterator[None]:
-    saved, gemm.EARLY_WEIGHTS = gemm.EARLY_WEIGHTS, prologues
+def two_launch_attention() -> Iterator[None]:
+    """The dispatch before the fused decode attention: QK-norm + RoPE + KV store in their own launch."""
+    saved, rope_attention.FUSE_DECODE = rope_attention.FUSE_DECODE, False
     try:
         yield
     finally:
-        gemm.EARLY_WEIGHTS = saved
+        rope_attention.FUSE_DECODE = saved
 
 
 @contextmanager
-def before() -> Iterator[None]:
+def reduce_kernel() -> Iterator[None]:
     """The dispatch before the deferral: o's and down's split-K partials summed by their reduce
     kernel at every row count."""
     saved, gemm.DEFER_MAX_ROWS = gemm.DEFER_MAX_ROWS, 0
@@ -126,76 +130,18 @@ def read_tables(path: Path) -> TunedTables:
         raise ValueError(f"{path}: {err}") from None
 
 
-def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
-    """add + RMSNorm -> the projection as dispatched; with cfg, the "after" side runs that config."""
-    nbytes, copies, ws = cases.rotated_weights(n, k)
-    x, r = (
-        torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
-        torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
-    )
-    nw = torch.rand(k, device=cases.DEVICE).add_(0.5).to(cases.DTYPE)
-    fn = lambda i: fused_linear.add_rms_norm_linear(x, r, nw, EPS, ws[i])[0]  # noqa: E731
-    with_cfg = lambda i: fused_linear.add_rms_norm_linear_with_config(x, r, nw, EPS, ws[i], cfg)[0]  # noqa: E731
-    ref = torch.nn.functional.linear(norm.add_rms_norm_ref(x.float(), r.float(), nw.float(), EPS)[0], ws[0].float())
-    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+def switch_for(label: str) -> Callable[[], AbstractContextManager]:
+    """The row's way back to the previous dispatch."""
+    if label.startswith("prefetch:"):
+        return in_step_prologue
+    return two_launch_attention if label.startswith("attention:") else reduce_kernel
 
 
-def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
-    """m rows through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
-    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
-    (n, k), h = first, first[0]
-    b1, c1, w1 = cases.rotated_weights(n, k)
-    b2, c2, w2 = cases.rotated_weights(second_n, h)
-    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
-    r, nw = torch.randn(m, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
-    nw = nw.to(cases.DTYPE)
-    produce = fused_linear.silu_mul_linear if swiglu else linear.linear
-    fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i], defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
-    mid = (
-        fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
-        if swiglu
-        else linear.linear_ref(x.float(), w1[0].float())
-    )
-    ref = torch.nn.functional.linear(norm.add_rms_norm_ref(mid, r.float(), nw.float(), EPS)[0], w2[0].float())
-    return b1 + b2, min(c1, c2), fn, ref, fn
-
-
-def on_gemv(fn: Callable, *args) -> torch.Tensor:
-    with early_weights(gemm.PROLOGUES):
-        return fn(*args)
-
-
-def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = None):
-    """o (or SwiGLU->down) as dispatched; with cfg, the "after" side runs that config instead."""
-    nbytes, copies, ws = cases.rotated_weights(n, k)
-    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
-    if swiglu:
-        fn = lambda i: fused_linear.silu_mul_linear(x, ws[i])  # noqa: E731
-        with_cfg = lambda i: on_gemv(fused_linear.silu_mul_linear_with_config, x, ws[i], cfg)  # noqa: E731
-        ref = fused_linear.silu_mul_linear_ref(x.float(), ws[0].float())
-    else:
-        fn = lambda i: linear.linear(x, ws[i])  # noqa: E731
-        with_cfg = lambda i: on_gemv(linear.linear_with_config, x, ws[i], cfg)  # noqa: E731
-        ref = linear.linear_ref(x.float(), ws[0].float())
-    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
-
-
-def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
-    """The fused kernel (NORM or SWIGLU prologue) at cfg on both sides: only the switch differs."""
-    nbytes, copies, ws = cases.rotated_weights(n, k)
-    if swiglu:
-        x = torch.randn(m, 2 * k, device=cases.DEVICE).to(cases.DTYPE)
-        fn = lambda i: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)  # noqa: E731
-        return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
-    nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
-    return nbytes, copies, with_cfg, ref, with_cfg
-
-
-def measure(label: str, m: int, case, timer: Timer, bw_gbps: float, switch=before) -> dict:
+def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
     nbytes, copies, fn, ref, after_fn = case
     row: dict = {"op": label, "M": m}
     for side in ("before", "after"):
-        with switch() if side == "before" else nullcontext():
+        with switch_for(label)() if side == "before" else nullcontext():
             fn = fn if side == "before" else after_fn
             err = rel_err(fn(0), ref)
             if not err < 2e-2:
@@ -208,6 +154,13 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float, switch=befor
 
 def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
+    for m in ms:
+        for ctx in (256, 2048):
+            yield (
+                f"attention: QK-norm+RoPE+store → decode attention, ctx {ctx}",
+                m,
+                lambda m=m, c=ctx: attention_case(m, c),
+            )
     for m in ms:
         yield "o → norm→gate|up", m, lambda m=m: pair_case((h, q_size), gu_n, False, m)
         yield "SwiGLU→down → norm→q|k|v", m, lambda m=m: pair_case((h, inter), qkv_n, True, m)
@@ -252,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bw, timer, rows = copy_bandwidth(torch.device("cuda")) / 1e9, Timer("graph"), []  # GB/s
     for label, m, build in cases_for(args.ms):
         try:
-            switch = in_step_prologue if label.startswith("prefetch:") else before
-            rows.append(measure(label, m, build(), timer, bw, switch))
+            rows.append(measure(label, m, build(), timer, bw))
         except Exception as e:  # one failing op is reported; the others still run
             log.warning("%s M=%d failed: %s", label, m, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
         torch.cuda.empty_cache()

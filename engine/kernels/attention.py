@@ -8,6 +8,7 @@ One entry point serves decode (one query row per sequence), prefill and verify s
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -85,6 +86,20 @@ MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
 
 
+class NewKV(NamedTuple):
+    """A decode step's raw k/v rows and what QK-norm, RoPE and the cache store need: given to
+    `paged_attention` (one query per sequence, q raw from q|k|v), the kernel does all three itself."""
+
+    k: torch.Tensor  # [T, Hkv, D]
+    v: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    q_norm_weight: torch.Tensor
+    k_norm_weight: torch.Tensor
+    cos_sin: torch.Tensor
+    eps: float
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -131,14 +146,17 @@ def paged_attention(
     causal: bool = True,
     batch_invariant: bool = False,
     num_splits: int | None = None,
+    new_kv: NewKV | None = None,
 ) -> torch.Tensor:
-    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic."""
+    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic. With
+    `new_kv` (max_query_len 1) q is raw and the kernel runs `rope.qk_norm_rope_store_ref` first."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     assert head_dim == next_pow2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert new_kv is None or (max_query_len == 1 and new_kv.q_norm_weight.dtype == q.dtype)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
@@ -154,6 +172,7 @@ def paged_attention(
     else:
         part_o = part_lse = out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
+    nk, nv, pos, slots, qw, kw, cs, eps = new_kv or (q, q, seq_lens, seq_lens, q, q, q, 0.0)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -164,6 +183,13 @@ def paged_attention(
         out,
         part_o,
         part_lse,
+        nk,
+        nv,
+        pos,
+        slots,
+        qw,
+        kw,
+        cs,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -175,6 +201,12 @@ def paged_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
+        nk.stride(0),
+        nk.stride(1),
+        nv.stride(0),
+        nv.stride(1),
+        cs.stride(0),
+        eps,
         scale * math.log2(math.e),
         HKV=num_kv_heads,
         HQ=num_heads,
@@ -187,6 +219,7 @@ def paged_attention(
         NUM_SPLITS=splits,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        NEW_KV=new_kv is not None,
         num_warps=4,
         num_stages=2,
         **pdl(q.device),

@@ -4,6 +4,7 @@ wrapper): the tiled online-softmax kernel and the reduce that combines flash-dec
 from __future__ import annotations
 
 from engine.kernels._triton import jit
+from engine.kernels.rope import _norm_rope_heads
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
@@ -19,6 +20,13 @@ def paged_attn_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
+    nk_ptr,
+    nv_ptr,
+    pos_ptr,
+    slot_ptr,
+    qw_ptr,
+    kw_ptr,
+    cs_ptr,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -30,6 +38,12 @@ def paged_attn_kernel(
     stride_vo,
     stride_vh,
     stride_bt,
+    stride_nkt,
+    stride_nkh,
+    stride_nvt,
+    stride_nvh,
+    stride_cs,
+    eps,
     qk_scale,
     HKV: tl.constexpr,
     HQ: tl.constexpr,
@@ -42,6 +56,7 @@ def paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    NEW_KV: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
@@ -65,7 +80,24 @@ def paged_attn_kernel(
     t = (q_start + qi).to(tl.int64)
     h = kvh * G + m % G
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    if NEW_KV:  # one query per sequence, raw from q|k|v: QK-norm + RoPE here, the new key/value in registers
+        row = q_start.to(tl.int64)
+        pos = tl.load(pos_ptr + row).to(tl.int64)
+        cs = cs_ptr + pos * stride_cs + d % (D // 2)
+        cos = tl.load(cs)[None, :]
+        sin = tl.load(cs + D // 2)[None, :]
+        q_ty = q_ptr.dtype.element_ty
+        q = _norm_rope_heads(q_ptr + row * stride_qt, stride_qh, h, row_ok, qw_ptr, cos, sin, eps, q_ty, D)
+        one = kvh + tl.arange(0, 1)
+        k_ty = k_cache.dtype.element_ty
+        k_new = _norm_rope_heads(nk_ptr + row * stride_nkt, stride_nkh, one, one < HKV, kw_ptr, cos, sin, eps, k_ty, D)
+        v_new = tl.load(nv_ptr + row * stride_nvt + kvh * stride_nvh + d[None, :]).to(v_cache.dtype.element_ty)
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        new_at = tl.where(slot >= 0, pos, -1)  # a row not stored reads the cache there, as the reference does
+    else:
+        q = tl.load(
+            q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0
+        )
     q_pos = ctx + qi
 
     kv_end = seq_len
@@ -94,6 +126,8 @@ def paged_attn_kernel(
             mask=n_ok[:, None],
             other=0.0,
         )
+        if NEW_KV:
+            k = tl.where((n == new_at)[:, None], k_new, k)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         ok = n_ok[None, :]
         if CAUSAL:
@@ -108,9 +142,18 @@ def paged_attn_kernel(
             mask=n_ok[:, None],
             other=0.0,
         )
+        if NEW_KV:
+            v = tl.where((n == new_at)[:, None], v_new, v)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    if NEW_KV:  # noqa: SIM102 (a constexpr branch: `slot` exists only under it)
+        # split 0 stores the new row once it is done: every program read it from registers
+        if (split == 0) & (slot >= 0):
+            dst = (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ko + kvh * stride_kh + d[None, :]
+            tl.store(k_cache + dst, k_new)
+            vdst = (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vo + kvh * stride_vh + d[None, :]
+            tl.store(v_cache + vdst, v_new)
     has = l_i > 0.0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:

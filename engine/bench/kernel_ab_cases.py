@@ -1,0 +1,117 @@
+"""The ops `engine.bench.kernel_ab` times, each as the engine dispatches it at the Qwen3-4B shapes:
+a case is (bytes the op must move, data copies to cycle over, fn(i), the fp32 reference, the "after"
+side's fn(i)); kernel_ab runs fn under the row's switch back to the previous dispatch and after_fn
+without it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from engine.bench import kernel_cases as cases
+from engine.kernels import fused_linear, gemm, linear, norm, rope, rope_attention
+from engine.kernels.tuning import SkinnyConfig
+
+EPS = 1e-6
+
+
+@contextmanager
+def early_weights(prologues: frozenset[str]) -> Iterator[None]:
+    saved, gemm.EARLY_WEIGHTS = gemm.EARLY_WEIGHTS, prologues
+    try:
+        yield
+    finally:
+        gemm.EARLY_WEIGHTS = saved
+
+
+def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
+    """add + RMSNorm -> the projection as dispatched; with cfg, the "after" side runs that config."""
+    nbytes, copies, ws = cases.rotated_weights(n, k)
+    x, r = (
+        torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
+        torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE),
+    )
+    nw = torch.rand(k, device=cases.DEVICE).add_(0.5).to(cases.DTYPE)
+    fn = lambda i: fused_linear.add_rms_norm_linear(x, r, nw, EPS, ws[i])[0]  # noqa: E731
+    with_cfg = lambda i: fused_linear.add_rms_norm_linear_with_config(x, r, nw, EPS, ws[i], cfg)[0]  # noqa: E731
+    ref = torch.nn.functional.linear(norm.add_rms_norm_ref(x.float(), r.float(), nw.float(), EPS)[0], ws[0].float())
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+
+
+def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
+    """m rows through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
+    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
+    (n, k), h = first, first[0]
+    b1, c1, w1 = cases.rotated_weights(n, k)
+    b2, c2, w2 = cases.rotated_weights(second_n, h)
+    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
+    r, nw = torch.randn(m, h, device=cases.DEVICE).to(cases.DTYPE), torch.rand(h, device=cases.DEVICE).add_(0.5)
+    nw = nw.to(cases.DTYPE)
+    produce = fused_linear.silu_mul_linear if swiglu else linear.linear
+    fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i], defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
+    mid = (
+        fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
+        if swiglu
+        else linear.linear_ref(x.float(), w1[0].float())
+    )
+    ref = torch.nn.functional.linear(norm.add_rms_norm_ref(mid, r.float(), nw.float(), EPS)[0], w2[0].float())
+    return b1 + b2, min(c1, c2), fn, ref, fn
+
+
+def on_gemv(fn: Callable, *args) -> torch.Tensor:
+    with early_weights(gemm.PROLOGUES):
+        return fn(*args)
+
+
+def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = None):
+    """o (or SwiGLU->down) as dispatched; with cfg, the "after" side runs that config instead."""
+    nbytes, copies, ws = cases.rotated_weights(n, k)
+    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
+    if swiglu:
+        fn = lambda i: fused_linear.silu_mul_linear(x, ws[i])  # noqa: E731
+        with_cfg = lambda i: on_gemv(fused_linear.silu_mul_linear_with_config, x, ws[i], cfg)  # noqa: E731
+        ref = fused_linear.silu_mul_linear_ref(x.float(), ws[0].float())
+    else:
+        fn = lambda i: linear.linear(x, ws[i])  # noqa: E731
+        with_cfg = lambda i: on_gemv(linear.linear_with_config, x, ws[i], cfg)  # noqa: E731
+        ref = linear.linear_ref(x.float(), ws[0].float())
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+
+
+def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
+    """The fused kernel (NORM or SWIGLU prologue) at cfg on both sides: only the switch differs."""
+    nbytes, copies, ws = cases.rotated_weights(n, k)
+    if swiglu:
+        x = torch.randn(m, 2 * k, device=cases.DEVICE).to(cases.DTYPE)
+        fn = lambda i: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg)  # noqa: E731
+        return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
+    nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
+    return nbytes, copies, with_cfg, ref, with_cfg
+
+
+def attention_case(batch: int, ctx: int):
+    """A decode step's attention half at `batch` sequences of `ctx` cached rows: QK-norm + RoPE + KV
+    store, then paged attention (one launch since the fused decode attention, two before). Bytes:
+    the KV the step reads, over rotated caches."""
+    g = cases.ATTN_GEOMETRY
+    hq, hkv, d, page = g["hq"], g["hkv"], g["d"], g["page"]
+    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, hq, hkv, d, page)
+    kv_bytes = 2 * kc.numel() * kc.element_size()
+    copies = max(1, min(8, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
+    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
+    qkv = torch.randn(batch, (hq + 2 * hkv) * d, device=cases.DEVICE).to(cases.DTYPE)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    q, k, v = q.view(batch, hq, d), k.view(batch, hkv, d), v.view(batch, hkv, d)
+    positions = torch.full((batch,), ctx, device=cases.DEVICE)
+    slots = (bt[:, ctx // page].long() * page + ctx % page).contiguous()
+    cos_sin = rope.rope_cos_sin(ctx + 1, d, 1e6, cases.DEVICE)
+    qw, kw = (torch.rand(d, device=cases.DEVICE).add_(0.5).to(cases.DTYPE) for _ in range(2))
+    head = (q, k, v, positions, slots, qw, kw, cos_sin)
+    meta = (bt, seq_lens, qsl, 1, d**-0.5)
+    fn = lambda i: rope_attention.qk_norm_rope_attention(*head, *caches[i], EPS, *meta)  # noqa: E731
+    as_float = [t.float() if t.is_floating_point() else t for t in head]
+    ref = rope_attention.qk_norm_rope_attention_ref(*as_float, kc.float(), vc.float(), EPS, *meta)
+    return batch * (ctx + 1) * hkv * d * 2 * kc.element_size(), copies, fn, ref, fn
