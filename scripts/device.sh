@@ -23,10 +23,10 @@ stage() { CAP[$1]=$2; HELP[$1]=$3; ORDER+=("$1"); }
 needs_pair() { [ -f "$PAIR/manifest.json" ] || { echo "no pair at $PAIR: run small-build first (or set PAIR)"; return 3; }; }
 sets() { for kv in ${BUILD_SET:-}; do printf -- '--set %s ' "$kv"; done; }
 
-stage gpu-tests 150 "GPU tests: kernels, engine, hedging, drafter context (skips on CPU say why)"
+stage gpu-tests 210 "GPU tests: kernels, engine, hedging, drafter context (skips on CPU say why); GPU_TESTS=\"FILES\" runs those instead"
 run_gpu_tests() {
-  python3 -m pytest tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
-    tests/test_draft_context.py -q -rs -n 3 -p no:cacheprovider
+  python3 -m pytest ${GPU_TESTS:-tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
+    tests/test_draft_context.py} -q -rs -n 3 -p no:cacheprovider
 }
 stage suite 300 "the whole suite (CPU tests, GPU tests, gates) on the device; the gate's record in logs/levers-gate-h200.md"
 run_suite() {
@@ -53,8 +53,8 @@ stage eval64 40 "τ of \$PAIR at 64 new tokens (the reference loop)"
 run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max-new-tokens 64 --device cuda; }
 stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
 run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
-stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at 1, 8, 16 rows; logs/kernel_ab)"
-run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16}; }
+stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at KAB_MS rows, default 1 8 16; KAB_ONLY=PREFIX: those rows alone; logs/kernel_ab)"
+run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16} --only "${KAB_ONLY:-}"; }
 stage fused-ab 240 "the fused kernels at 8 and 16 rows (kernel_ab's prefetch rows); a table of those that beat their unfused pair, interleaved against the shipped one in a decode A/B at c=8 and 16 (logs/fused-ab); install it by hand if it wins"
 run_fused_ab() {
   local table="$LOG/fused-ab/nvidia-h200.json"
@@ -76,9 +76,13 @@ run_decode_ab() {  # each step runs even if one before it failed; the stage's rc
     --peer-concurrency 1 || rc=1
   python3 -m engine.bench profile --geometry 4b --batches 1 16 64 128 --spans 1 4 16 --out "$LOG/profile" --repeats 3 \
     --time-budget-s 25 || rc=1
-  python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
-    --profile-kernels ${AB_PROFILE:-1 8 64} || rc=1
+  run_dispatch_ab || rc=1
   return $rc
+}
+stage dispatch-ab 200 "decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, and a per-kernel profile of both at AB_PROFILE (1 8 64) (engine.bench.decode_ab; logs/decode-ab)"
+run_dispatch_ab() {
+  python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
+    --profile-kernels ${AB_PROFILE:-1 8 64}
 }
 stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); install it by hand if it wins"
 run_retune() {

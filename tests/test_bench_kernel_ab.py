@@ -78,6 +78,11 @@ def test_two_launch_attention_switches_the_fused_decode_off_and_back():
     assert rope_attention.FUSE_DECODE
 
 
+def test_only_keeps_the_rows_of_one_op():
+    rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 64], "attention:")]
+    assert len(rows) == 4 and all(label.startswith("attention:") for label, _ in rows)
+
+
 def test_each_row_switches_back_its_own_change():
     assert kernel_ab.switch_for("attention: QK-norm+RoPE+store → decode attention, ctx 256") is (
         kernel_ab.two_launch_attention

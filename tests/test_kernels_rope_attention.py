@@ -1,6 +1,8 @@
 """QK-norm + RoPE + KV store + paged attention: the decode launch that does all four (rope_attention)
 against the two-launch path and the torch reference, on caches whose new rows are poisoned, so a
-program that read the new key or value from the cache instead of its registers shows NaN."""
+program that read the new key or value from the cache instead of its registers shows NaN. The fused
+launch adds the new row as one online-softmax step after its key loop (its score a sum, not part of a
+tile's tl.dot), so the two paths agree within rounding, not bit for bit; the stored rows are equal."""
 
 from __future__ import annotations
 
@@ -69,11 +71,9 @@ def test_decode_fused_matches_two_launches(monkeypatch, dtype, ctxs, hq, hkv, d,
     torch.manual_seed(21)
     head, caches, meta = decode_case(ctxs, hq, hkv, d, dtype, stored)
     (out, kc, vc), (out2, kc2, vc2), (ref, kc_ref, vc_ref) = both_paths(monkeypatch, head, caches, meta, d)
-    assert not out.isnan().any()
-    assert torch.equal(out, out2), "the fused launch rounds where the two launches do"
+    assert rel_err(out, out2) < ATTN_TOL[dtype] and rel_err(out, ref) < ATTN_TOL[dtype]
     assert torch.equal(kc.nan_to_num(-7), kc2.nan_to_num(-7)) and torch.equal(vc.nan_to_num(-7), vc2.nan_to_num(-7))
     assert torch.equal(kc.isnan(), kc_ref.isnan()), "stored slots differ from the reference's"
-    assert rel_err(out, ref) < ATTN_TOL[dtype]
 
 
 @pytest.mark.parametrize("splits", [1, 4])
@@ -83,8 +83,8 @@ def test_decode_fused_every_split(monkeypatch, splits):
     head, caches, meta = decode_case([70, 9, 31], 4, 2, 32, torch.float32)
     monkeypatch.setattr("engine.kernels.attention.attention_config", lambda *a: (4, 16, 16, splits))
     (out, kc, _), (out2, kc2, _), (ref, _, _) = both_paths(monkeypatch, head, caches, meta, 32)
-    assert torch.equal(out, out2) and torch.equal(kc.nan_to_num(-7), kc2.nan_to_num(-7))
-    assert rel_err(out, ref) < ATTN_TOL[torch.float32]
+    assert torch.equal(kc.nan_to_num(-7), kc2.nan_to_num(-7))
+    assert rel_err(out, out2) < ATTN_TOL[torch.float32] and rel_err(out, ref) < ATTN_TOL[torch.float32]
 
 
 def test_spans_keep_two_launches(monkeypatch):
@@ -99,12 +99,17 @@ def test_spans_keep_two_launches(monkeypatch):
     assert torch.equal(kc.isnan(), kc_ref.isnan()) and rel_err(out, ref) < ATTN_TOL[torch.float32]
 
 
-def test_decode_fused_batch_invariant(monkeypatch):
-    """Batch-invariant mode keeps one config; a row's output is the same alone or in a batch."""
+def test_decode_fused_batch_invariant():
+    """Batch-invariant mode keeps one config: a row's output is the same bits alone or in a batch."""
     torch.manual_seed(24)
-    head, caches, meta = decode_case([40, 7, 90], 4, 2, 32, torch.float32)
-    (out, _, _), (out2, _, _), _ = both_paths(monkeypatch, head, caches, meta, 32, batch_invariant=True)
-    assert torch.equal(out, out2)
+    head, caches, (bt, seq, _, mq) = decode_case([40, 7, 90], 4, 2, 32, torch.float32)
+    batch = run(rope_attention.qk_norm_rope_attention, head, caches, (bt, seq, _, mq), 32, batch_invariant=True)[0]
+    one = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
+    for b in range(3):
+        alone_head = tuple(t[b : b + 1] if t.dim() and t.shape[0] == 3 else t for t in head)
+        meta = (bt[b : b + 1], seq[b : b + 1], one, mq)
+        alone = run(rope_attention.qk_norm_rope_attention, alone_head, caches, meta, 32, batch_invariant=True)[0]
+        assert torch.equal(alone[0], batch[b]), b
 
 
 # --- GPU only -----------------------------------------------------------------------------------
@@ -118,7 +123,7 @@ def test_gpu_decode_fused_4b(monkeypatch, ctxs):
     head, caches, meta = decode_case(ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
     (out, kc, vc), (out2, kc2, vc2), (ref, kc_ref, _) = both_paths(monkeypatch, head, caches, meta, g["d"])
     assert torch.equal(kc.nan_to_num(-7), kc2.nan_to_num(-7)) and torch.equal(vc.nan_to_num(-7), vc2.nan_to_num(-7))
-    assert rel_err(out, out2) < ATTN_TOL[torch.bfloat16] / 4
+    assert rel_err(out, out2) < ATTN_TOL[torch.bfloat16]
     assert rel_err(out, ref) < ATTN_TOL[torch.bfloat16]
 
 

@@ -152,7 +152,12 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
     return row
 
 
-def cases_for(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
+def cases_for(ms: Sequence[int], only: str = "") -> Iterator[tuple[str, int, Callable[[], tuple]]]:
+    """Every row at these row counts, or those whose op starts with `only`."""
+    return (case for case in _all_cases(ms) if case[0].startswith(only))
+
+
+def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
     for m in ms:
         for ctx in (256, 2048):
@@ -190,6 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 64])
     p.add_argument(
+        "--only", default="", metavar="PREFIX", help="the rows whose op starts with PREFIX (e.g. attention:)"
+    )
+    p.add_argument(
         "--fused-table",
         type=Path,
         help="write the shipped table plus the prefetched fused configs that beat their unfused pair (an A/B arm)",
@@ -203,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("kernel_ab needs a CUDA device")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     bw, timer, rows = copy_bandwidth(torch.device("cuda")) / 1e9, Timer("graph"), []  # GB/s
-    for label, m, build in cases_for(args.ms):
+    for label, m, build in cases_for(args.ms, args.only):
         try:
             rows.append(measure(label, m, build(), timer, bw))
         except Exception as e:  # one failing op is reported; the others still run

@@ -121,13 +121,13 @@ def paged_attn_kernel(
         n_ok = n < hi
         blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         off = n % PAGE
+        if NEW_KV:  # the new row is not read here (its cache row is not written yet): it joins after the loop
+            n_ok = n_ok & (n != new_at)
         k = tl.load(
             k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + d[None, :],
             mask=n_ok[:, None],
             other=0.0,
         )
-        if NEW_KV:
-            k = tl.where((n == new_at)[:, None], k_new, k)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         ok = n_ok[None, :]
         if CAUSAL:
@@ -142,14 +142,20 @@ def paged_attn_kernel(
             mask=n_ok[:, None],
             other=0.0,
         )
-        if NEW_KV:
-            v = tl.where((n == new_at)[:, None], v_new, v)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    if NEW_KV:  # noqa: SIM102 (a constexpr branch: `slot` exists only under it)
-        # split 0 stores the new row once it is done: every program read it from registers
-        if (split == 0) & (slot >= 0):
+    if NEW_KV:  # noqa: SIM102 (a constexpr branch: `slot` and the new row exist only under it)
+        if (new_at >= lo) & (new_at < hi):  # the program whose keys hold the new row: one more online step
+            # no causal mask: a key a program holds is < seq_len, and the one query sits at seq_len - 1
+            s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale
+            m_new = tl.maximum(m_i, s_new)
+            alpha = tl.exp2(m_i - m_new)
+            p_new = tl.exp2(s_new - m_new)
+            l_i = l_i * alpha + p_new
+            acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)
+            m_i = m_new
+        if (split == 0) & (slot >= 0):  # split 0 stores the new row once it is done
             dst = (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ko + kvh * stride_kh + d[None, :]
             tl.store(k_cache + dst, k_new)
             vdst = (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vo + kvh * stride_vh + d[None, :]
