@@ -99,11 +99,15 @@ def test_spans_keep_two_launches(monkeypatch):
     assert torch.equal(kc.isnan(), kc_ref.isnan()) and rel_err(out, ref) < ATTN_TOL[torch.float32]
 
 
-def test_decode_fused_batch_invariant():
-    """Batch-invariant mode keeps one config: a row's output is the same bits alone or in a batch."""
+def test_batch_invariant_mode_keeps_two_launches(monkeypatch):
+    """Batch-invariant mode: the two launches at decode too (a decode row must round as the same row of
+    a span does), and a row's output is the same bits alone or in a batch."""
     torch.manual_seed(24)
     head, caches, (bt, seq, _, mq) = decode_case([40, 7, 90], 4, 2, 32, torch.float32)
+    calls = []
+    monkeypatch.setattr(rope_attention, "qk_norm_rope_store", lambda *a: calls.append(1) or rope.qk_norm_rope_store(*a))
     batch = run(rope_attention.qk_norm_rope_attention, head, caches, (bt, seq, _, mq), 32, batch_invariant=True)[0]
+    assert calls == [1]
     one = torch.tensor([0, 1], dtype=torch.int32, device=DEV)
     for b in range(3):
         alone_head = tuple(t[b : b + 1] if t.dim() and t.shape[0] == 3 else t for t in head)

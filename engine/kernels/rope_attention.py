@@ -1,9 +1,11 @@
 """QK-norm + RoPE + KV store, then paged attention: the attention half of a decoder layer.
 
 The Triton form runs both in one launch where every sequence brings one query (decode, the gated
-round): each attention program norms and rotates its q heads and its kv head's new key itself, reads
-the new key and value from registers where the cache holds them, and split 0 stores them. Spans
-(verify, prefill, the drafter's block) keep the two launches: their keys attend to each other.
+round): each attention program norms and rotates its q heads itself, skips the new row in its key
+loop (not stored yet), and the program whose keys hold it adds it from registers as one more
+online-softmax step; split 0 stores it. Spans (verify, prefill, the drafter's block) keep the two
+launches: their keys attend to each other; so does batch-invariant mode, whose decode row must round
+as the same row of a span does (the new row's score is a sum here, a tile's tl.dot there).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def qk_norm_rope_attention(
         batch_invariant,
         new_kv=new_kv,
     )
-    if FUSE_DECODE and max_query_len == 1 and q_norm_weight.dtype == q.dtype:
+    if FUSE_DECODE and max_query_len == 1 and not batch_invariant and q_norm_weight.dtype == q.dtype:
         return attend(q, NewKV(k, v, positions, slot_mapping, q_norm_weight, k_norm_weight, cos_sin, eps))
     q = qk_norm_rope_store(
         q, k, v, positions, slot_mapping, q_norm_weight, k_norm_weight, cos_sin, k_cache, v_cache, eps
