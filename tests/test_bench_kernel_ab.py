@@ -1,6 +1,6 @@
-"""The kernel before/after bench: its switches back to the previous dispatch (the two-launch decode
-attention, o's and down's split-K reduce kernels, the in-step prologue), its cases and its argument
-checks (the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switches back to the previous dispatch (the wide decode attention
+tile on 4 warps, o's and down's split-K reduce kernels, the in-step prologue), its cases and its
+argument checks (the timing itself needs a GPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import fused_linear, gemm, linear, norm, rope_attention, tuning
+from engine.kernels import attention, fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -71,11 +71,11 @@ def test_before_is_the_same_function(swiglu, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
-def test_two_launch_attention_switches_the_fused_decode_off_and_back():
-    assert rope_attention.FUSE_DECODE
-    with kernel_ab.two_launch_attention():
-        assert not rope_attention.FUSE_DECODE
-    assert rope_attention.FUSE_DECODE
+def test_narrow_wide_tile_switches_the_wide_decode_tile_to_4_warps_and_back():
+    assert attention.DECODE_WIDE_WARPS == 8
+    with kernel_ab.narrow_wide_tile():
+        assert attention.DECODE_WIDE_WARPS == 4
+    assert attention.DECODE_WIDE_WARPS == 8
 
 
 def test_only_keeps_the_rows_of_one_op():
@@ -84,9 +84,7 @@ def test_only_keeps_the_rows_of_one_op():
 
 
 def test_each_row_switches_back_its_own_change():
-    assert kernel_ab.switch_for("attention: QK-norm+RoPE+store → decode attention, ctx 256") is (
-        kernel_ab.two_launch_attention
-    )
+    assert kernel_ab.switch_for("attention: decode, ctx 256") is kernel_ab.narrow_wide_tile
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
 

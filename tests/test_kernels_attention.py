@@ -125,7 +125,13 @@ def test_paged_attention_batch_invariant(causal, hq, hkv, d):
 @gpu
 @pytest.mark.parametrize(
     "spans,ctxs",
-    [([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]), ([1], [8000]), ([9, 9, 1], [600, 1800, 40]), ([64], [300])],
+    [
+        ([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]),
+        ([1], [8000]),
+        ([9, 9, 1], [600, 1800, 40]),
+        ([64], [300]),
+        ([1] * 64, [191] * 63 + [0]),  # the wide decode tile (no splits) on DECODE_WIDE_WARPS
+    ],
 )
 @pytest.mark.parametrize("causal", [True, False])
 def test_gpu_attention_4b(spans, ctxs, causal):

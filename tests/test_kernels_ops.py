@@ -68,7 +68,7 @@ def test_triton_ops_fields():
         )
         want = fused_linear.add_rms_norm_linear_batch_invariant if inv else fused_linear.add_rms_norm_linear
         assert ops.add_rms_norm_linear is want
-        assert ops.qk_norm_rope_attention.keywords == {"batch_invariant": inv}
+        assert ops.paged_attention.keywords == {"batch_invariant": inv}
         assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
 
 

@@ -6,10 +6,9 @@ dispatches it on this device, in one process (GPU only):
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
 "before" is the previous dispatch of the row's op ("after" the current one), switched per row:
-- "attention: QK-norm+RoPE+store → decode attention" at every --ms batch and 256 / 2048 cached rows:
-  before = the two launches (rope.qk_norm_rope_store, then the attention), after = the one
-  (rope_attention.FUSE_DECODE; `two_launch_attention`, also decode_ab's "before" arm); bytes = the KV
-  read;
+- "attention: decode, ctx C" at every --ms batch and 256 / 2048 cached rows: before = the wide
+  decode tile (no splits, high batch) on 4 warps, after = on attention.DECODE_WIDE_WARPS
+  (`narrow_wide_tile`, also decode_ab's "before" arm); bytes = the KV read;
 - the two pairs the split-K deferral joins (before = o's and SwiGLU->down's partials summed by their
   reduce kernel, `reduce_kernel`; after = at one row the partials go to the next add + RMSNorm
   prologue, gemm.DEFER_MAX_ROWS), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
@@ -47,7 +46,7 @@ from engine.bench.kernel_ab_cases import attention_case, fused_case, norm_case, 
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import gemm, rope_attention, tuning
+from engine.kernels import attention, gemm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
@@ -90,13 +89,13 @@ NORM_CANDIDATES = [
 
 
 @contextmanager
-def two_launch_attention() -> Iterator[None]:
-    """The dispatch before the fused decode attention: QK-norm + RoPE + KV store in their own launch."""
-    saved, rope_attention.FUSE_DECODE = rope_attention.FUSE_DECODE, False
+def narrow_wide_tile() -> Iterator[None]:
+    """The dispatch before the wide decode tile's 8 warps: 4 (255 registers, spilling)."""
+    saved, attention.DECODE_WIDE_WARPS = attention.DECODE_WIDE_WARPS, 4
     try:
         yield
     finally:
-        rope_attention.FUSE_DECODE = saved
+        attention.DECODE_WIDE_WARPS = saved
 
 
 @contextmanager
@@ -134,7 +133,7 @@ def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
     if label.startswith("prefetch:"):
         return in_step_prologue
-    return two_launch_attention if label.startswith("attention:") else reduce_kernel
+    return narrow_wide_tile if label.startswith("attention:") else reduce_kernel
 
 
 def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.kernels import fused_linear, gemm, linear, norm, rope, rope_attention
+from engine.kernels import attention, fused_linear, gemm, linear, norm
 from engine.kernels.tuning import SkinnyConfig
 
 EPS = 1e-6
@@ -93,25 +93,14 @@ def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
 
 
 def attention_case(batch: int, ctx: int):
-    """A decode step's attention half at `batch` sequences of `ctx` cached rows: QK-norm + RoPE + KV
-    store, then paged attention (one launch since the fused decode attention, two before). Bytes:
-    the KV the step reads, over rotated caches."""
+    """Decode attention at `batch` sequences of `ctx` cached rows, as dispatched (the wide tile where
+    the batch fills the grid without splits). Bytes: the KV it reads, over rotated caches."""
     g = cases.ATTN_GEOMETRY
-    hq, hkv, d, page = g["hq"], g["hkv"], g["d"], g["page"]
-    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, hq, hkv, d, page)
+    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, g["hq"], g["hkv"], g["d"], g["page"])
     kv_bytes = 2 * kc.numel() * kc.element_size()
     copies = max(1, min(8, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
     caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
-    qkv = torch.randn(batch, (hq + 2 * hkv) * d, device=cases.DEVICE).to(cases.DTYPE)
-    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
-    q, k, v = q.view(batch, hq, d), k.view(batch, hkv, d), v.view(batch, hkv, d)
-    positions = torch.full((batch,), ctx, device=cases.DEVICE)
-    slots = (bt[:, ctx // page].long() * page + ctx % page).contiguous()
-    cos_sin = rope.rope_cos_sin(ctx + 1, d, 1e6, cases.DEVICE)
-    qw, kw = (torch.rand(d, device=cases.DEVICE).add_(0.5).to(cases.DTYPE) for _ in range(2))
-    head = (q, k, v, positions, slots, qw, kw, cos_sin)
-    meta = (bt, seq_lens, qsl, 1, d**-0.5)
-    fn = lambda i: rope_attention.qk_norm_rope_attention(*head, *caches[i], EPS, *meta)  # noqa: E731
-    as_float = [t.float() if t.is_floating_point() else t for t in head]
-    ref = rope_attention.qk_norm_rope_attention_ref(*as_float, kc.float(), vc.float(), EPS, *meta)
-    return batch * (ctx + 1) * hkv * d * 2 * kc.element_size(), copies, fn, ref, fn
+    meta = (bt, seq_lens, qsl, 1, g["d"] ** -0.5)
+    fn = lambda i: attention.paged_attention(q, *caches[i], *meta)  # noqa: E731
+    ref = attention.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta)
+    return batch * (ctx + 1) * g["hkv"] * g["d"] * 2 * kc.element_size(), copies, fn, ref, fn

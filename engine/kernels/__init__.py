@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from engine.kernels.attention import paged_attention_ref
 from engine.kernels.fused_linear import (
     add_rms_norm_linear_batch_invariant_ref,
     add_rms_norm_linear_ref,
@@ -14,7 +15,6 @@ from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
 from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store_ref
-from engine.kernels.rope_attention import qk_norm_rope_attention_ref
 from engine.kernels.sampling import accept_prefix_ref, argmax_ref
 
 BACKENDS = ("torch", "triton")
@@ -27,7 +27,7 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         add_rms_norm=add_rms_norm_ref,
         add_rms_norm_linear=add_rms_norm_linear_batch_invariant_ref if batch_invariant else add_rms_norm_linear_ref,
         qk_norm_rope_store=qk_norm_rope_store_ref,
-        qk_norm_rope_attention=partial(qk_norm_rope_attention_ref, batch_invariant=batch_invariant),
+        paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,
         silu_mul_linear=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
         linear_to_residual=linear_batch_invariant_ref if batch_invariant else linear_ref,

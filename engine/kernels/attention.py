@@ -8,7 +8,6 @@ One entry point serves decode (one query row per sequence), prefill and verify s
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
@@ -79,25 +78,13 @@ INVARIANT_BLOCK_N = 32
 DECODE_BLOCK_N = 32
 SPAN_BLOCK_N = 64
 MAX_BLOCK_M = 64
-# Decode with a grid already full without splits (high batch): the span tile (measured faster there)
+# Decode with a grid already full without splits (high batch): the span tile (measured faster there),
+# on 8 warps: on 4 it takes 255 registers and spills ~500 bytes a thread (ptxas, sm90), on 8 it fits in 211.
 DECODE_WIDE_BLOCK_N = 64
+DECODE_WIDE_WARPS = 8
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-
-
-class NewKV(NamedTuple):
-    """A decode step's raw k/v rows and what QK-norm, RoPE and the cache store need: given to
-    `paged_attention` (one query per sequence, q raw from q|k|v), the kernel does all three itself."""
-
-    k: torch.Tensor  # [T, Hkv, D]
-    v: torch.Tensor
-    positions: torch.Tensor
-    slot_mapping: torch.Tensor
-    q_norm_weight: torch.Tensor
-    k_norm_weight: torch.Tensor
-    cos_sin: torch.Tensor
-    eps: float
 
 
 def _num_sms(device: torch.device) -> int:
@@ -146,17 +133,14 @@ def paged_attention(
     causal: bool = True,
     batch_invariant: bool = False,
     num_splits: int | None = None,
-    new_kv: NewKV | None = None,
 ) -> torch.Tensor:
-    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic. With
-    `new_kv` (max_query_len 1) q is raw and the kernel runs `rope.qk_norm_rope_store_ref` first."""
+    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     assert head_dim == next_pow2(head_dim) and head_dim >= 16, "head_dim must be a power of two >= 16"
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-    assert new_kv is None or (max_query_len == 1 and new_kv.q_norm_weight.dtype == q.dtype)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
@@ -171,8 +155,8 @@ def paged_attention(
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
+    wide = max_query_len == 1 and splits == 1 and block_n == DECODE_WIDE_BLOCK_N and not batch_invariant
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
-    nk, nv, pos, slots, qw, kw, cs, eps = new_kv or (q, q, seq_lens, seq_lens, q, q, q, 0.0)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -183,13 +167,6 @@ def paged_attention(
         out,
         part_o,
         part_lse,
-        nk,
-        nv,
-        pos,
-        slots,
-        qw,
-        kw,
-        cs,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -201,12 +178,6 @@ def paged_attention(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        nk.stride(0),
-        nk.stride(1),
-        nv.stride(0),
-        nv.stride(1),
-        cs.stride(0),
-        eps,
         scale * math.log2(math.e),
         HKV=num_kv_heads,
         HQ=num_heads,
@@ -219,8 +190,7 @@ def paged_attention(
         NUM_SPLITS=splits,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        NEW_KV=new_kv is not None,
-        num_warps=4,
+        num_warps=DECODE_WIDE_WARPS if wide else 4,
         num_stages=2,
         **pdl(q.device),
     )

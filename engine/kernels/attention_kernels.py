@@ -4,7 +4,6 @@ wrapper): the tiled online-softmax kernel and the reduce that combines flash-dec
 from __future__ import annotations
 
 from engine.kernels._triton import jit
-from engine.kernels.rope import _norm_rope_heads
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
@@ -20,13 +19,6 @@ def paged_attn_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
-    nk_ptr,
-    nv_ptr,
-    pos_ptr,
-    slot_ptr,
-    qw_ptr,
-    kw_ptr,
-    cs_ptr,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -38,12 +30,6 @@ def paged_attn_kernel(
     stride_vo,
     stride_vh,
     stride_bt,
-    stride_nkt,
-    stride_nkh,
-    stride_nvt,
-    stride_nvh,
-    stride_cs,
-    eps,
     qk_scale,
     HKV: tl.constexpr,
     HQ: tl.constexpr,
@@ -56,7 +42,6 @@ def paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
-    NEW_KV: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
@@ -80,29 +65,7 @@ def paged_attn_kernel(
     t = (q_start + qi).to(tl.int64)
     h = kvh * G + m % G
     d = tl.arange(0, D)
-    if NEW_KV:  # one query per sequence, raw from q|k|v: QK-norm + RoPE here; the new key after the loop
-        row = q_start.to(tl.int64)
-        pos = tl.load(pos_ptr + row).to(tl.int64)
-        cs = cs_ptr + pos * stride_cs + d % (D // 2)
-        q_ty = q_ptr.dtype.element_ty
-        q = _norm_rope_heads(
-            q_ptr + row * stride_qt,
-            stride_qh,
-            h,
-            row_ok,
-            qw_ptr,
-            tl.load(cs)[None, :],
-            tl.load(cs + D // 2)[None, :],
-            eps,
-            q_ty,
-            D,
-        )
-        slot = tl.load(slot_ptr + row).to(tl.int64)
-        new_at = tl.where(slot >= 0, pos, -1)  # a row not stored reads the cache there, as the reference does
-    else:
-        q = tl.load(
-            q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0
-        )
+    q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pos = ctx + qi
 
     kv_end = seq_len
@@ -126,8 +89,6 @@ def paged_attn_kernel(
         n_ok = n < hi
         blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
         off = n % PAGE
-        if NEW_KV:  # the new row is not read here (its cache row is not written yet): it joins after the loop
-            n_ok = n_ok & (n != new_at)
         k = tl.load(
             k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + d[None, :],
             mask=n_ok[:, None],
@@ -150,32 +111,6 @@ def paged_attn_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
-    if NEW_KV:  # noqa: SIM102 (a constexpr branch: `slot`, `pos` and `new_at` exist only under it)
-        # Formed here, not before the loop: live through it, the new row's registers cost the key loop
-        # its occupancy (the H200 at batch 64: 1.3-1.5x the two launches).
-        holds = (new_at >= lo) & (new_at < hi)  # this program's keys hold the new row
-        stores = (split == 0) & (slot >= 0)  # one program stores it, once done: every program read registers
-        if holds | stores:
-            one = kvh + tl.arange(0, 1)
-            cos, sin = tl.load(cs)[None, :], tl.load(cs + D // 2)[None, :]
-            k_ty = k_cache.dtype.element_ty
-            k_new = _norm_rope_heads(
-                nk_ptr + row * stride_nkt, stride_nkh, one, one < HKV, kw_ptr, cos, sin, eps, k_ty, D
-            )
-            v_new = tl.load(nv_ptr + row * stride_nvt + kvh * stride_nvh + d[None, :]).to(v_cache.dtype.element_ty)
-            if holds:  # one more online-softmax step; no causal mask: a held key is < seq_len, the query at seq_len - 1
-                s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32), axis=1) * qk_scale
-                m_new = tl.maximum(m_i, s_new)
-                alpha = tl.exp2(m_i - m_new)
-                p_new = tl.exp2(s_new - m_new)
-                l_i = l_i * alpha + p_new
-                acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)
-                m_i = m_new
-            if stores:
-                dst = (slot // PAGE) * stride_kb + (slot % PAGE) * stride_ko + kvh * stride_kh + d[None, :]
-                tl.store(k_cache + dst, k_new)
-                vdst = (slot // PAGE) * stride_vb + (slot % PAGE) * stride_vo + kvh * stride_vh + d[None, :]
-                tl.store(v_cache + vdst, v_new)
     has = l_i > 0.0
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:

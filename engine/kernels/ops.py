@@ -12,8 +12,8 @@ class Ops:
     rms_norm: Callable
     add_rms_norm: Callable
     add_rms_norm_linear: Callable  # (linear(add_rms_norm(x, residual)), x + residual): norm into the projection
-    qk_norm_rope_store: Callable  # the drafter's context rows: stored, never attended here
-    qk_norm_rope_attention: Callable  # q|k|v's heads -> QK-norm, RoPE, KV store, paged attention
+    qk_norm_rope_store: Callable
+    paged_attention: Callable
     linear: Callable
     silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
     # linear / silu_mul_linear for products only added to the residual stream (o, down): the result

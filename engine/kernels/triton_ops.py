@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from engine.kernels._triton import require_triton
+from engine.kernels.attention import paged_attention
 from engine.kernels.fused_linear import (
     add_rms_norm_linear,
     add_rms_norm_linear_batch_invariant,
@@ -16,7 +17,6 @@ from engine.kernels.linear import linear, linear_batch_invariant
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store
-from engine.kernels.rope_attention import qk_norm_rope_attention
 from engine.kernels.sampling import accept_prefix, argmax
 
 
@@ -30,7 +30,7 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         add_rms_norm=add_rms_norm,
         add_rms_norm_linear=add_rms_norm_linear_batch_invariant if batch_invariant else add_rms_norm_linear,
         qk_norm_rope_store=qk_norm_rope_store,
-        qk_norm_rope_attention=partial(qk_norm_rope_attention, batch_invariant=batch_invariant),
+        paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,
         silu_mul_linear=silu_mul_linear_batch_invariant if batch_invariant else silu_mul_linear,
         linear_to_residual=linear_batch_invariant if batch_invariant else partial(linear, defer=True),

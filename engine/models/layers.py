@@ -89,18 +89,13 @@ def decoder_layer(
     q = qkv[:, : g.q_size].view(rows, g.num_heads, g.head_dim)
     k = qkv[:, g.q_size : g.q_size + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
     v = qkv[:, g.q_size + g.kv_size :].view(rows, g.num_kv_heads, g.head_dim)
-    o = ops.qk_norm_rope_attention(
+    q = ops.qk_norm_rope_store(
+        q, k, v, positions, meta.slot_mapping, w.q_norm, w.k_norm, cos_sin, k_cache, v_cache, eps
+    )
+    o = ops.paged_attention(
         q,
-        k,
-        v,
-        positions,
-        meta.slot_mapping,
-        w.q_norm,
-        w.k_norm,
-        cos_sin,
         k_cache,
         v_cache,
-        eps,
         meta.block_tables,
         meta.seq_lens,
         meta.query_start_loc,
