@@ -53,7 +53,7 @@ stage eval64 40 "τ of \$PAIR at 64 new tokens (the reference loop)"
 run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max-new-tokens 64 --device cuda; }
 stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
 run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
-stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at KAB_MS rows, default 1 8 16; KAB_ONLY=PREFIX: those rows alone; logs/kernel_ab)"
+stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at KAB_MS rows, default 1 8 16; KAB_ONLY=PREFIX: those rows alone, e.g. prefetch:; logs/kernel_ab)"
 run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16} --only "${KAB_ONLY:-}"; }
 stage fused-ab 240 "the fused kernels at 8 and 16 rows (kernel_ab's prefetch rows); a table of those that beat their unfused pair, interleaved against the shipped one in a decode A/B at c=8 and 16 (logs/fused-ab); install it by hand if it wins"
 run_fused_ab() {

@@ -1,6 +1,6 @@
-"""The kernel before/after bench: its switches back to the previous dispatch (the wide decode attention
-tile on 4 warps, o's and down's split-K reduce kernels, the in-step prologue), its cases and its
-argument checks (the timing itself needs a GPU)."""
+"""The kernel before/after bench: its switches back to the previous dispatch (o's and down's split-K
+reduce kernels, the in-step prologue), its cases and its argument checks (the timing itself needs a
+GPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import attention, fused_linear, gemm, linear, norm, tuning
+from engine.kernels import fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -71,28 +71,18 @@ def test_before_is_the_same_function(swiglu, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(after, prev, strict=True))
 
 
-def test_narrow_wide_tile_switches_the_wide_decode_tile_to_4_warps_and_back():
-    assert attention.DECODE_WIDE_WARPS == 8
-    with kernel_ab.narrow_wide_tile():
-        assert attention.DECODE_WIDE_WARPS == 4
-    assert attention.DECODE_WIDE_WARPS == 8
-
-
 def test_only_keeps_the_rows_of_one_op():
-    rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 64], "attention:")]
-    assert len(rows) == 4 and all(label.startswith("attention:") for label, _ in rows)
+    rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8], "prefetch: SwiGLU")]
+    assert len(rows) == len(kernel_ab.PREFETCH_SWIGLU) and {m for _, m in rows} == {8}
 
 
 def test_each_row_switches_back_its_own_change():
-    assert kernel_ab.switch_for("attention: decode, ctx 256") is kernel_ab.narrow_wide_tile
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
 
 
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_to_16():
     rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 16, 64])]
-    attention = [(label, m) for label, m in rows if label.startswith("attention:")]
-    assert len(attention) == 8 and {m for _, m in attention} == {1, 8, 16, 64}
     for m in (1, 8, 16, 64):
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows

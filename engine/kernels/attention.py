@@ -78,10 +78,8 @@ INVARIANT_BLOCK_N = 32
 DECODE_BLOCK_N = 32
 SPAN_BLOCK_N = 64
 MAX_BLOCK_M = 64
-# Decode with a grid already full without splits (high batch): the span tile (measured faster there),
-# on 8 warps: on 4 it takes 255 registers and spills ~500 bytes a thread (ptxas, sm90), on 8 it fits in 211.
+# Decode with a grid already full without splits (high batch): the span tile (measured faster there)
 DECODE_WIDE_BLOCK_N = 64
-DECODE_WIDE_WARPS = 8
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
@@ -155,7 +153,6 @@ def paged_attention(
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    wide = max_query_len == 1 and splits == 1 and block_n == DECODE_WIDE_BLOCK_N and not batch_invariant
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
     paged_attn_kernel[grid](
         q,
@@ -190,7 +187,7 @@ def paged_attention(
         NUM_SPLITS=splits,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=DECODE_WIDE_WARPS if wide else 4,
+        num_warps=4,
         num_stages=2,
         **pdl(q.device),
     )
