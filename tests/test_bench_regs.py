@@ -1,0 +1,43 @@
+"""The register report: decode attention compiled for sm90 by Triton and ptxas on a host without a
+GPU (in a child process, where TRITON_INTERPRET is off), and its argument checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
+
+from engine.bench import regs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_config_reports_its_registers_and_spills():
+    if not regs.ptxas_path().exists():
+        pytest.skip("triton ships no ptxas here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.bench.regs", "--configs", "32:4:2", "--splits", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+        check=True,
+    ).stdout
+    cells = [c.strip() for c in out.strip().splitlines()[-1].strip("|").split("|")]
+    block_n, warps, stages, splits, registers, stores, loads, shared, ctas = (int(c) for c in cells)
+    assert (block_n, warps, stages, splits) == (32, 4, 2, 1)
+    assert 32 < registers <= 255 and stores >= 0 and loads >= 0 and shared > 0
+    assert ctas == regs.REGS_PER_SM // (registers * 32 * warps)
+
+
+@pytest.mark.parametrize("configs", [["64:4"], ["a:b:c"]])
+def test_a_malformed_config_is_refused(configs):
+    with pytest.raises(SystemExit, match="--configs"):
+        regs.main(["--configs", *configs])
