@@ -130,7 +130,7 @@ def test_paged_attention_batch_invariant(causal, hq, hkv, d):
         ([1], [8000]),
         ([9, 9, 1], [600, 1800, 40]),
         ([64], [300]),
-        ([1] * 64, [191] * 63 + [0]),  # the wide decode tile (no splits) on DECODE_WIDE_WARPS
+        ([1] * 64, [191] * 63 + [0]),  # the wide decode tile (no splits: the grid is full)
     ],
 )
 @pytest.mark.parametrize("causal", [True, False])
