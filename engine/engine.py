@@ -47,11 +47,9 @@ class Engine:
         self.target_cfg, self.draft_cfg = models.target_cfg, models.draft_cfg
         self.target, self.drafter = models.target, models.drafter
         self.tokenizer, self.eos_ids = models.tokenizer, models.eos_ids
-        if self.draft_cfg and self.levers.max_drafts > self.draft_cfg.drafts_per_round:
+        if self.draft_cfg and self.levers.max_drafts > (per_round := self.draft_cfg.drafts_per_round):
             log.info(
-                "max_drafts=%d exceeds the drafter's %d drafts per round: no trim",
-                self.levers.max_drafts,
-                self.draft_cfg.drafts_per_round,
+                "max_drafts=%d exceeds the drafter's %d drafts per round: no trim", self.levers.max_drafts, per_round
             )
         self.max_model_len = max_model_len(config, models)
 

@@ -210,16 +210,13 @@ def graph_buckets(engine: Engine) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
-    try:
-        profiles = [parse_profile(p) for p in args.profiles]
-        arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
     if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
         raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
     if not args.graphs_budget_s >= 0:  # NaN too
         raise SystemExit(f"--graphs-budget-s must be >= 0 (0: no graph stage), got {args.graphs_budget_s}")
     try:
+        profiles = [parse_profile(p) for p in args.profiles]
+        arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
         args.calib_batches = calib_batches(args)
     except ValueError as err:
         raise SystemExit(str(err)) from None
