@@ -1,7 +1,9 @@
-"""The adaptive span policy's host cost per round: `SpanPolicy.decide`, `observe` and `observe_wall`
-(the host term) on a synthetic profile-shaped cost table, timed on the host (no device work); each
-batch twice: with requests waiting (K valued per round) and draining (K valued over the wave of the
-requests' remaining tokens, 64 each at its start: engine/drain.py).
+"""The adaptive span policy's host cost per round: `SpanPolicy.decide`, `observe` (or `gated`) and
+`observe_wall` (the host term) on synthetic profile-shaped cost tables, timed on the host (no device
+work); each batch with requests waiting (K valued per round) and draining (K valued over the wave of
+the requests' remaining tokens, 64 each at its start: engine/drain.py), on a table where speculation
+pays (every round speculates) and on one whose drafter makes it a loss (every round is gated: the
+high-load case, where the decision runs while the device waits and the gate arms pay nothing).
 
     python -m engine.bench policy-cost --batches 1 16 64 256 --out policy-cost.csv
 """
@@ -25,19 +27,21 @@ log = logging.getLogger(__name__)
 TABLE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-def synthetic_table(per_round: int) -> CostTable:
-    """A table shaped like a profile: flat under a knee of rows, linear above; the drafter grows with the batch."""
+def synthetic_table(per_round: int, draft_scale: float = 1.0) -> CostTable:
+    """A table shaped like a profile: flat under a knee of rows, linear above; the drafter grows with
+    the batch (draft_scale 200: a drafter dear enough that every round at every batch is gated)."""
     rows = [
         {"kind": "verify", "batch": b, "span": s, "ms": 7.0 + max(0, b * s - 512) * 0.004}
         for b in TABLE_BATCHES
         for s in range(1, per_round + 2)
     ]
-    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 1.0 + 0.045 * b} for b in TABLE_BATCHES]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": draft_scale * (1.0 + 0.045 * b)} for b in TABLE_BATCHES]
     return CostTable.from_rows(rows)
 
 
 def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random, draining: bool) -> list[float]:
-    """Microseconds of one decide + observe + observe_wall, per round."""
+    """Microseconds of one decide + observe (a gated round: gated) + observe_wall, per round, as the
+    engine calls them."""
     times = []
     for i in range(rounds):
         accepted = [rng.randint(0, policy.per_round) for _ in range(batch)]
@@ -45,7 +49,10 @@ def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random,
         remaining = [64 - i % 64] * batch if draining else None
         start = time.perf_counter()
         k = policy.decide(batch, remaining=remaining)
-        policy.observe([k] * batch, [min(a, k) for a in accepted])
+        if k:
+            policy.observe([k] * batch, [min(a, k) for a in accepted])
+        else:
+            policy.gated()
         policy.observe_wall(batch, k, wall_ms)
         times.append((time.perf_counter() - start) * 1e6)
     return times
@@ -66,20 +73,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.verbose)
     if min(args.batches) < 1 or args.drafts < 1 or args.rounds < 10:
         raise SystemExit("--batches and --drafts must be >= 1, --rounds >= 10")
-    table, rng, rows = synthetic_table(args.drafts), random.Random(0), []
-    for batch, draining in ((b, d) for b in args.batches for d in (False, True)):
-        us = time_rounds(SpanPolicy(table, args.drafts), batch, args.rounds, rng, draining)[args.rounds // 10 :]
+    tables = {"speculating": synthetic_table(args.drafts), "gated": synthetic_table(args.drafts, 200.0)}
+    rng, rows = random.Random(0), []
+    for kind, batch, draining in ((t, b, d) for t in tables for b in args.batches for d in (False, True)):
+        policy = SpanPolicy(tables[kind], args.drafts)
+        us = time_rounds(policy, batch, args.rounds, rng, draining)[args.rounds // 10 :]
         q = statistics.quantiles(us, n=20)
-        row = {"batch": batch, "drafts": args.drafts, "draining": int(draining), "us_median": statistics.median(us)}
-        rows.append(row | {"us_p5": q[0], "us_p95": q[-1]})
-        log.info(
-            "batch %d%s: %.1f us median per round (p5 %.1f, p95 %.1f)",
-            batch,
-            " draining" if draining else "",
-            row["us_median"],
-            q[0],
-            q[-1],
-        )
+        gated = policy.chosen[0] / policy.chosen.total()
+        row = {"rounds": kind, "batch": batch, "drafts": args.drafts, "draining": int(draining)}
+        rows.append(row | {"gated_share": gated, "us_median": statistics.median(us), "us_p5": q[0], "us_p95": q[-1]})
+        what = f"{kind} rounds ({100 * gated:.0f} % gated), batch {batch}{' draining' if draining else ''}"
+        log.info("%s: %.1f us median per round (p5 %.1f, p95 %.1f)", what, statistics.median(us), q[0], q[-1])
     if args.out:
         write_csv(args.out, rows)
     return 0
