@@ -105,6 +105,11 @@ def test_refuses_bad_row_counts(tmp_path, argv):
         kernel_ab.main(["--out", str(tmp_path), *argv])
 
 
+def test_refuses_a_prefix_no_row_has_before_it_runs(tmp_path):
+    with pytest.raises(SystemExit, match="--only: no row's op starts with 'nosuch'"):
+        kernel_ab.main(["--out", str(tmp_path), "--only", "nosuch"])
+
+
 def test_refuses_a_folder_for_the_fused_table_before_it_runs(tmp_path):
     with pytest.raises(SystemExit, match="--fused-table: .* is a folder"):
         kernel_ab.main(["--out", str(tmp_path), "--fused-table", str(tmp_path)])

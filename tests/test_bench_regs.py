@@ -37,7 +37,13 @@ def test_a_config_reports_its_registers_and_spills():
     assert ctas == regs.REGS_PER_SM // (registers * 32 * warps)
 
 
-@pytest.mark.parametrize("configs", [["64:4"], ["a:b:c"]])
+@pytest.mark.parametrize("configs", [["64:4"], ["a:b:c"], ["48:4:2"], ["8:4:2"], ["64:3:2"], ["64:4:0"]])
 def test_a_malformed_config_is_refused(configs):
     with pytest.raises(SystemExit, match="--configs"):
         regs.main(["--configs", *configs])
+
+
+@pytest.mark.parametrize("splits", [["0"], ["3"]])
+def test_a_split_count_not_a_power_of_two_is_refused(splits):
+    with pytest.raises(SystemExit, match="--splits"):
+        regs.main(["--splits", *splits])

@@ -180,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if min(args.ms) < 1:
         raise SystemExit("--ms: row counts >= 1")
+    if not any(cases_for(args.ms, args.only)):
+        raise SystemExit(f"--only: no row's op starts with {args.only!r} at --ms {args.ms}")
     if args.fused_table is not None and args.fused_table.is_dir():
         raise SystemExit(f"--fused-table: {args.fused_table} is a folder; give the table file's path")
     if not torch.cuda.is_available():

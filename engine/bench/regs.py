@@ -86,6 +86,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--configs: expected BLOCK_N:WARPS:STAGES integers, got {args.configs}") from None
     if any(len(c) != 3 for c in configs):
         raise SystemExit(f"--configs: expected BLOCK_N:WARPS:STAGES, got {args.configs}")
+    pow2 = lambda v: v >= 1 and v & (v - 1) == 0  # noqa: E731
+    if not all(pow2(n) and n >= 16 and pow2(w) and st >= 1 for n, w, st in configs):
+        raise SystemExit(
+            f"--configs: BLOCK_N a power of two >= 16, WARPS a power of two, STAGES >= 1; got {args.configs}"
+        )
+    if not all(pow2(s) for s in args.splits):
+        raise SystemExit(f"--splits: powers of two >= 1, got {args.splits}")
     os.environ.pop("TRITON_INTERPRET", None)
     if not ptxas_path().exists():
         raise SystemExit(f"no ptxas at {ptxas_path()} (triton's nvidia backend)")
