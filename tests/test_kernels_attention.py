@@ -82,29 +82,6 @@ def test_paged_attention_padding_rows_untouched():
     assert out[2:].isnan().all()
 
 
-SPLIT_CASES = [case for case in ATTN_CASES if case[-1]]
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("spans,ctxs,hq,hkv,d,causal,splits", SPLIT_CASES)
-def test_the_last_split_merges_as_the_reduce_kernel_does(monkeypatch, dtype, spans, ctxs, hq, hkv, d, causal, splits):
-    """One launch: no reduce kernel runs, the output matches the reduce kernel's merge, and every
-    count is back to zero for the next launch (run twice)."""
-    torch.manual_seed(8)
-    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)
-    args = (q, kc, vc, bt, seq, qsl, mq, d**-0.5, causal)
-    monkeypatch.setattr(attention, "COMBINE_IN_KERNEL", False)
-    merged_apart = attention.paged_attention(*args, num_splits=splits)
-    monkeypatch.setattr(attention, "COMBINE_IN_KERNEL", True)
-    monkeypatch.setattr(attention, "paged_attn_reduce_kernel", None)  # launching it would fail
-    for _ in range(2):
-        out = attention.paged_attention(*args, num_splits=splits)
-        assert not attention.split_counters(q.device, 1).any()
-        assert rel_err(out, merged_apart) < (1e-6 if dtype == torch.float32 else 2e-3)
-    ref = attention.paged_attention_ref(*args)
-    assert rel_err(out, ref) < ATTN_TOL[dtype]
-
-
 def _invariance_check(dtype, hq, hkv, d, causal):
     spans, ctxs = [8, 1, 1, 3, 1, 1, 1], [40, 10, 70, 5, 16, 31, 2]
     q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)

@@ -5,14 +5,13 @@ without it."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.kernels import attention, fused_linear, gemm, linear, norm
+from engine.kernels import fused_linear, gemm, linear, norm
 from engine.kernels.tuning import SkinnyConfig
 
 EPS = 1e-6
@@ -90,17 +89,3 @@ def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
         return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
     nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
     return nbytes, copies, with_cfg, ref, with_cfg
-
-
-def attention_case(batch: int, ctx: int):
-    """Decode attention at `batch` sequences of `ctx` cached rows, as dispatched (splits where the
-    grid is small, the wide tile where it is full). Bytes: the KV it reads, over rotated caches."""
-    g = cases.ATTN_GEOMETRY
-    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, g["hq"], g["hkv"], g["d"], g["page"])
-    kv_bytes = 2 * kc.numel() * kc.element_size()
-    copies = max(1, min(8, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
-    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
-    meta = (bt, seq_lens, qsl, 1, g["d"] ** -0.5)
-    fn = lambda i: attention.paged_attention(q, *caches[i], *meta)  # noqa: E731
-    ref = attention.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta)
-    return batch * (ctx + 1) * g["hkv"] * g["d"] * 2 * kc.element_size(), copies, fn, ref, fn

@@ -83,22 +83,6 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-# The split that finishes last merges its group's partials (no reduce kernel); False: the reduce
-# kernel merges them (the dispatch before, kept for the A/B benches).
-COMBINE_IN_KERNEL = True
-_counters: dict[torch.device, torch.Tensor] = {}  # per device: one arrival count per program group
-
-
-def split_counters(device: torch.device, groups: int) -> torch.Tensor:
-    """Zeroed int32 counts for `groups` program groups, kept per device: the merging split puts its
-    count back to 0, so every launch (and graph replay) finds them zeroed. Grown outside a CUDA-graph
-    capture only (the graphs' eager warm-up makes the same call first)."""
-    counts = _counters.get(device)
-    if counts is None or counts.numel() < groups:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"split counters for {groups} program groups first asked for inside a graph capture")
-        counts = _counters[device] = torch.zeros(max(groups, 1024), dtype=torch.int32, device=device)
-    return counts
 
 
 def _num_sms(device: torch.device) -> int:
@@ -164,14 +148,12 @@ def paged_attention(
     )
     if num_splits is not None and not batch_invariant:
         splits = num_splits
-    grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
-    combine = splits > 1 and COMBINE_IN_KERNEL
     if splits > 1:
         part_o = torch.empty(num_tokens * num_heads * splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    counts = split_counters(q.device, grid[0] * grid[1]) if combine else seq_lens
+    grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -182,7 +164,6 @@ def paged_attention(
         out,
         part_o,
         part_lse,
-        counts,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -204,14 +185,13 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         NUM_SPLITS=splits,
-        COMBINE=combine,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
         num_stages=2,
         **pdl(q.device),
     )
-    if splits > 1 and not combine:
+    if splits > 1:
         paged_attn_reduce_kernel[(num_tokens, num_heads)](
             part_o,
             part_lse,

@@ -1,6 +1,5 @@
 """The Triton kernels of paged attention (attention.py holds the reference, the configs and the
-wrapper): the tiled online-softmax kernel, which with COMBINE also merges its flash-decoding splits
-(the split that finishes last does it), and the reduce kernel that merges them otherwise."""
+wrapper): the tiled online-softmax kernel and the reduce that combines flash-decoding splits."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ def paged_attn_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
-    count_ptr,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -42,7 +40,6 @@ def paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    COMBINE: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
@@ -124,39 +121,6 @@ def paged_attn_kernel(
         tl.store(part_o_ptr + part[:, None] * D + d[None, :], o, mask=row_ok[:, None])
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
-        if COMBINE:  # one launch, not two: the split that counts last merges the group's partials
-            tl.debug_barrier()  # every thread's partials are stored before the count says so
-            slot = count_ptr + pid * tl.num_programs(1) + tl.program_id(1)
-            if tl.atomic_add(slot, 1, sem="acq_rel") == NUM_SPLITS - 1:
-                _merge_splits(
-                    part_o_ptr, part_lse_ptr, out_ptr, t, h, row_ok, stride_ot, stride_oh, HQ, D, BLOCK_M, NUM_SPLITS
-                )
-                tl.store(slot, 0)  # ready for the next launch: no other split of this group is left
-
-
-@jit
-def _merge_splits(part_o_ptr, part_lse_ptr, out_ptr, t, h, row_ok, stride_ot, stride_oh, HQ, D, BLOCK_M, NUM_SPLITS):
-    """The reduce kernel's merge for one program's rows: o = sum_s w_s o_s / sum_s w_s with
-    w_s = 2^(lse_s - max lse), summed in split order. The partials are read from L2 (.cg): the other
-    splits wrote them from other SMs during this launch."""
-    base = (t * HQ + h) * NUM_SPLITS
-    d = tl.arange(0, D)
-    mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        mx = tl.maximum(mx, tl.load(part_lse_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg"))
-    mx = tl.where(mx > float("-inf"), mx, 0.0)
-    acc = tl.zeros([BLOCK_M, D], tl.float32)
-    den = tl.zeros([BLOCK_M], tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        w = tl.exp2(tl.load(part_lse_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg") - mx)
-        o = tl.load(
-            part_o_ptr + (base + s)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0, cache_modifier=".cg"
-        )
-        acc += w[:, None] * o
-        den += w
-    o = acc / tl.where(den > 0.0, den, 1.0)[:, None]
-    dst = out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :]
-    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 @jit
