@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from itertools import accumulate
 from operator import mul
 from pathlib import Path
+from typing import NamedTuple
 
 from engine.costs import CostTable, read_cost_table
 from engine.drain import WaveValues
@@ -52,6 +53,13 @@ PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tok
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
 # lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
 WAVE_BAND = 1.3
+
+
+class Decision(NamedTuple):
+    """A round's K and the policy state it leaves (None: a forced gated round changes none)."""
+
+    k: int
+    state: tuple | None = None
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -143,16 +151,27 @@ class SpanPolicy:
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> int:
-        """K for the next round of `batch` requests. remaining: each request's tokens left, given when
-        no request waits for a slot (a draining wave: K is then valued over the whole wave). useful:
-        the most drafts any request of the batch may still accept (its tokens left minus the bonus):
-        below 1 the gated round, else no K past the smallest variant that covers it (the best of
-        those on this round's values), since the verify of unacceptable drafts only costs: at 3cfef9c
-        the H200 study's c=256 waves ended in 8- and 15-draft rounds of stragglers with one token
-        left, 45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
+        """K for the next round of `batch` requests: `apply(plan(...))`."""
+        return self.apply(self.plan(batch, max_drafts, max_batch, remaining, useful))
+
+    def plan(
+        self,
+        batch: int,
+        max_drafts: int = 0,
+        max_batch: int = 0,
+        remaining: Sequence[int] | None = None,
+        useful: int | None = None,
+    ) -> Decision:
+        """The decision for the next round of `batch` requests, changing no state (`apply` takes it),
+        so it can be made while the device still runs the round before. remaining: each request's
+        tokens left, given when no request waits for a slot (a draining wave: K is then valued over
+        the whole wave). useful: the most drafts any request of the batch may still accept (its tokens
+        left minus the bonus): below 1 the gated round, else no K past the smallest variant that covers
+        it (the best of those on this round's values), since the verify of unacceptable drafts only
+        costs: at 3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of stragglers
+        with one token left, 45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
         if (max_batch and batch >= max_batch) or (useful is not None and useful < 1):
-            self.chosen[0] += 1
-            return 0  # forced: the K in force stays for when the batch shrinks or the next wave
+            return Decision(0)  # forced: the K in force stays for when the batch shrinks or the next wave
         times = self._round_times(batch, max_drafts)
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)
@@ -163,54 +182,71 @@ class SpanPolicy:
         # waiting out the patience runs the wrong K over a share of it (H200 study at f53b035: `chat`
         # c=64 kept the last cell's K=4 for its first rounds and lost 13-15 % to plain).
         patience = 1 if draining else self.patience
-        previous = self.k
-        if self.k not in values:
-            self.k, self._streak = best, 0
-        elif best != self.k and values[best] > values[self.k] * (1.0 + self.margin):
-            self._streak += 1
-            if self._streak >= patience or values[best] > values[self.k] * (1.0 + self.jump):
-                self.k, self._streak = best, 0
+        k_in_force, streak = self.k, self._streak
+        if k_in_force not in values:
+            k_in_force, streak = best, 0
+        elif best != k_in_force and values[best] > values[k_in_force] * (1.0 + self.margin):
+            streak += 1
+            if streak >= patience or values[best] > values[k_in_force] * (1.0 + self.jump):
+                k_in_force, streak = best, 0
         else:
-            self._streak = 0
-        self._starved = self.k == 0 and self._starved_at_one(max_drafts)
-        if self.k != previous and batch == self._batch:  # the estimate moved K, not the load: probe afresh
-            self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
-        self._batch = batch
-        if self.k == 0:
-            self.host.relax(batch, self.host_relax)
-        k = self._probe(batch, times, values, min(remaining) if draining else None)
+            streak = 0
+        starved = k_in_force == 0 and self._starved_at_one(max_drafts)
+        restart = k_in_force != self.k and batch == self._batch  # the estimate moved K, not the load
+        k, probe = self._probe(batch, k_in_force, starved, restart, times, values, min(remaining) if draining else None)
         if useful is not None:  # this round only: the K in force stays for the next wave
             cover = min((c for c in values if c >= useful), default=max(values))
             if k > cover:
                 k = max((c for c in values if c <= cover), key=lambda c: (values[c], -c))
-        self.chosen[k] += 1
-        return k
+        return Decision(k, (k_in_force, streak, starved, restart, batch, probe))
 
-    def _probe(self, batch: int, times: dict[int, float], values: dict[int, float], wave_left: int | None) -> int:
-        """This round's K: the one in force, or the best larger K when it is worth PROBE_FLOOR of it and
-        the rounds under the K in force since the last probe took its spacing times the probe's ms
-        (a starved estimate relaxes instead). The spacing and the ms since a probe are kept per batch
-        bucket (powers of two) and K in force, and start afresh only where the estimate moves K at an
-        unchanged batch: kept per K alone, they restarted whenever the load moved K, and the H200
-        study's cells (each its own batch, in turn) probed anew in every 64-token wave (at 532fe16
-        the `code` c=128 waves that probed ran 0.82-0.92 of plain, those that did not 0.96-1.03).
-        Waves probe too: at 3cd81a7, with no probe in a wave, the H200 study's `code` c=64 gated every
-        round of every wave on the estimate `chat` c=32 left (-24 % against trim 8). But in a wave
-        (wave_left: the fewest tokens any request has left) a probe due near its end waits for the next
-        wave: a lockstep wave ends with its slowest request, so a late probe cannot shorten it and
-        learns too late to help (at bc80d89 the H200 study's c=128 cells probed in their last rounds
-        and lost 8-10 % to plain)."""
-        state = self._probes.setdefault((batch.bit_length(), self.k), [0.0, PROBE_FIRST])
-        larger = {k: v for k, v in values.items() if k > self.k}
-        if larger and not (self.k == 0 and self._starved):
+    def apply(self, decision: Decision) -> int:
+        """Take a decision `plan` made: the K in force, the hysteresis and the probe spacing move to
+        it. Returns this round's K."""
+        if decision.state is not None:
+            self.k, self._streak, self._starved, restart, batch, (key, probe) = decision.state
+            if restart:  # the estimate moved K at this batch: its bucket probes afresh
+                self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
+            self._probes[key] = probe
+            self._batch = batch
+            if self.k == 0:
+                self.host.relax(batch, self.host_relax)
+        self.chosen[decision.k] += 1
+        return decision.k
+
+    def _probe(
+        self,
+        batch: int,
+        k_in_force: int,
+        starved: bool,
+        restart: bool,
+        times: dict[int, float],
+        values: dict[int, float],
+        wave_left: int | None,
+    ) -> tuple[int, tuple[tuple[int, int], list[float]]]:
+        """This round's K and its probe state: the K in force, or the best larger K when it is worth
+        PROBE_FLOOR of it and the rounds under the K in force since the last probe took its spacing
+        times the probe's ms (a starved estimate relaxes instead). The spacing and the ms since a probe
+        are kept per batch bucket (powers of two) and K in force, and start afresh only where the
+        estimate moves K at an unchanged batch (restart): kept per K alone, they restarted whenever the
+        load moved K, and the H200 study's cells (each its own batch, in turn) probed anew in every
+        64-token wave (at 532fe16 the `code` c=128 waves that probed ran 0.82-0.92 of plain, those that
+        did not 0.96-1.03). Waves probe too: at 3cd81a7, with no probe in a wave, the H200 study's
+        `code` c=64 gated every round of every wave on the estimate `chat` c=32 left (-24 % against
+        trim 8). But in a wave (wave_left: the fewest tokens any request has left) a probe due near its
+        end waits for the next wave: a lockstep wave ends with its slowest request, so a late probe
+        cannot shorten it and learns too late to help (at bc80d89 the H200 study's c=128 cells probed
+        in their last rounds and lost 8-10 % to plain)."""
+        key = (batch.bit_length(), k_in_force)
+        since, spacing = self._probes.get(key, (0.0, PROBE_FIRST)) if not restart else (0.0, PROBE_FIRST)
+        larger = {k: v for k, v in values.items() if k > k_in_force}
+        if larger and not (k_in_force == 0 and starved):
             k = max(larger, key=lambda k: (larger[k], -k))
             late = wave_left is not None and wave_left < PROBE_WAVE_LEFT * (1 + k)
-            due = state[0] >= state[1] * times[k]
-            if due and not late and larger[k] >= PROBE_FLOOR * values[self.k]:
-                state[:] = [0.0, min(2 * state[1], PROBE_MAX)]
-                return k
-        state[0] += times[self.k]
-        return self.k
+            due = since >= spacing * times[k]
+            if due and not late and larger[k] >= PROBE_FLOOR * values[k_in_force]:
+                return k, (key, [0.0, min(2 * spacing, PROBE_MAX)])
+        return k_in_force, (key, [since + times[k_in_force], spacing])
 
     def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
         """The table's ms per candidate K plus the host term measured so far."""

@@ -19,6 +19,8 @@ def test_writes_one_row_per_table_batch_waiting_and_draining(tmp_path):
     assert all(float(r["us_median"]) > 0 for r in rows)
     # the two tables do what they are named for: every round speculates, or every round is gated
     assert {(r["rounds"], float(r["gated_share"])) for r in rows} == {("speculating", 0.0), ("gated", 1.0)}
+    # gated rounds plan their successor off the critical path; speculating rounds decide in turn
+    assert all((float(r["planned_us_median"]) > 0) == (r["rounds"] == "gated") for r in rows)
 
 
 @pytest.mark.parametrize("args", [["--batches", "0"], ["--drafts", "0"], ["--rounds", "5"]])

@@ -258,3 +258,33 @@ def test_no_round_verifies_drafts_no_request_may_accept():
     assert policy.decide(70, remaining=[3] * 70, useful=2) == 2
     assert policy.decide(70, remaining=[4] * 70, useful=3) == 4  # 4 covers three drafts, 2 does not
     assert policy.k == PER_ROUND and policy.decide(70, remaining=[64] * 70, useful=63) == PER_ROUND
+
+
+def _state(policy: SpanPolicy) -> tuple:
+    probes = {key: list(state) for key, state in policy._probes.items()}
+    return policy.k, policy._streak, policy._starved, policy._batch, probes, dict(policy.chosen), dict(policy.host.ms)
+
+
+def test_a_plan_changes_nothing_and_applied_decides_as_decide_does():
+    """The engine plans a gated round's successor while the device runs it and applies the plan a
+    round later: planning leaves every piece of state as it was, and plan + apply is decide."""
+    tables = [costly_drafter(), free_rows(), table(lambda b, s: 4.0 + 0.1 * b * s, lambda b: 0.5 + 0.02 * b, SPANS)]
+    for t in tables:
+        rng = random.Random(3)
+        deciding, planning = SpanPolicy(t, 8), SpanPolicy(t, 8)
+        for i in range(400):
+            batch = rng.choice([1, 3, 16, 64, 200])
+            remaining = [rng.randint(1, 40) for _ in range(batch)] if i % 3 else None
+            args = (batch, rng.choice([0, 0, 4]), rng.choice([0, 0, 0, 128]), remaining, rng.randint(0, 8))
+            before = _state(planning)
+            decision = planning.plan(*args)
+            assert _state(planning) == before
+            assert planning.apply(decision) == deciding.decide(*args)
+            assert _state(planning) == _state(deciding)
+            if decision.k:
+                accepted = [rng.randint(0, decision.k) for _ in range(batch)]
+                for p in (planning, deciding):
+                    p.observe([decision.k] * batch, accepted)
+            wall = 5.0 + rng.random()
+            for p in (planning, deciding):
+                p.observe_wall(batch, decision.k, wall)

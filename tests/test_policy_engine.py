@@ -224,3 +224,40 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     assert not any(a and b for a, b in zip(tail, tail[1:], strict=False))  # a probe is a lone round
     host = engine.rounds.policy.host
     assert host.predict(2, True) > 4 * max(host.predict(2, False), 5.0)  # the sleep, not the gated round's host work
+
+
+def counting_decides(engine) -> list[int]:
+    """The batch of every round the policy decided in turn (a round that took a plan made during the
+    gated round before it is not among them)."""
+    policy, batches = engine.rounds.policy, []
+    decide = policy.decide
+    policy.decide = lambda batch, *rest: batches.append(batch) or decide(batch, *rest)
+    return batches
+
+
+def test_a_gated_round_plans_the_next_while_the_device_runs(tiny_target, tiny_drafter, plain, capsys, one_thread):
+    # The table given at start is the whole cost (no host term learnt from walls), so a plan made a
+    # round early is exactly the decision made in turn: the same rounds, the same tokens.
+    planned = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    decided = counting_decides(planned)
+    outs, rows = run(planned, capsys)
+    in_turn = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    in_turn.rounds._plan_ahead = lambda reqs, draining: None
+    outs_in_turn, rows_in_turn = run(in_turn, capsys)
+    assert rows == rows_in_turn and [o.token_ids for o in outs] == [o.token_ids for o in outs_in_turn]
+    policy = planned.rounds.policy
+    assert policy.chosen == in_turn.rounds.policy.chosen and policy.chosen[0] >= 10
+    assert len(decided) <= policy.chosen.total() - policy.chosen[0] + 1  # after the first gated round: plans
+
+
+def test_a_plan_for_another_batch_is_dropped(tiny_target, tiny_drafter, plain, one_thread):
+    engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
+    for p, b in zip(PROMPTS, BUDGETS, strict=True):
+        engine.add_request(p, SamplingParams(max_tokens=b, ignore_eos=True))
+    while engine.rounds._ahead is None:
+        engine.step()
+    planned_for = engine.rounds._ahead.reqs
+    engine.abort(planned_for[0].id)
+    decided = counting_decides(engine)
+    engine.step()
+    assert decided == [len(planned_for) - 1] and engine.rounds._ahead.reqs == planned_for[1:]

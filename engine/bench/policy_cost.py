@@ -3,7 +3,9 @@
 work); each batch with requests waiting (K valued per round) and draining (K valued over the wave of
 the requests' remaining tokens, 64 each at its start: engine/drain.py), on a table where speculation
 pays (every round speculates) and on one whose drafter makes it a loss (every round is gated: the
-high-load case, where the decision runs while the device waits and the gate arms pay nothing).
+high-load case, where the gate arms pay nothing). As in the engine (engine/round.py), a gated round
+plans the next round's decision while the device runs it: that round then pays `apply` on its
+critical path (`us_*`), and the plan is timed apart (`planned_us_median`, off the critical path).
 
     python -m engine.bench policy-cost --batches 1 16 64 256 --out policy-cost.csv
 """
@@ -39,23 +41,32 @@ def synthetic_table(per_round: int, draft_scale: float = 1.0) -> CostTable:
     return CostTable.from_rows(rows)
 
 
-def time_rounds(policy: SpanPolicy, batch: int, rounds: int, rng: random.Random, draining: bool) -> list[float]:
-    """Microseconds of one decide + observe (a gated round: gated) + observe_wall, per round, as the
-    engine calls them."""
-    times = []
+def time_rounds(
+    policy: SpanPolicy, batch: int, rounds: int, rng: random.Random, draining: bool
+) -> tuple[list[float], list[float]]:
+    """Microseconds per round on the critical path (decide, or apply of the plan the gated round
+    before made, + observe or gated + observe_wall, in the engine's order) and of the plans gated
+    rounds make for their successor (during the device's round)."""
+    times, planned, plan = [], [], None
     for i in range(rounds):
         accepted = [rng.randint(0, policy.per_round) for _ in range(batch)]
         wall_ms = 10.0 + rng.random()
         remaining = [64 - i % 64] * batch if draining else None
         start = time.perf_counter()
-        k = policy.decide(batch, remaining=remaining)
+        k = policy.apply(plan) if plan is not None else policy.decide(batch, remaining=remaining)
+        plan = None
         if k:
             policy.observe([k] * batch, [min(a, k) for a in accepted])
         else:
+            launched = time.perf_counter()  # the engine plans here, while the device runs the round
+            if not draining or remaining[0] > 1:
+                plan = policy.plan(batch, remaining=[r - 1 for r in remaining] if draining else None)
+            planned.append((time.perf_counter() - launched) * 1e6)
+            start += time.perf_counter() - launched
             policy.gated()
         policy.observe_wall(batch, k, wall_ms)
         times.append((time.perf_counter() - start) * 1e6)
-    return times
+    return times, planned
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,13 +88,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng, rows = random.Random(0), []
     for kind, batch, draining in ((t, b, d) for t in tables for b in args.batches for d in (False, True)):
         policy = SpanPolicy(tables[kind], args.drafts)
-        us = time_rounds(policy, batch, args.rounds, rng, draining)[args.rounds // 10 :]
+        us, planned = time_rounds(policy, batch, args.rounds, rng, draining)
+        us, plan_us = us[args.rounds // 10 :], statistics.median(planned) if planned else 0.0
         q = statistics.quantiles(us, n=20)
         gated = policy.chosen[0] / policy.chosen.total()
         row = {"rounds": kind, "batch": batch, "drafts": args.drafts, "draining": int(draining)}
-        rows.append(row | {"gated_share": gated, "us_median": statistics.median(us), "us_p5": q[0], "us_p95": q[-1]})
+        row |= {"gated_share": gated, "us_median": statistics.median(us), "us_p5": q[0], "us_p95": q[-1]}
+        rows.append(row | {"planned_us_median": plan_us})
         what = f"{kind} rounds ({100 * gated:.0f} % gated), batch {batch}{' draining' if draining else ''}"
-        log.info("%s: %.1f us median per round (p5 %.1f, p95 %.1f)", what, statistics.median(us), q[0], q[-1])
+        log.info(
+            "%s: %.1f us median per round (p5 %.1f, p95 %.1f), %.1f planned during the device's round",
+            *(what, statistics.median(us), q[0], q[-1], plan_us),
+        )
     if args.out:
         write_csv(args.out, rows)
     return 0
