@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 
 from engine.costs import expected_committed, read_cost_table
-from engine.policy import PROBE_FIRST, SPEC_DISCOUNT, SpanPolicy, choose_span, round_times, span_candidates
+from engine.policy import (
+    PROBE_FIRST,
+    PROBE_FLOOR,
+    SPEC_DISCOUNT,
+    SpanPolicy,
+    best_span,
+    choose_span,
+    round_times,
+    span_candidates,
+)
 from tests.policy_tables import table
 
 PER_ROUND = 15
@@ -288,3 +297,16 @@ def test_a_plan_changes_nothing_and_applied_decides_as_decide_does():
             wall = 5.0 + rng.random()
             for p in (planning, deciding):
                 p.observe_wall(batch, decision.k, wall)
+
+
+def test_no_probe_tries_a_k_that_loses_to_the_gated_round_even_with_every_draft_accepted():
+    # The H200 study at c1e25cd: 4-draft probes at batch 256 (31 ms against a 5.2 ms gated round plus
+    # its 1.5 ms host term, the speculative term there not yet seen), where 4 drafts all accepted
+    # still fall short of the gated round.
+    policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND, prior=[0.8] * PER_ROUND), random.Random(1)
+    policy.host.ms[False, 256] = 1.5
+    times = policy._round_times(256, 0)
+    _, values = best_span(times, 256, policy.conditional)
+    assert max((k for k in values if k), key=values.get) == 4 and values[4] >= PROBE_FLOOR * values[0]
+    assert (1 + 4) / times[4] < 1.05 * 1.05 / times[0]  # all 4 accepted: short of the gated round's value
+    assert _run(policy, rng, 256, [0.8] * PER_ROUND, 600) == [0] * 600
