@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import attention, fused_linear, gemm, linear, norm, tuning
+from engine.kernels import fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -79,20 +79,11 @@ def test_only_keeps_the_rows_of_one_op():
 def test_each_row_switches_back_its_own_change():
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
-    assert kernel_ab.switch_for("attention → o, ctx 256") is kernel_ab.no_prefetch
-
-
-def test_the_prefetch_switch_turns_it_off_and_back_on():
-    assert attention.PREFETCH_NEXT
-    with kernel_ab.no_prefetch():
-        assert not attention.PREFETCH_NEXT
-    assert attention.PREFETCH_NEXT
 
 
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_to_16():
     rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 16, 64])]
     for m in (1, 8, 16, 64):
-        assert ("attention → o, ctx 256", m) in rows and ("attention → o, ctx 2048", m) in rows
         assert ("o", m) in rows and ("SwiGLU→down", m) in rows
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
     for m in (1, 8, 16, 64):

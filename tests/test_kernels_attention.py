@@ -10,7 +10,6 @@ import torch
 from engine.kernels import attention
 from tests.kernel_helpers import (
     ATTN_TOL,
-    CUDA,
     DEV,
     DTYPES,
     QWEN3_4B,
@@ -83,22 +82,6 @@ def test_paged_attention_padding_rows_untouched():
     assert out[2:].isnan().all()
 
 
-def test_prefetch_is_asked_only_on_a_gpu_where_the_grid_splits(monkeypatch):
-    w = torch.randn(64, 32)
-    assert attention.prefetch_bytes(w, 8) is None  # the interpreter runs no PTX
-    assert attention.prefetch_bytes(None, 8) is None
-    if CUDA:
-        w = w.to(DEV, torch.bfloat16)
-        view = attention.prefetch_bytes(w, 8)
-        assert view.dtype == torch.int8 and view.numel() == w.numel() * 2 and view.data_ptr() == w.data_ptr()
-        assert attention.prefetch_bytes(w, 1) is None and attention.prefetch_bytes(w.t(), 8) is None
-        monkeypatch.setattr(attention, "PREFETCH_MAX_BYTES", w.numel())
-        assert attention.prefetch_bytes(w, 8) is None
-        monkeypatch.setattr(attention, "PREFETCH_MAX_BYTES", 1 << 30)
-        monkeypatch.setattr(attention, "PREFETCH_NEXT", False)
-        assert attention.prefetch_bytes(w, 8) is None
-
-
 def _invariance_check(dtype, hq, hkv, d, causal):
     spans, ctxs = [8, 1, 1, 3, 1, 1, 1], [40, 10, 70, 5, 16, 31, 2]
     q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, d, dtype)
@@ -158,27 +141,6 @@ def test_gpu_attention_4b(spans, ctxs, causal):
     out = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
     ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
     assert rel_err(out, ref) < ATTN_TOL[torch.bfloat16]
-
-
-@gpu
-@pytest.mark.parametrize(
-    "spans,ctxs", [([1], [200]), ([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]), ([9, 1], [600, 40])]
-)
-def test_gpu_prefetch_changes_no_bit(spans, ctxs):
-    """The split attention pulling o's weights into L2 first computes exactly what it computes
-    without, eagerly and in a replayed graph."""
-    torch.manual_seed(16)
-    g = QWEN3_4B
-    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
-    w_o = torch.randn(g["hidden"], g["hq"] * g["d"], device=DEV, dtype=torch.bfloat16)
-    assert attention.prefetch_bytes(w_o, 2) is not None
-    run = lambda pf: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True, prefetch=pf)
-    plain = run(None)
-    assert torch.equal(run(w_o), plain)
-    graph, out = capture_graph(lambda: run(w_o))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, plain)
 
 
 @gpu

@@ -6,9 +6,6 @@ dispatches it on this device, in one process (GPU only):
 (end to end, both dispatches interleaved in one decode run: engine/bench/decode_ab.py)
 
 "before" is the previous dispatch of the row's op ("after" the current one), switched per row:
-- "attention → o, ctx C" at every --ms batch and 256 / 2048 cached rows: before = no prefetch,
-  after = the split attention pulls o's weights into L2 first (attention.PREFETCH_NEXT; where the
-  grid needs no split, the same kernels); `no_prefetch` is also decode_ab's "before" arm;
 - the two pairs the split-K deferral joins (before = o's and SwiGLU->down's partials summed by their
   reduce kernel, `reduce_kernel`; after = at one row the partials go to the next add + RMSNorm
   prologue, gemm.DEFER_MAX_ROWS), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
@@ -42,11 +39,11 @@ import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
-from engine.bench.kernel_ab_cases import attention_o_case, fused_case, norm_case, pair_case, proj_case
+from engine.bench.kernel_ab_cases import fused_case, norm_case, pair_case, proj_case
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import attention, gemm, tuning
+from engine.kernels import gemm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
@@ -89,16 +86,6 @@ NORM_CANDIDATES = [
 
 
 @contextmanager
-def no_prefetch() -> Iterator[None]:
-    """The dispatch before the split attention prefetched o's weights into L2."""
-    saved, attention.PREFETCH_NEXT = attention.PREFETCH_NEXT, False
-    try:
-        yield
-    finally:
-        attention.PREFETCH_NEXT = saved
-
-
-@contextmanager
 def reduce_kernel() -> Iterator[None]:
     """The dispatch before the deferral: o's and down's split-K partials summed by their reduce
     kernel at every row count."""
@@ -131,9 +118,7 @@ def read_tables(path: Path) -> TunedTables:
 
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
-    if label.startswith("prefetch:"):
-        return in_step_prologue
-    return no_prefetch if label.startswith("attention") else reduce_kernel
+    return in_step_prologue if label.startswith("prefetch:") else reduce_kernel
 
 
 def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
@@ -158,9 +143,6 @@ def cases_for(ms: Sequence[int], only: str = "") -> Iterator[tuple[str, int, Cal
 
 def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
     (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
-    for m in ms:
-        for ctx in (256, 2048):
-            yield f"attention → o, ctx {ctx}", m, lambda m=m, c=ctx: attention_o_case(m, c)
     for m in ms:
         yield "o → norm→gate|up", m, lambda m=m: pair_case((h, q_size), gu_n, False, m)
         yield "SwiGLU→down → norm→q|k|v", m, lambda m=m: pair_case((h, inter), qkv_n, True, m)
@@ -189,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine.bench.kernel_ab", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--ms", type=int, nargs="+", default=[1, 8, 16, 64])
-    p.add_argument("--only", default="", metavar="PREFIX", help="the rows whose op starts with PREFIX (e.g. attention)")
+    p.add_argument("--only", default="", metavar="PREFIX", help="the rows whose op starts with PREFIX (e.g. prefetch:)")
     p.add_argument(
         "--fused-table",
         type=Path,

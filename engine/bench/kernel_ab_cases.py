@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.kernels import attention, fused_linear, gemm, linear, norm
+from engine.kernels import fused_linear, gemm, linear, norm
 from engine.kernels.tuning import SkinnyConfig
 
 EPS = 1e-6
@@ -89,23 +89,3 @@ def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
         return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
     nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
     return nbytes, copies, with_cfg, ref, with_cfg
-
-
-def attention_o_case(batch: int, ctx: int):
-    """Decode attention at `batch` sequences of `ctx` cached rows, then o on its output, both as
-    dispatched (the attention given o's weights to prefetch). Bytes: the KV read and o's weights,
-    o rotated over copies (the caches are small beside them)."""
-    g = cases.ATTN_GEOMETRY
-    q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, 1, g["hq"], g["hkv"], g["d"], g["page"])
-    wbytes, copies, ws = cases.rotated_weights(*cases.SHAPES[1])  # o
-    meta = (bt, seq_lens, qsl, 1, g["d"] ** -0.5)
-
-    def fn(i: int) -> torch.Tensor:
-        o = attention.paged_attention(q, kc, vc, *meta, prefetch=ws[i])
-        return linear.linear(o.view(batch, -1), ws[i])
-
-    ref = linear.linear_ref(
-        attention.paged_attention_ref(q.float(), kc.float(), vc.float(), *meta).view(batch, -1), ws[0].float()
-    )
-    kv_bytes = batch * (ctx + 1) * g["hkv"] * g["d"] * 2 * kc.element_size()
-    return wbytes + kv_bytes, copies, fn, ref, fn

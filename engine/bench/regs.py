@@ -23,8 +23,7 @@ from pathlib import Path
 from engine.bench.report import markdown_table
 
 REGS_PER_SM = 65536
-POINTERS = {"bt_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "pf_ptr": "*i8"}
-POINTERS |= {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
+POINTERS = {"bt_ptr": "*i32", "seq_lens_ptr": "*i32", "qsl_ptr": "*i32", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32"}
 
 
 def ptxas_path() -> Path:
@@ -39,12 +38,12 @@ def compile_ptx(block_n: int, warps: int, stages: int, splits: int) -> tuple[str
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from engine.kernels import _triton, attention, attention_kernels
+    from engine.kernels import _triton, attention_kernels
 
     kernel = _triton.bind(attention_kernels.__dict__)["paged_attn_kernel"]
     names = list(inspect.signature(kernel.fn).parameters)
     const = dict(HKV=8, HQ=32, G=4, D=128, PAGE=16, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=splits)
-    const |= dict(PREFETCH=splits > 1 and attention.PREFETCH_NEXT, CAUSAL=True, PRECISION="tf32", PDL=True)
+    const |= dict(CAUSAL=True, PRECISION="tf32", PDL=True)
     pointers = {n: POINTERS.get(n, "*bf16") for n in names if n.endswith("_ptr") or n in ("k_cache", "v_cache")}
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers}

@@ -34,14 +34,12 @@ def paged_attention_ref(
     scale: float,
     causal: bool = True,
     batch_invariant: bool = False,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B] (cached rows incl. this step's);
     query_start_loc: [B+1]. Query i of a span of length L sits at position seq_len - L + i.
-    Returns [T, Hq, D] in q's dtype. max_query_len and prefetch (the weights read next) are hints
-    for kernels; unused here.
+    Returns [T, Hq, D] in q's dtype. max_query_len is a launch hint for kernels; unused here.
     """
-    del max_query_len, prefetch
+    del max_query_len
     out = torch.empty_like(q)
     num_heads = q.shape[1]
     num_kv_heads = k_cache.shape[2]
@@ -85,11 +83,6 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-# Where the attention splits (a small grid, latency-bound: the memory system mostly idle), its
-# programs pull the next projection's weights (`prefetch`: o) into L2 first, up to this many bytes
-# (the H200's L2 is 50 MB); False: no prefetch (the dispatch before, for the A/B benches).
-PREFETCH_NEXT = True
-PREFETCH_MAX_BYTES = 24 << 20
 
 
 def _num_sms(device: torch.device) -> int:
@@ -126,17 +119,6 @@ def attention_config(
     return block_q, block_m, block_n, splits
 
 
-def prefetch_bytes(weights: torch.Tensor | None, splits: int) -> torch.Tensor | None:
-    """The int8 view of the weights to pull into L2 in this launch, or None: only on a GPU (the
-    interpreter runs no PTX), where the grid splits, for contiguous weights that fit the share."""
-    if weights is None or not PREFETCH_NEXT or splits == 1 or weights.device.type != "cuda":
-        return None
-    nbytes = weights.numel() * weights.element_size()
-    if not weights.is_contiguous() or nbytes > PREFETCH_MAX_BYTES:
-        return None
-    return weights.view(-1).view(torch.int8)
-
-
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -148,12 +130,9 @@ def paged_attention(
     scale: float,
     causal: bool = True,
     batch_invariant: bool = False,
-    prefetch: torch.Tensor | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic.
-    prefetch: the weights the next kernel streams (contiguous), pulled into L2 where the grid splits
-    (see PREFETCH_NEXT)."""
+    """Triton `paged_attention_ref`. `num_splits` (power of two) overrides the split heuristic."""
     num_tokens, num_heads, head_dim = q.shape
     _, page, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -175,7 +154,6 @@ def paged_attention(
     else:
         part_o = part_lse = out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
-    pf = prefetch_bytes(prefetch, splits)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -186,8 +164,6 @@ def paged_attention(
         out,
         part_o,
         part_lse,
-        pf if pf is not None else part_lse,
-        0 if pf is None else pf.numel(),
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -211,7 +187,6 @@ def paged_attention(
         NUM_SPLITS=splits,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        PREFETCH=pf is not None,
         num_warps=4,
         num_stages=2,
         **pdl(q.device),

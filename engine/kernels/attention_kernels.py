@@ -1,6 +1,5 @@
 """The Triton kernels of paged attention (attention.py holds the reference, the configs and the
-wrapper): the tiled online-softmax kernel (with PREFETCH, its programs first pull the next
-projection's weights into L2) and the reduce that combines flash-decoding splits."""
+wrapper): the tiled online-softmax kernel and the reduce that combines flash-decoding splits."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ def paged_attn_kernel(
     out_ptr,
     part_o_ptr,
     part_lse_ptr,
-    pf_ptr,
-    pf_bytes,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -45,11 +42,8 @@ def paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
-    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PREFETCH:  # weights: no previous kernel writes them, so before the wait
-        _prefetch_share(pf_ptr, pf_bytes)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -127,27 +121,6 @@ def paged_attn_kernel(
         tl.store(part_o_ptr + part[:, None] * D + d[None, :], o, mask=row_ok[:, None])
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
-
-
-@jit
-def _prefetch_share(pf_ptr, pf_bytes, LINES: tl.constexpr = 512):
-    """This program's share of pf_bytes (bytes at pf_ptr, an int8 view) pulled into L2 (kept there
-    ahead of other lines: evict_last), LINES 128-byte lines at a time, without waiting for them."""
-    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    me = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-    step = LINES * 128
-    share = tl.cdiv(tl.cdiv(pf_bytes, programs), step) * step
-    lo = me * share
-    lines = tl.arange(0, LINES) * 128
-    for off in range(lo, tl.minimum(lo + share, pf_bytes), step):
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-            "=r,l",
-            [pf_ptr + tl.minimum(off + lines, pf_bytes - 1)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
 
 @jit

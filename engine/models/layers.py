@@ -102,7 +102,6 @@ def decoder_layer(
         meta.max_query_len,
         g.head_dim**-0.5,
         meta.causal,
-        prefetch=w.o,
     )
     h = ops.linear_to_residual(o.view(rows, g.q_size), w.o)
     gate_up, residual = ops.add_rms_norm_linear(h, residual, w.post_norm, eps, w.gate_up)
