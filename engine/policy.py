@@ -151,7 +151,7 @@ class SpanPolicy:
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> int:
-        """K for the next round of `batch` requests: `apply(plan(...))`."""
+        """K for the next round of `batch` requests: `apply(plan(...))` (arguments: see `plan`)."""
         return self.apply(self.plan(batch, max_drafts, max_batch, remaining, useful))
 
     def plan(
@@ -162,14 +162,13 @@ class SpanPolicy:
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> Decision:
-        """The decision for the next round of `batch` requests, changing no state (`apply` takes it),
-        so it can be made while the device still runs the round before. remaining: each request's
-        tokens left, given when no request waits for a slot (a draining wave: K is then valued over
-        the whole wave). useful: the most drafts any request of the batch may still accept (its tokens
-        left minus the bonus): below 1 the gated round, else no K past the smallest variant that covers
-        it (the best of those on this round's values), since the verify of unacceptable drafts only
-        costs: at 3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of stragglers
-        with one token left, 45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
+        """The next round's decision, changing no state (`apply` takes it): it can be made while the
+        device runs the round before. remaining: each request's tokens left, given when no request
+        waits for a slot (a draining wave: K valued over the whole wave). useful: the most drafts any
+        request may still accept (tokens left minus the bonus): below 1 the gated round, else no K past
+        the smallest variant covering it (the best of those), as unacceptable drafts only cost: at
+        3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of one-token stragglers,
+        45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
         if (max_batch and batch >= max_batch) or (useful is not None and useful < 1):
             return Decision(0)  # forced: the K in force stays for when the batch shrinks or the next wave
         times = self._round_times(batch, max_drafts)
