@@ -3,9 +3,7 @@ table's device time, learnt online per kind of round and batch bucket from the r
 
 from __future__ import annotations
 
-import statistics
-
-FIRST_WALLS = 3  # a host term starts from the median of this many walls
+FIRST_WALLS = 3  # a host term starts from the least of this many walls
 
 
 def _bucket(batch: int) -> int:
@@ -20,16 +18,20 @@ class HostTerm:
     step that captured a graph never arrives here (the engine drops its wall: on the H200 4B study a
     bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated `code` at c=64, where
     speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). A term starts as
-    the median of its first three walls, each capped at the device time (a kind the policy seldom
-    chooses is learnt from few walls: at 98faeda the gated term at 128 started at 2.1 ms, nearly three
-    times its later 0.74, and the `code` arm verified 4 drafts there, 9.5 % under the gate); later
-    walls are clipped to three times the term plus the device time (a GC pause moves it a little; a
-    host-bound round that dwarfs its device time is learnt in a few rounds: 1.5x a round at most). A
-    kind never seen at a bucket counts 0 there, so it is tried and learnt: read off other buckets, a
-    term misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
+    the least of its first three walls, each capped at the device time: host time only ever runs long
+    (a collection, an allocation), and a kind the policy seldom chooses is learnt from few walls (at
+    98faeda the gated term at 128 started at 2.1 ms, nearly three times its later 0.74, and the `code`
+    arm verified 4 drafts there, 9.5 % under the gate; at f4464a4 the gated term at 256 started near 4
+    ms from the median of three, settled at 1.1-1.8, and the `code` c=256 arm verified 1-2 drafts for
+    three rounds, 7 % under the gate); later walls are clipped to three times the term plus the device
+    time (a GC pause moves it a little; a host-bound round that dwarfs its device time is learnt in a
+    few rounds: 1.5x a round at most). A kind never seen at a bucket is not read off other buckets:
+    that misled the policy both ways on the H200 (scaled by batch, one request's term made a gated
     round of 16 look 16 times dearer and kept the small pair speculating at a loss, 03985b1; on the
     line through buckets 16 and 32, an unseen speculative term at 64 gated the 4B `code` arm at c=64,
-    where speculation wins by 26 %, db862e5)."""
+    where speculation wins by 26 %, db862e5). An unseen gated term counts 0; an unseen speculative
+    one counts the gated term of its bucket, since its host work is a superset (counted 0, the
+    f4464a4 rounds above looked level with the gated round on a 4 ms gated term)."""
 
     def __init__(self, rate: float = 0.25):
         self.rate = rate
@@ -44,9 +46,9 @@ class HostTerm:
         key = (k > 0, _bucket(batch))
         residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
         first = self._first.setdefault(key, [])
-        if len(first) < FIRST_WALLS:  # a robust start: the median of the first walls, each capped
+        if len(first) < FIRST_WALLS:  # a robust start: the least of the first walls, each capped
             first.append(min(residual, device_ms))
-            self.ms[key] = statistics.median(first)
+            self.ms[key] = min(first)
             return
         old = self.ms[key]
         self.ms[key] = old + self.rate * (min(residual, 3.0 * old + device_ms) - old)
@@ -64,6 +66,7 @@ class HostTerm:
         speculating (at a8d8ca0 the 4B study's gated term at 128 stood at 3.3 ms for the whole sweep,
         against a speculative 1.5, and the `chat` arm verified 4 drafts at c=128, 27 % under plain)."""
         bucket = _bucket(batch)
-        term = self.ms.get((speculative, bucket), 0.0)
-        spec = self.ms.get((True, bucket))
-        return term if speculative or spec is None else min(term, spec)
+        gated, spec = self.ms.get((False, bucket), 0.0), self.ms.get((True, bucket))
+        if speculative:
+            return gated if spec is None else spec
+        return gated if spec is None else min(gated, spec)

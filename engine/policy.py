@@ -1,31 +1,30 @@
 """The adaptive span policy (SPEC 9): before each speculative round, choose K drafts to verify.
 
-K is taken from the span variants {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated
-one-token round that keeps the capture) to maximise expected committed tokens per millisecond of the
-batch: E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
+K is taken from the span variants {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated one-token
+round that keeps the capture) to maximise expected committed tokens per millisecond of the batch:
+E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
 (engine/costs.py) plus the host time the table cannot see. `choose_span` is the pure decision;
-`SpanPolicy` keeps the online acceptance estimate (an EMA of conditional acceptance per draft
-position, per request-round observed there, seeded optimistic: at 16 requests a round moves it
-~20 %, at one request 1.5 %, so a few unlucky rounds of a lone request no longer gate it), the online
-host term (`HostTerm`: each round's measured wall minus the table's device time, per kind of round
-and batch) and the hysteresis: K moves only after the best variant beat the current one by `margin`
-for `patience` consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis
-damps acceptance noise; a batch or cap that changed under the K in force is no noise (the H200
-study's c=256 adaptive arm held K=15 at batch 256 for three rounds left over from the last drain,
-71 ms each). A gated
-round observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its
-seed there, so the policy probes again rather than latching at 0; where only the batch's cost says
-0, it stays: the batch draining brings speculation back, and an estimate drifted up by hundreds of
-gated rounds would buy 16-row probes at batch 256 (the same study's next run). Yet an estimate
-that only the batch's cost gates is never refreshed there, nor the positions past the K in force: when
-acceptance rose meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its
-rounds on an estimate left by `chat`, 23 % under trim 8). So one round probes the best larger K when
-its value on the estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last
-probe took PROBE_FIRST times its ms, doubling up to PROBE_MAX while the probes change nothing (per batch bucket): the
-probes cost under 0.3 / 16 of the time (spaced by rounds instead, 8-draft probes at batch 128 cost
-the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch 256 on the 4B
-table: 0.62 of the gated round). While the batch only drains (no request will come) and speculation
-is near break-even (WAVE_BAND), K is valued over the whole wave instead of one round
+`SpanPolicy` keeps the online acceptance estimate (an EMA of conditional acceptance per draft position,
+per request-round observed there, seeded optimistic: at 16 requests a round moves it ~20 %, at one
+request 1.5 %, so a few unlucky rounds of a lone request no longer gate it), the online host term
+(`HostTerm`: each round's measured wall minus the table's device time, per kind of round and batch) and
+the hysteresis: K moves only after the best variant beat the current one by `margin` for `patience`
+consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis damps acceptance
+noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive arm
+held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated round
+observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its seed
+there, so the policy probes again rather than latching at 0; where only the batch's cost says 0, it
+stays: the batch draining brings speculation back, and an estimate drifted up by hundreds of gated
+rounds would buy 16-row probes at batch 256 (the same study's next run). Yet an estimate that only the
+batch's cost gates is never refreshed there, nor the positions past the K in force: when acceptance rose
+meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its rounds on an
+estimate left by `chat`, 23 % under trim 8). So one round probes the best larger K when its value on the
+estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last probe took
+PROBE_FIRST times its expected value loss, doubling up to PROBE_MAX while the probes change nothing (per
+batch bucket): the probes give up under 0.3 / 16 of the value (spaced by rounds instead, 8-draft probes
+at batch 128 cost the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch
+256 on the 4B table: 0.62 of the gated round). While the batch only drains (no request will come) and
+speculation is near break-even (WAVE_BAND), K is valued over the whole wave instead of one round
 (engine/drain.py); while draining, K moves without patience.
 """
 
@@ -48,6 +47,7 @@ SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
 SPEC_DISCOUNT = 0.05
 PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
+PROBE_LOSS_LEAST = 0.1  # a probe's expected loss is counted as at least this share of its ms
 PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tokens) left to every request
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
@@ -225,21 +225,20 @@ class SpanPolicy:
     ) -> tuple[int, tuple[tuple[int, int], list[float]]]:
         """This round's K and its probe state: the K in force, or the best larger K when it is worth
         PROBE_FLOOR of it and the rounds under the K in force since the last probe took its spacing
-        times the probe's ms (a starved estimate relaxes instead). The spacing and the ms since a probe
-        are kept per batch bucket (powers of two) and K in force, and start afresh only where the
+        times the probe's expected loss (a starved estimate relaxes instead): its ms times the share of
+        value it gives up, scaled so a probe at PROBE_FLOOR waits its spacing times its ms, one near
+        break-even a third of that (by ms alone, `code` c=64 on the H200 at f4464a4 gated a whole wave:
+        a 4-draft probe at ~0.85 of the gated round came due too late). The spacing and the ms since a
+        probe are kept per batch bucket (powers of two) and K in force, and start afresh only where the
         estimate moves K at an unchanged batch (restart): kept per K alone, they restarted whenever the
-        load moved K, and the H200 study's cells (each its own batch, in turn) probed anew in every
-        64-token wave (at 532fe16 the `code` c=128 waves that probed ran 0.82-0.92 of plain, those that
-        did not 0.96-1.03). Waves probe too: at 3cd81a7, with no probe in a wave, the H200 study's
-        `code` c=64 gated every round of every wave on the estimate `chat` c=32 left (-24 % against
-        trim 8). But in a wave (wave_left: the fewest tokens any request has left) a probe due near its
-        end waits for the next wave: a lockstep wave ends with its slowest request, so a late probe
-        cannot shorten it and learns too late to help (at bc80d89 the H200 study's c=128 cells probed
-        in their last rounds and lost 8-10 % to plain). Out of the gated round, no probe tries a K that
-        would not beat it by `margin` even with every draft accepted: such a probe only costs (at
-        c=256 on the H200 study at c1e25cd, 4-draft probes of 31 ms against 5.2 ms gated rounds, where
-        4 drafts fall 18 % short of the gated round at full acceptance, cost the adaptive arm 2-9 % of
-        a run)."""
+        load moved K, and the H200 study's cells probed anew in every 64-token wave (532fe16: `code`
+        c=128 waves that probed ran 0.82-0.92 of plain, the others 0.96-1.03). Waves probe too (3cd81a7
+        probed none: `code` c=64 gated every wave on `chat` c=32's estimate, -24 % against trim 8), but
+        a probe due near a wave's end (wave_left: the fewest tokens any request has left) waits for the
+        next: a lockstep wave ends with its slowest request, so a late probe cannot shorten it (bc80d89:
+        c=128 cells probed in their last rounds, -8-10 % to plain). Out of the gated round, no probe
+        tries a K that would not beat it by `margin` even with every draft accepted (c1e25cd: 4-draft
+        probes of 31 ms against 5.2 ms gated rounds at c=256 cost the adaptive arm 2-9 % of a run)."""
         key = (batch.bit_length(), k_in_force)
         since, spacing = self._probes.get(key, (0.0, PROBE_FIRST)) if not restart else (0.0, PROBE_FIRST)
         bar = (1.0 + self.margin) * (1.0 + SPEC_DISCOUNT) / times[0] if k_in_force == 0 else 0.0
@@ -247,7 +246,8 @@ class SpanPolicy:
         if larger and not (k_in_force == 0 and starved):
             k = max(larger, key=lambda k: (larger[k], -k))
             late = wave_left is not None and wave_left < PROBE_WAVE_LEFT * (1 + k)
-            due = since >= spacing * times[k]
+            loss = max(1.0 - larger[k] / values[k_in_force], PROBE_LOSS_LEAST) / (1.0 - PROBE_FLOOR)
+            due = since >= spacing * times[k] * loss
             if due and not late and larger[k] >= PROBE_FLOOR * values[k_in_force]:
                 return k, (key, [0.0, min(2 * spacing, PROBE_MAX)])
         return k_in_force, (key, [since + times[k_in_force], spacing])

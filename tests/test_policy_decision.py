@@ -11,6 +11,7 @@ from engine.costs import expected_committed, read_cost_table
 from engine.policy import (
     PROBE_FIRST,
     PROBE_FLOOR,
+    PROBE_LOSS_LEAST,
     SPEC_DISCOUNT,
     SpanPolicy,
     best_span,
@@ -217,7 +218,8 @@ def test_a_cost_gated_estimate_is_probed_and_follows_acceptance_back_up():
     ks = _run(policy, rng, 64, _profile(0.87, 0.78), 300)
     times = policy._round_times(64, 0)
     first = ks.index(next(k for k in ks if k))
-    assert first * times[0] >= PROBE_FIRST * times[ks[first]]  # gated until the first probe is due
+    least = PROBE_FIRST * times[ks[first]] * PROBE_LOSS_LEAST / (1.0 - PROBE_FLOOR)
+    assert least <= first * times[0] < PROBE_FIRST * times[ks[first]]  # due by its value loss, before its ms
     assert 0 not in ks[150:] and policy.k == 8  # larger probes refresh the positions past K: 2, 4, then 8
 
 
@@ -226,7 +228,14 @@ def _probe_share(ks: list[int], times: dict[int, float], k_in_force: int) -> flo
     return sum(times[k] - times[k_in_force] for k in ks if k != k_in_force) / sum(times[k] for k in ks)
 
 
-def test_probes_are_spaced_by_their_cost_and_back_off_where_acceptance_stays_low():
+def _probe_loss(ks: list[int], policy: SpanPolicy, batch: int) -> float:
+    """The share of the rounds' value the rounds away from the gated round gave up, on the estimate."""
+    times = policy._round_times(batch, 0)
+    _, values = best_span(times, batch, policy.conditional)
+    return sum(times[k] * max(1.0 - values[k] / values[0], 0.0) for k in ks if k) / sum(times[k] for k in ks)
+
+
+def test_probes_are_spaced_by_their_value_loss_and_back_off_where_acceptance_stays_low():
     policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND), random.Random(0)
     low = _profile(0.5, 0.4)
     _run(policy, rng, 32, low, 200)
@@ -234,9 +243,11 @@ def test_probes_are_spaced_by_their_cost_and_back_off_where_acceptance_stays_low
     times = policy._round_times(64, 0)
     probes = [i for i, k in enumerate(ks) if k]
     assert 3 <= len(probes) <= 6 and max(ks) <= 4  # the best larger K, never the full span
-    starts = [0, *(i + 1 for i in probes)]
-    for n, (start, probe) in enumerate(zip(starts, probes, strict=False)):  # 16, 32, 64 ... probes' ms apart
-        assert (probe - start) * times[0] >= PROBE_FIRST * 2**n * times[ks[probe]]
+    gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
+    assert all(later >= 1.8 * earlier for earlier, later in zip(gaps, gaps[1:], strict=False))  # doubling
+    least = PROBE_LOSS_LEAST / (1.0 - PROBE_FLOOR)
+    assert gaps[0] * times[0] >= PROBE_FIRST * least * times[ks[probes[0]]]
+    assert _probe_loss(ks, policy, 64) < (1.0 - PROBE_FLOOR) / PROBE_FIRST
     assert _probe_share(ks, times, 0) < 1 / PROBE_FIRST
 
 
@@ -301,12 +312,13 @@ def test_a_plan_changes_nothing_and_applied_decides_as_decide_does():
 
 def test_no_probe_tries_a_k_that_loses_to_the_gated_round_even_with_every_draft_accepted():
     # The H200 study at c1e25cd: 4-draft probes at batch 256 (31 ms against a 5.2 ms gated round plus
-    # its 1.5 ms host term, the speculative term there not yet seen), where 4 drafts all accepted
-    # still fall short of the gated round.
-    policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND, prior=[0.8] * PER_ROUND), random.Random(1)
-    policy.host.ms[False, 256] = 1.5
+    # its 1.5 ms host term), where 4 drafts all accepted still fall short of the gated round.
+    acceptance = [0.9] * 4 + [0.3] * (PER_ROUND - 4)  # past 4 drafts too few accepted for a larger probe
+    policy = SpanPolicy(read_cost_table(H200_4B), PER_ROUND, prior=acceptance, learn_host=False)
+    rng = random.Random(1)
+    policy.host.ms[False, 256] = policy.host.ms[True, 256] = 1.5
     times = policy._round_times(256, 0)
     _, values = best_span(times, 256, policy.conditional)
     assert max((k for k in values if k), key=values.get) == 4 and values[4] >= PROBE_FLOOR * values[0]
     assert (1 + 4) / times[4] < 1.05 * 1.05 / times[0]  # all 4 accepted: short of the gated round's value
-    assert _run(policy, rng, 256, [0.8] * PER_ROUND, 600) == [0] * 600
+    assert _run(policy, rng, 256, acceptance, 600) == [0] * 600

@@ -190,6 +190,21 @@ def test_a_wave_probes_out_of_an_estimate_another_workload_left():
     assert sum(times[k] - times[0] for k, _ in probes) <= 0.03 * sum(times[k] for k in ks)
 
 
+def test_a_probe_near_break_even_comes_early_in_the_first_wave():
+    """The H200 study at f4464a4: after `chat` c=32 the estimate put 4 drafts at ~0.85-0.9 of the gated
+    round at batch 64 and `code` c=64's first run gated all its rounds: spaced by their ms, the probes
+    came due past the point where a wave still takes one. Spaced by their value loss, the first probe
+    of such an estimate comes in the wave's first quarter."""
+    low_chat = [0.66 - 0.09 * i / 14 for i in range(15)]
+    for seed in range(5):
+        policy = SpanPolicy(H200_4B, 15, learn_host=False)
+        policy.conditional = list(low_chat)
+        _, values = best_span(policy._round_times(64, 0), 64, low_chat)
+        assert values[4] < 0.92 * values[0] and max(values, key=values.get) == 0
+        ks = waves(policy, 64, CODE, 1, random.Random(seed))
+        assert next(i for i, k in enumerate(ks) if k) < 16
+
+
 def test_a_server_loop_never_drains_a_closed_loop_drains_its_last_wave(tiny_target, tiny_drafter, calls, one_thread):
     """add_request + step, as the server's loop runs the engine: more may come, so no decision gets
     remaining tokens even with nothing waiting. The bench's closed loop (2 slots, 4 requests) tells
@@ -210,7 +225,8 @@ def test_a_server_loop_never_drains_a_closed_loop_drains_its_last_wave(tiny_targ
 def test_the_probe_spacing_outlives_a_load_that_moves_k():
     """`chat` waves at batch 32 (K=4) and 64 (gated) in turn, as the study's cells run: the spacing of
     the probes at 64 keeps growing across the waves between (kept per K alone, it restarted at every
-    switch and each 64-wave probed: 12 probes in these 8 waves)."""
+    switch and each 64-wave probed: 12 probes in these 8 waves). Here 2 drafts are valued level with
+    the gated round, so its probes give up little and come due at a third of their ms."""
     rng = random.Random(5)
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(CHAT)
@@ -220,7 +236,7 @@ def test_the_probe_spacing_outlives_a_load_that_moves_k():
         lefts: list[tuple[int, int]] = []
         ks = waves(policy, 64, CHAT, 1, rng, lefts)
         probes.append(sum(1 for k, (batch, _) in zip(ks, lefts, strict=True) if k and batch == 64))
-    assert probes[0] == 1 and sum(probes) <= 4 and sum(probes[4:]) <= 1
+    assert probes[0] >= 1 and sum(probes) <= 5 and sum(probes[4:]) <= 1
 
 
 def test_an_estimate_that_moves_k_at_one_batch_probes_afresh():
