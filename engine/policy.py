@@ -18,14 +18,14 @@ stays: the batch draining brings speculation back, and an estimate drifted up by
 rounds would buy 16-row probes at batch 256 (the same study's next run). Yet an estimate that only the
 batch's cost gates is never refreshed there, nor the positions past the K in force: when acceptance rose
 meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its rounds on an
-estimate left by `chat`, 23 % under trim 8). So one round probes the best larger K when its value on the
-estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last probe took
-PROBE_FIRST times its expected value loss, doubling up to PROBE_MAX while the probes change nothing (per
-batch bucket): the probes give up under 0.3 / 16 of the value (spaced by rounds instead, 8-draft probes
-at batch 128 cost the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far behind (batch
-256 on the 4B table: 0.62 of the gated round). While the batch only drains (no request will come) and
-speculation is near break-even (WAVE_BAND), K is valued over the whole wave instead of one round
-(engine/drain.py); while draining, K moves without patience.
+estimate left by `chat`, 23 % under trim 8). So one round probes (engine/probe.py) the best larger K
+when its value on the estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last
+probe took PROBE_FIRST times its expected value loss, doubling up to PROBE_MAX while the probes change
+nothing (per batch bucket): the probes give up under 0.3 / 16 of the value (spaced by rounds instead,
+8-draft probes at batch 128 cost the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far
+behind (batch 256 on the 4B table: 0.62 of the gated round). While the batch only drains (no request
+will come) and speculation is near break-even (WAVE_BAND), K is valued over the whole wave instead of
+one round (engine/drain.py); while draining, K moves without patience.
 """
 
 from __future__ import annotations
@@ -40,15 +40,13 @@ from typing import NamedTuple
 from engine.costs import CostTable, read_cost_table
 from engine.drain import WaveValues
 from engine.host_term import HostTerm
+from engine.probe import choose_probe
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one
 # (on the H200 4B study the cost model over-predicted speculative arms at c >= 64, and the policy's
 # break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
 SPEC_DISCOUNT = 0.05
-PROBE_FIRST, PROBE_MAX, PROBE_FLOOR = 16, 512, 0.7  # probe ms apart; least value ratio to the K in force
-PROBE_LOSS_LEAST = 0.1  # a probe's expected loss is counted as at least this share of its ms
-PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tokens) left to every request
 # A draining wave is valued as a whole only where one round's best K leads the gated round by less than
 # this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
 # lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
@@ -56,10 +54,14 @@ WAVE_BAND = 1.3
 
 
 class Decision(NamedTuple):
-    """A round's K and the policy state it leaves (None: a forced gated round changes none)."""
+    """A round's K, the policy state it leaves (None: a forced gated round changes none) and whether
+    its wall teaches the host term (not a wave's last round: every request finishes in it, and their
+    completion, paid once per request whatever K, taught the H200 study's gated term at batch 64 1.8
+    ms against ~0.3 a steady round at 54c876b, and `chat` c=64 verified 2 drafts, 11 % under plain)."""
 
     k: int
     state: tuple | None = None
+    teaches: bool = True
 
 
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
@@ -132,6 +134,7 @@ class SpanPolicy:
         self._streak = 0
         self._probes: dict[tuple[int, int], list[float]] = {}  # (batch bucket, K) -> [ms since a probe, spacing]
         self._batch = 0  # the last decision's batch
+        self._teaches = True  # the last decision's round teaches the host term
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._starved_key: tuple | None = None  # _starved_at_one's inputs at its last answer
         self._starved_answer = True
@@ -170,7 +173,7 @@ class SpanPolicy:
         3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of one-token stragglers,
         45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
         if (max_batch and batch >= max_batch) or (useful is not None and useful < 1):
-            return Decision(0)  # forced: the K in force stays for when the batch shrinks or the next wave
+            return Decision(0, None, useful is None or useful >= 1)  # forced: the K in force stays
         times = self._round_times(batch, max_drafts)
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)
@@ -192,7 +195,11 @@ class SpanPolicy:
             streak = 0
         starved = k_in_force == 0 and self._starved_at_one(max_drafts)
         restart = k_in_force != self.k and batch == self._batch  # the estimate moved K, not the load
-        k, probe = self._probe(batch, k_in_force, starved, restart, times, values, min(remaining) if draining else None)
+        probes = self._probes if not restart else {}
+        gated_bar = (1.0 + self.margin) * (1.0 + SPEC_DISCOUNT) / times[0] if k_in_force == 0 else 0.0
+        k, probe = choose_probe(
+            probes, batch, k_in_force, starved, times, values, min(remaining) if draining else None, gated_bar
+        )
         if useful is not None:  # this round only: the K in force stays for the next wave
             cover = min((c for c in values if c >= useful), default=max(values))
             if k > cover:
@@ -210,47 +217,9 @@ class SpanPolicy:
             self._batch = batch
             if self.k == 0:
                 self.host.relax(batch, self.host_relax)
+        self._teaches = decision.teaches
         self.chosen[decision.k] += 1
         return decision.k
-
-    def _probe(
-        self,
-        batch: int,
-        k_in_force: int,
-        starved: bool,
-        restart: bool,
-        times: dict[int, float],
-        values: dict[int, float],
-        wave_left: int | None,
-    ) -> tuple[int, tuple[tuple[int, int], list[float]]]:
-        """This round's K and its probe state: the K in force, or the best larger K when it is worth
-        PROBE_FLOOR of it and the rounds under the K in force since the last probe took its spacing
-        times the probe's expected loss (a starved estimate relaxes instead): its ms times the share of
-        value it gives up, scaled so a probe at PROBE_FLOOR waits its spacing times its ms, one near
-        break-even a third of that (by ms alone, `code` c=64 on the H200 at f4464a4 gated a whole wave:
-        a 4-draft probe at ~0.85 of the gated round came due too late). The spacing and the ms since a
-        probe are kept per batch bucket (powers of two) and K in force, and start afresh only where the
-        estimate moves K at an unchanged batch (restart): kept per K alone, they restarted whenever the
-        load moved K, and the H200 study's cells probed anew in every 64-token wave (532fe16: `code`
-        c=128 waves that probed ran 0.82-0.92 of plain, the others 0.96-1.03). Waves probe too (3cd81a7
-        probed none: `code` c=64 gated every wave on `chat` c=32's estimate, -24 % against trim 8), but
-        a probe due near a wave's end (wave_left: the fewest tokens any request has left) waits for the
-        next: a lockstep wave ends with its slowest request, so a late probe cannot shorten it (bc80d89:
-        c=128 cells probed in their last rounds, -8-10 % to plain). Out of the gated round, no probe
-        tries a K that would not beat it by `margin` even with every draft accepted (c1e25cd: 4-draft
-        probes of 31 ms against 5.2 ms gated rounds at c=256 cost the adaptive arm 2-9 % of a run)."""
-        key = (batch.bit_length(), k_in_force)
-        since, spacing = self._probes.get(key, (0.0, PROBE_FIRST)) if not restart else (0.0, PROBE_FIRST)
-        bar = (1.0 + self.margin) * (1.0 + SPEC_DISCOUNT) / times[0] if k_in_force == 0 else 0.0
-        larger = {k: v for k, v in values.items() if k > k_in_force and (1 + k) / times[k] > bar}
-        if larger and not (k_in_force == 0 and starved):
-            k = max(larger, key=lambda k: (larger[k], -k))
-            late = wave_left is not None and wave_left < PROBE_WAVE_LEFT * (1 + k)
-            loss = max(1.0 - larger[k] / values[k_in_force], PROBE_LOSS_LEAST) / (1.0 - PROBE_FLOOR)
-            due = since >= spacing * times[k] * loss
-            if due and not late and larger[k] >= PROBE_FLOOR * values[k_in_force]:
-                return k, (key, [0.0, min(2 * spacing, PROBE_MAX)])
-        return k_in_force, (key, [since + times[k_in_force], spacing])
 
     def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
         """The table's ms per candidate K plus the host term measured so far."""
@@ -263,7 +232,7 @@ class SpanPolicy:
 
     def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
         """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
-        if not self.learn_host:
+        if not self.learn_host or not self._teaches:
             return
         device = self._device.get((batch, k))
         if device is None:

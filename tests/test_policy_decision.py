@@ -9,9 +9,6 @@ import pytest
 
 from engine.costs import expected_committed, read_cost_table
 from engine.policy import (
-    PROBE_FIRST,
-    PROBE_FLOOR,
-    PROBE_LOSS_LEAST,
     SPEC_DISCOUNT,
     SpanPolicy,
     best_span,
@@ -19,6 +16,7 @@ from engine.policy import (
     round_times,
     span_candidates,
 )
+from engine.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from tests.policy_tables import table
 
 PER_ROUND = 15

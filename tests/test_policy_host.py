@@ -107,3 +107,18 @@ def test_a_table_given_as_the_whole_cost_learns_no_host_term():
         k = policy.decide(64)
         policy.observe_wall(64, k, round_times(t, 64, [k])[k] + (3.0 if k else 0.1))
     assert policy.k > 0 and not policy.host.ms
+
+
+def test_a_waves_last_round_teaches_no_host_term_a_capped_batchs_does():
+    # The H200 study at 54c876b: every request of a lockstep wave finishes in its last round (one token
+    # left, K forced to 0), and their completion made the gated term at batch 64 1.8 ms against ~0.3.
+    t = table(lambda b, s: 1.0 + 0.0005 * b * s, lambda b: 0.5, SPANS, batches=(1, 8, 64))
+    policy = SpanPolicy(t, PER_ROUND, prior=[0.6] * PER_ROUND)
+    for _ in range(4):
+        assert policy.decide(64, useful=0) == 0
+        policy.observe_wall(64, 0, 30.0)
+    assert not policy.host.ms
+    for _ in range(4):
+        assert policy.decide(64, max_batch=32) == 0  # MAX_BATCH: a steady gated round
+        policy.observe_wall(64, 0, round_times(t, 64, [0])[0] + 0.25)
+    assert policy.host.predict(64, False) == pytest.approx(0.25)

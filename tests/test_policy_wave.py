@@ -172,8 +172,9 @@ def waves(
 def test_a_wave_probes_out_of_an_estimate_another_workload_left():
     """`chat` acceptance learnt at c=32, then `code` waves at batch 64 (the H200 study's order): the
     estimate gates batch 64, a probe finds the drafts accepted, and the waves after the first (the
-    study's warm-up round) speculate; where the gate is right (`chat` at 128) probes take under 3 %
-    of the time beyond the gated rounds they replace, none in a wave's last rounds."""
+    study's warm-up round) speculate; where the gate is right (`chat` at 96) probes take under 3 %
+    of the time beyond the gated rounds they replace, none in a wave's last rounds; at 128 on this
+    table no K beats the gated round even at 90 % acceptance per position, and none is probed."""
     rng = random.Random(5)
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(CHAT)
@@ -183,11 +184,14 @@ def test_a_wave_probes_out_of_an_estimate_another_workload_left():
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(CHAT)
     lefts: list[tuple[int, int]] = []
-    ks = waves(policy, 128, CHAT, 6, rng, lefts)
-    times = round_times(H200_4B, 128, span_candidates(15, 0, H200_4B))
-    probes = [(k, left) for k, (batch, left) in zip(ks, lefts, strict=True) if k and batch == 128]
+    ks = waves(policy, 96, CHAT, 6, rng, lefts)
+    times = round_times(H200_4B, 96, span_candidates(15, 0, H200_4B))
+    probes = [(k, left) for k, (batch, left) in zip(ks, lefts, strict=True) if k and batch == 96]
     assert probes and all(left >= 4 * (1 + k) for k, left in probes)  # none in a wave's last rounds
     assert sum(times[k] - times[0] for k, _ in probes) <= 0.03 * sum(times[k] for k in ks)
+    policy = SpanPolicy(H200_4B, 15, learn_host=False)
+    policy.conditional = list(CHAT)
+    assert not any(waves(policy, 128, CHAT, 6, rng))
 
 
 def test_a_probe_near_break_even_comes_early_in_the_first_wave():
