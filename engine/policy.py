@@ -198,7 +198,15 @@ class SpanPolicy:
         probes = self._probes if not restart else {}
         gated_bar = (1.0 + self.margin) * (1.0 + SPEC_DISCOUNT) / times[0] if k_in_force == 0 else 0.0
         k, probe = choose_probe(
-            probes, batch, k_in_force, starved, times, values, min(remaining) if draining else None, gated_bar
+            probes,
+            batch,
+            k_in_force,
+            starved,
+            times,
+            values,
+            min(remaining) if draining else None,
+            gated_bar,
+            self.jump,
         )
         if useful is not None:  # this round only: the K in force stays for the next wave
             cover = min((c for c in values if c >= useful), default=max(values))
