@@ -31,7 +31,7 @@ def choose_probe(
     at ~0.85 of the gated round came due too late). Only where what a probe may find pays: where its K
     at PROBE_CEILING acceptance leads the K in force there by less than `jump`, the probe waits its
     whole ms (at 76da6b5 near break-even probes of 2-8 drafts at `code` c=128, which at best lead the
-    gated round by 7-18 %, came due three times as often and cost those runs 6-7 %). The spacing doubles
+    gated round by 16-24 %, came due three times as often and cost those runs 6-7 %). The spacing doubles
     up to PROBE_MAX while probes change nothing. It and the ms since a probe are kept per batch bucket
     (powers of two) and K in force (`probes`; the caller passes none where the estimate moved K at an
     unchanged batch): kept per K alone, they restarted whenever the load moved K, and the H200 study's
