@@ -131,6 +131,7 @@ class SpanPolicy:
         self.host_relax = host_relax  # slow: each probe of a host-bound batch costs a few dear rounds
         self.k: int | None = None  # the K in force; None until the first decision
         self.chosen: Counter[int] = Counter()  # rounds per K decided (benches report it)
+        self.probed: Counter[tuple[int, int]] = Counter()  # probe rounds per (batch, K) (benches report it)
         self._streak = 0
         self._probes: dict[tuple[int, int], list[float]] = {}  # (batch bucket, K) -> [ms since a probe, spacing]
         self._batch = 0  # the last decision's batch
@@ -223,6 +224,8 @@ class SpanPolicy:
                 self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
             self._probes[key] = probe
             self._batch = batch
+            if decision.k > self.k:  # above the K in force: a probe
+                self.probed[batch, decision.k] += 1
             if self.k == 0:
                 self.host.relax(batch, self.host_relax)
         self._teaches = decision.teaches

@@ -237,9 +237,11 @@ def test_probes_are_spaced_by_their_value_loss_and_back_off_where_acceptance_sta
     policy, rng = SpanPolicy(read_cost_table(H200_4B), PER_ROUND), random.Random(0)
     low = _profile(0.5, 0.4)
     _run(policy, rng, 32, low, 200)
+    before = sum(n for (batch, _), n in policy.probed.items() if batch == 64)
     ks = _run(policy, rng, 64, low, 1000)
     times = policy._round_times(64, 0)
     probes = [i for i, k in enumerate(ks) if k]
+    assert sum(n for (batch, _), n in policy.probed.items() if batch == 64) - before == len(probes)  # counted
     assert 3 <= len(probes) <= 6 and max(ks) <= 4  # the best larger K, never the full span
     gaps = [b - a for a, b in zip([-1, *probes], probes, strict=False)]
     assert all(later >= 1.8 * earlier for earlier, later in zip(gaps, gaps[1:], strict=False))  # doubling

@@ -64,6 +64,12 @@ def policy_choices(engine: Engine) -> Counter:
     return Counter(policy.chosen) if policy else Counter()
 
 
+def policy_probes(engine: Engine) -> Counter:
+    """Probe rounds per (batch, K) the adaptive policy ran so far (empty under the static policy)."""
+    policy = engine.rounds.policy
+    return Counter(policy.probed) if policy else Counter()
+
+
 def policy_host(engine: Engine) -> str:
     """The adaptive policy's learnt host terms after a run, ms per kind and batch bucket
     ("spec@16:2.10 gated@16:0.39"; empty under the static policy): what its choices rested on."""
@@ -81,6 +87,7 @@ def round_row(
     res: LoadResult,
     chosen: Counter | None = None,
     host_terms: str = "",
+    probes: Counter | None = None,
 ) -> dict:
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
@@ -111,6 +118,8 @@ def round_row(
         "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
         "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
         "host_terms": host_terms,  # the adaptive policy's host term after the run (policy_host)
+        # where the run's probes landed: "batch:K:rounds" (adaptive)
+        "probes": " ".join(f"{b}:{k}:{n}" for (b, k), n in sorted((probes or {}).items())),
         **phase_split(res.steps),
         "peak_mem_gib": res.peak_mem_gib,
         "gc_ms": res.gc_ms,  # collections inside wall_s, in a step or between steps
@@ -172,12 +181,13 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
                 engine = engine_for(arm, engines)
                 if before_arm:
                     before_arm(arm)
-                before = policy_choices(engine)
+                before, probed = policy_choices(engine), policy_probes(engine)
                 res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
                 if r:
-                    chosen = policy_choices(engine) - before
-                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, policy_host(engine) if chosen else ""))
+                    chosen, probes = policy_choices(engine) - before, policy_probes(engine) - probed
+                    host = policy_host(engine) if chosen else ""
+                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes))
                     seq += 1
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)
