@@ -9,7 +9,7 @@ PROBE_LOSS_LEAST = 0.1  # a probe's expected loss is counted as at least this sh
 PROBE_CEILING = 0.9  # out of the gated round, a probe's K must beat it at this acceptance per position
 PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tokens) left to every request
 
-ProbeState = tuple[tuple[int, int], list[float]]  # (batch bucket, K in force) -> [ms since a probe, spacing]
+ProbeState = tuple[tuple[int, int], list[float]]  # ((batch bucket, K in force), [ms since a probe, spacing])
 
 
 def choose_probe(
