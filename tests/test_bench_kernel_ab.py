@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import fused_linear, gemm, linear, norm, tuning
+from engine.kernels import attention, fused_linear, gemm, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -79,6 +79,14 @@ def test_only_keeps_the_rows_of_one_op():
 def test_each_row_switches_back_its_own_change():
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
+    assert kernel_ab.switch_for("rope → attention, ctx 256") is kernel_ab.wait_first_attention
+
+
+def test_wait_first_attention_turns_the_early_prefetch_off_and_restores_it():
+    assert attention.EARLY_KV
+    with kernel_ab.wait_first_attention():
+        assert not attention.EARLY_KV
+    assert attention.EARLY_KV
 
 
 def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_to_16():
@@ -88,6 +96,7 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_t
     assert ("norm→q|k|v", 1) in rows and ("norm→gate|up", 1) in rows
     for m in (1, 8, 16, 64):
         assert ("o → norm→gate|up", m) in rows and ("SwiGLU→down → norm→q|k|v", m) in rows
+        assert ("rope → attention, ctx 256", m) in rows and ("rope → attention, ctx 2048", m) in rows
     assert {m for label, m in rows if label.startswith("norm")} == {1, 8, 16}  # the unfused pairs at 2-16
     assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
     assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
@@ -174,3 +183,16 @@ def test_fused_winners_beat_their_dispatched_pair_by_the_margin_and_join_the_tab
     assert table.linear == shipped.linear and table.silu_mul_linear == shipped.silu_mul_linear
     again = tuning.parse(json.loads(tuning.dumps(table, "NVIDIA H200")))  # what decode_ab reads back
     assert again.add_rms_norm_linear == table.add_rms_norm_linear
+
+
+def test_the_rope_attention_case_matches_its_reference_on_every_copy(monkeypatch):
+    """The case kernel_ab times: the store then the attention, against the fp32 references (here in
+    fp32 on this host's device, small caches so the rotation still makes several copies)."""
+    monkeypatch.setattr(kernel_ab_cases.cases, "DEVICE", "cuda" if CUDA else "cpu")
+    monkeypatch.setattr(kernel_ab_cases.cases, "DTYPE", torch.float32)
+    monkeypatch.setattr(kernel_ab_cases.cases, "ROTATE_BYTES", 1 << 20)
+    torch.manual_seed(3)
+    nbytes, copies, fn, ref, after = kernel_ab_cases.rope_attention_case(2, 40)
+    assert nbytes == 2 * 2 * 41 * 8 * 128 * 4 and copies == 2 and after is fn
+    for i in range(copies):
+        assert torch.allclose(fn(i), ref, atol=1e-4, rtol=1e-4)

@@ -31,10 +31,18 @@ def test_a_config_reports_its_registers_and_spills():
         check=True,
     ).stdout
     cells = [c.strip() for c in out.strip().splitlines()[-1].strip("|").split("|")]
-    block_n, warps, stages, splits, registers, stores, loads, shared, ctas = (int(c) for c in cells)
+    block_n, warps, stages, splits, registers, stores, loads, shared, copies, by_regs, by_shared = map(int, cells)
     assert (block_n, warps, stages, splits) == (32, 4, 2, 1)
     assert 32 < registers <= 255 and stores >= 0 and loads >= 0 and shared > 0
-    assert ctas == regs.REGS_PER_SM // (registers * 32 * warps)
+    assert by_regs == regs.REGS_PER_SM // (registers * 32 * warps) and by_shared == regs.SHARED_PER_SM // shared
+    # As launched (strides divisible by 16), the K/V tiles stream through shared memory by cp.async;
+    # compiled without that specialisation they were scalar loads into registers (222 registers here).
+    assert copies > 0 and registers < 128
+
+
+def test_the_strides_carry_the_jit_specialisation():
+    assert regs.jit_divisible("stride_kb") and regs.jit_divisible("stride_qt")
+    assert not regs.jit_divisible("stride_bt") and not regs.jit_divisible("qk_scale")
 
 
 @pytest.mark.parametrize("configs", [["64:4"], ["a:b:c"], ["48:4:2"], ["8:4:2"], ["64:3:2"], ["64:4:0"]])

@@ -169,3 +169,30 @@ def test_gpu_attention_graph_replay(spans, causal):
         torch.cuda.synchronize()
         ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, scale, causal)
         assert rel_err(out, ref) < ATTN_TOL[torch.bfloat16], ctx
+
+
+@gpu
+@pytest.mark.parametrize(
+    "spans,ctxs,causal",
+    [
+        ([1] * 64, [191] * 63 + [0], True),  # the wide decode tile
+        ([1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024], True),  # split decode
+        ([9, 9, 1], [600, 1800, 40], True),  # verify spans: the span's rows are not prefetched
+        ([16, 16], [300, 5], False),  # the drafter's block
+    ],
+)
+def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatch):
+    """The first key tile pulled into L2 before the PDL wait is a hint: eagerly and replayed from a
+    graph, the output is bit-identical to the wait-first launch."""
+    torch.manual_seed(18)
+    g = QWEN3_4B
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
+    run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(attention, "EARLY_KV", early)
+        graph, out = capture_graph(run)
+        graph.replay()
+        torch.cuda.synchronize()
+        outs += [run().clone(), out.clone()]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])

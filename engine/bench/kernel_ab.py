@@ -15,6 +15,9 @@ dispatches it on this device, in one process (GPU only):
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
   where the dispatch does not take it): the data to retune the table's one-row entries (after = that
   config, before = the previous dispatch);
+- the decode attention after its QK-norm + RoPE + KV store ("rope → attention", ctx 256 and 2048) at
+  every --ms row count: before = the wait first, after = the first key tile pulled into L2 before the
+  PDL wait (attention.EARLY_KV), `wait_first_attention`;
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -39,11 +42,11 @@ import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
-from engine.bench.kernel_ab_cases import fused_case, norm_case, pair_case, proj_case
+from engine.bench.kernel_ab_cases import fused_case, norm_case, pair_case, proj_case, rope_attention_case
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import gemm, tuning
+from engine.kernels import attention, gemm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
@@ -106,6 +109,16 @@ def in_step_prologue() -> Iterator[None]:
         gemm.PROLOGUE_PREFETCH = saved
 
 
+@contextmanager
+def wait_first_attention() -> Iterator[None]:
+    """The decode attention waiting for the kernel before it first (before attention.EARLY_KV)."""
+    saved, attention.EARLY_KV = attention.EARLY_KV, False
+    try:
+        yield
+    finally:
+        attention.EARLY_KV = saved
+
+
 def read_tables(path: Path) -> TunedTables:
     """A tuned table file (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) for a
     retune's A/B arm; ValueError naming the file if it is missing or not a tuned table (unlike the
@@ -118,7 +131,9 @@ def read_tables(path: Path) -> TunedTables:
 
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
-    return in_step_prologue if label.startswith("prefetch:") else reduce_kernel
+    if label.startswith("prefetch:"):
+        return in_step_prologue
+    return wait_first_attention if label.startswith("rope → attention") else reduce_kernel
 
 
 def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
@@ -146,6 +161,9 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
     for m in ms:
         yield "o → norm→gate|up", m, lambda m=m: pair_case((h, q_size), gu_n, False, m)
         yield "SwiGLU→down → norm→q|k|v", m, lambda m=m: pair_case((h, inter), qkv_n, True, m)
+    for m in ms:
+        for ctx in (256, 2048):
+            yield f"rope → attention, ctx {ctx}", m, lambda m=m, ctx=ctx: rope_attention_case(m, ctx)
     yield "norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
     yield "norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
     for m in ms:

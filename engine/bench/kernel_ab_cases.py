@@ -5,13 +5,14 @@ without it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.kernels import fused_linear, gemm, linear, norm
+from engine.kernels import attention, fused_linear, gemm, linear, norm, rope
 from engine.kernels.tuning import SkinnyConfig
 
 EPS = 1e-6
@@ -89,3 +90,34 @@ def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
         return nbytes, copies, fn, fused_linear.silu_mul_linear_ref(x.float(), ws[0].float()), fn
     nbytes, copies, _, ref, with_cfg = norm_case(n, k, m, cfg)
     return nbytes, copies, with_cfg, ref, with_cfg
+
+
+def rope_attention_case(batch: int, ctx: int):
+    """One decode step's QK-norm + RoPE + KV store, then the paged attention over ctx cached rows and
+    the new one, at `batch` sequences, both as dispatched (PDL: the attention launches while the
+    store drains). Bytes: the KV the attention reads; caches rotated so L2 does not serve them."""
+    g = cases.ATTN_GEOMETRY
+    hq, hkv, d, page = g["hq"], g["hkv"], g["d"], g["page"]
+    q, kc, vc, bt, seq_lens, _ = cases.paged_case(batch, ctx, 1, **g)
+    nbytes = 2 * batch * (ctx + 1) * hkv * d * kc.element_size()
+    copies = max(1, min(64, math.ceil(cases.ROTATE_BYTES / nbytes)))
+    caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
+    qkv = torch.randn(batch, (hq + 2 * hkv) * d, device=cases.DEVICE).to(cases.DTYPE)
+    q, k, v = qkv[:, : hq * d].view(batch, hq, d), *qkv[:, hq * d :].view(batch, 2, hkv, d).unbind(1)
+    positions = torch.full((batch,), ctx, dtype=torch.long, device=cases.DEVICE)
+    slots = bt[:, ctx // page].long() * page + ctx % page
+    qn, kn = (torch.rand(d, device=cases.DEVICE).add_(0.5).to(cases.DTYPE) for _ in range(2))
+    cos_sin = rope.rope_cos_sin(ctx + 1, d, 1e6, cases.DEVICE)
+    qsl = torch.arange(batch + 1, dtype=torch.int32, device=cases.DEVICE)
+    meta, scale = (bt, seq_lens, qsl, 1), d**-0.5
+
+    def fn(i: int) -> torch.Tensor:
+        kc_i, vc_i = caches[i]
+        q_rot = rope.qk_norm_rope_store(q, k, v, positions, slots, qn, kn, cos_sin, kc_i, vc_i, EPS)
+        return attention.paged_attention(q_rot, kc_i, vc_i, *meta, scale)
+
+    kf, vf = kc.float(), vc.float()
+    q_ref = rope.qk_norm_rope_store_ref(
+        q.float(), k.float(), v.float(), positions, slots, qn.float(), kn.float(), cos_sin, kf, vf, EPS
+    )
+    return nbytes, copies, fn, attention.paged_attention_ref(q_ref, kf, vf, *meta, scale), fn

@@ -83,6 +83,9 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
+# Under PDL each program pulls its first key tile's cached rows into L2 before its wait
+# (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
+EARLY_KV = True
 
 
 def _num_sms(device: torch.device) -> int:
@@ -117,6 +120,14 @@ def attention_config(
     if splits == 1 and span == 1:  # a full grid without splitting: wider key tiles, fewer loop trips
         block_n = DECODE_WIDE_BLOCK_N
     return block_q, block_m, block_n, splits
+
+
+def early_lines(head_dim: int, k_cache: torch.Tensor, launch: dict) -> int:
+    """128-byte lines in a cached row for the prefetch before the PDL wait, or 0: none (PDL off,
+    which the interpreter and pre-sm90 GPUs run, or EARLY_KV off)."""
+    if not (EARLY_KV and launch["PDL"]):
+        return 0
+    return max(1, head_dim * k_cache.element_size() // 128)
 
 
 def paged_attention(
@@ -154,6 +165,7 @@ def paged_attention(
     else:
         part_o = part_lse = out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
+    launch = pdl(q.device)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -187,9 +199,10 @@ def paged_attention(
         NUM_SPLITS=splits,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        EARLY_LINES=early_lines(head_dim, k_cache, launch),
         num_warps=4,
         num_stages=2,
-        **pdl(q.device),
+        **launch,
     )
     if splits > 1:
         paged_attn_reduce_kernel[(num_tokens, num_heads)](

@@ -1,5 +1,12 @@
 """The Triton kernels of paged attention (attention.py holds the reference, the configs and the
-wrapper): the tiled online-softmax kernel and the reduce that combines flash-decoding splits."""
+wrapper): the tiled online-softmax kernel and the reduce that combines flash-decoding splits.
+
+With EARLY_LINES > 0 the attention program pulls its first key tile's K and V rows into L2 before
+its PDL wait. Rows below the span's first query were cached by earlier launches, and the kernel
+before this one (QK-norm + RoPE + store) writes only the span's own rows; the bounds it reads
+there (seq_lens, query_start_loc, the block table) were written before that kernel started. So
+under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
+L2. The prefetch is a hint: every value the kernel computes with is read again after the wait."""
 
 from __future__ import annotations
 
@@ -42,16 +49,27 @@ def paged_attn_kernel(
     NUM_SPLITS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
+    EARLY_LINES: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // HKV
     kvh = pid % HKV
     q_tile = tl.program_id(1) * BLOCK_Q
     split = tl.program_id(2)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    if EARLY_LINES > 0:  # the first tile's cached rows into L2 before the wait (module docstring)
+        q_len = tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)
+        seq_len = tl.load(seq_lens_ptr + b)
+        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
+        n = lo + tl.arange(0, BLOCK_N)
+        blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
+        line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
+        _prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
+        _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     if q_tile >= q_len:
@@ -67,28 +85,15 @@ def paged_attn_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pos = ctx + qi
-
-    kv_end = seq_len
-    if CAUSAL:  # the tile's last query bounds the keys
-        kv_end = ctx + tl.minimum(q_tile + BLOCK_Q, q_len)
-    if NUM_SPLITS == 1:
-        lo = 0
-        hi = kv_end
-    else:
-        # Splits share this sequence's actual keys (read here, not on the host) in whole tiles.
-        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, kv_end)
+    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
-        blk = tl.load(bt_row + n // PAGE, mask=n_ok, other=0).to(tl.int64)
-        off = n % PAGE
+        blk, off = _pages(bt_row, n, n_ok, PAGE)
         k = tl.load(
             k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + d[None, :],
             mask=n_ok[:, None],
@@ -121,6 +126,46 @@ def paged_attn_kernel(
         tl.store(part_o_ptr + part[:, None] * D + d[None, :], o, mask=row_ok[:, None])
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
+
+
+@jit
+def _kv_range(
+    seq_len,
+    q_len,
+    q_tile,
+    split,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
+    """This program's key rows [lo, hi)."""
+    kv_end = seq_len
+    if CAUSAL:  # the tile's last query bounds the keys
+        kv_end = seq_len - q_len + tl.minimum(q_tile + BLOCK_Q, q_len)
+    if NUM_SPLITS == 1:
+        lo = 0
+        hi = kv_end
+    else:
+        # Splits share this sequence's actual keys (read here, not on the host) in whole tiles.
+        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, kv_end)
+    return lo, hi
+
+
+@jit
+def _pages(bt_row, n, ok, PAGE: tl.constexpr):
+    """(block, offset in it) of key rows n; rows not ok get block 0, an address inside the cache."""
+    return tl.load(bt_row + n // PAGE, mask=ok, other=0).to(tl.int64), n % PAGE
+
+
+@jit
+def _prefetch_l2(ptrs):
+    """Pull the lines at ptrs into L2 without waiting for them (nothing comes back)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @jit
