@@ -111,6 +111,24 @@ def test_switching_an_idle_engine_to_adaptive_calibrates_once(shipped_tiny, cach
     engine.set_levers(policy="adaptive")  # the engine keeps its table
 
 
+def test_the_policy_graphs_are_captured_once_and_only_on_an_idle_engine(shipped_tiny, cache, monkeypatch):
+    captured = []
+    monkeypatch.setattr("engine.engine.capture_policy_graphs", lambda engine: captured.append(engine) or 0)
+    engine = start(shipped_tiny, "static")
+    spans = range(1, 2 + engine.drafts_per_round)
+    engine.set_cost_table(policy_table(lambda b, s: 10.0 + s, lambda b: 1.0, spans, batches=(1, 2)))
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.set_levers(policy="adaptive")  # busy: the policy is in force, its graphs wait for an idle engine
+    assert engine.rounds.policy is not None and captured == []
+    while engine.has_unfinished():
+        engine.step()
+    engine.set_levers()
+    engine.set_levers(policy="static")
+    engine.set_levers(policy="adaptive")
+    assert captured == [engine]
+    assert start(shipped_tiny, drafter=False) not in captured and len(captured) == 1  # no drafter: no policy
+
+
 def test_a_plain_engine_needs_no_table(shipped_tiny, cache):
     engine = start(shipped_tiny, drafter=False)
     assert engine.levers.policy == "adaptive" and engine.rounds.policy is None and not cache_files(cache)
@@ -155,3 +173,9 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     assert [len(o.token_ids) for o in outs] == [12, 12]
     again = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
     assert again.rounds.policy.table.verify == table.verify  # read from the cache
+    # ...and still every graph its rounds replay captured before it serves: the gated round's decode
+    # graph, the drafter and every span the policy chooses, at every bucket (here 1, 2, 4, 8)
+    captured, buckets = set(again.runner.graphs.captured), again.runner.graphs.buckets
+    assert {("decode", b) for b in buckets} | {("draft", (), b) for b in buckets} <= captured
+    assert {("verify", s - 1, accept, b) for s in table.spans() if s > 1 for b in buckets} <= captured
+    assert not again.scheduler.has_work() and again.blocks.num_free == again.blocks.capacity

@@ -1,0 +1,67 @@
+"""The adaptive engine's graph capture before it serves (engine/policy_graphs.py), on a stand-in runner
+that records what the capture ran: every bucket the pool admits, the decode graph, the drafter, then
+every policy span but 1 verified on the drafter's own buffer; nothing without graphs. On a GPU the
+real captures are checked in tests/test_policy_calibration.py."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import pytest
+
+from engine import policy_graphs
+from engine.calibration import CalibrationPlan
+
+
+class Runner:
+    def __init__(self, enabled: bool):
+        self.graphs = SimpleNamespace(enabled=enabled, buckets=[1, 2, 4, 8, 16, 24, 32], captures=0)
+        self.calls: list[tuple] = []
+        self.staged = None
+
+    def stage(self, reqs, limits=None):
+        self.staged = (len(reqs), tuple(limits) if limits else None)
+
+    def decode(self, reqs):
+        assert self.staged == (len(reqs), None)
+        self._ran(("decode", len(reqs)))
+
+    def draft(self, reqs):
+        assert self.staged == (len(reqs), None)
+        self._ran(("draft", len(reqs)))
+        return f"drafts@{len(reqs)}"
+
+    def verify(self, reqs, drafts, k, accept):
+        assert self.staged == (len(reqs), (k,) * len(reqs)) and drafts == f"drafts@{len(reqs)}"
+        self._ran(("verify", k, accept, len(reqs)))
+
+    def _ran(self, key):
+        self.graphs.captures += key not in self.calls
+        self.calls.append(key)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    plan = CalibrationPlan(context=64, spans=[1, 2, 3, 5, 9, 16], batches=[1, 2, 4, 8, 16, 20])
+    monkeypatch.setattr(policy_graphs, "plan_calibration", lambda engine: plan)
+
+    @contextlib.contextmanager
+    def dummies(engine, count, context, budget):
+        assert (count, context, budget) == (16, 64, 16)  # the largest bucket the pool admits
+        yield [f"r{i}" for i in range(count)]
+
+    monkeypatch.setattr(policy_graphs, "dummy_requests", dummies)
+    return SimpleNamespace(runner=Runner(True), rounds=SimpleNamespace(accept="greedy"))
+
+
+def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
+    assert policy_graphs.capture_policy_graphs(engine) == 5 * (2 + 5)
+    per_bucket = [("decode",), ("draft",), *(("verify", k, "greedy") for k in (1, 2, 4, 8, 15))]
+    assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
+    assert policy_graphs.capture_policy_graphs(engine) == 0  # all there: replays only
+
+
+def test_without_graphs_nothing_runs(engine):
+    engine.runner = Runner(False)
+    assert policy_graphs.capture_policy_graphs(engine) == 0 and engine.runner.calls == []
