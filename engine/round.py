@@ -24,7 +24,8 @@ from engine.costs import CostTable
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy import Decision, SpanPolicy
+from engine.policy import SpanPolicy
+from engine.policy_ahead import PolicyAhead, ahead_key
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
@@ -53,16 +54,6 @@ class SpecStats:
         """Mean committed tokens per speculating (non-gated) request-round."""
         spec = self.rounds - self.gated_rounds
         return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
-
-
-@dataclass(frozen=True)
-class Ahead:
-    """The adaptive policy's decision for the round after a gated one, made while the device ran it:
-    for exactly these requests under these (max_drafts, max_batch, draining)."""
-
-    reqs: list[Request]
-    key: tuple[int, int, bool]
-    decision: Decision
 
 
 @dataclass(frozen=True)
@@ -119,7 +110,7 @@ class Rounds:
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
-        self._ahead: Ahead | None = None
+        self.ahead = PolicyAhead()  # the policy's host work while the device runs a round
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
@@ -127,7 +118,8 @@ class Rounds:
         Without a drafter the policy has nothing to choose and needs none."""
         if levers.policy == "adaptive" and self.per_round and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
-        self.levers, self._ahead = levers, None
+        self.levers = levers
+        self.ahead.drop()
         self.hedger.configure(levers)
         if levers.policy == "adaptive" and self.per_round and self._span_policy is None:
             self._span_policy = SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host)
@@ -144,7 +136,9 @@ class Rounds:
         policy cannot use it): the policy learns the host time it misses. A policy already made keeps
         its acceptance estimate on the new table."""
         policy = SpanPolicy(table, self.per_round) if self.per_round else None
-        self.cost_table, self.learn_host, self._ahead = table, True, None
+        self.cost_table, self.learn_host = table, True
+        self.ahead.drop()
+        self.ahead.flush(self._span_policy)
         if self._span_policy is not None and policy is not None:
             policy.conditional = list(self._span_policy.conditional)
             self._span_policy = policy
@@ -167,11 +161,11 @@ class Rounds:
     # -- the one-token round ---------------------------------------------------------------------------
     def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None) -> None:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
-        draining: given where the adaptive policy gated the round (see `_plan_ahead`)."""
+        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated)."""
         self.runner.stage(reqs)
         res = self.runner.decode(reqs)
         if draining is not None:
-            self._plan_ahead(reqs, draining)
+            self.ahead.after_gated(self.policy, reqs, self.levers, draining)
         self._mark("target")
         tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
         committed = [r.advanced([], token, keep_context=gated) for r, token in zip(reqs, tokens, strict=True)]
@@ -189,6 +183,7 @@ class Rounds:
                 log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
         self.hedger.gated()
         if self.policy:
+            self.ahead.flush(self.policy)
             self.policy.gated()
             self._policy_k = 0
 
@@ -199,10 +194,8 @@ class Rounds:
         if self.policy is None:
             k = round_drafts(self.per_round, lv.max_drafts)
         else:
-            ahead, self._ahead = self._ahead, None
-            if ahead is not None and ahead.key == (lv.max_drafts, lv.max_batch, draining) and ahead.reqs == reqs:
-                k = self.policy.apply(ahead.decision)
-            else:
+            k = self.ahead.take(self.policy, reqs, ahead_key(lv, draining))
+            if k is None:
                 remaining = [r.remaining for r in reqs]  # one pass: at batch 256 each is ~20 us of a gated round
                 k = self.policy.decide(
                     len(reqs), lv.max_drafts, lv.max_batch, remaining if draining else None, max(remaining) - 1
@@ -223,6 +216,8 @@ class Rounds:
             drafts = runner.draft(reqs)
             self._mark("draft")
             res, device_rows = runner.verify(reqs, drafts, k, self.accept)
+            if self.policy:
+                self.ahead.after_verify(self.policy, reqs, limits, lv, draining)
             self._mark("target")
             greedy = all(r.params.greedy for r in reqs)
             rows = device_rows.tolist() if greedy else self._accept_on_host(res, drafts[:, :k], reqs, limits)
@@ -230,7 +225,7 @@ class Rounds:
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
         if self.policy:
-            self.policy.observe(limits, [o.accepted_draft for o in outcomes])
+            self.ahead.observed(limits, [o.accepted_draft for o in outcomes])
             self._policy_k = k
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
@@ -242,21 +237,6 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self._count(outcomes, len(plan), len(hedges), wins)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
-
-    def _plan_ahead(self, reqs: list[Request], draining: bool) -> None:
-        """The next round's decision, made while the device runs this gated round (the H200 study's
-        adaptive arm paid its decision before each gated round's launch, ~0.06 ms a round at c=256):
-        each request commits one token here, so the next batch is this one less those it finishes on
-        their budget. Taken next round only where the requests and levers match (a stop token, an
-        abort or a prefill in between voids it); it sees the estimate and host term before this round's
-        wall, one round late."""
-        nxt = [r for r in reqs if r.remaining > 1]
-        if nxt:
-            remaining, lv = [r.remaining - 1 for r in nxt], self.levers
-            decision = self.policy.plan(
-                len(nxt), lv.max_drafts, lv.max_batch, remaining if draining else None, max(remaining) - 1
-            )
-            self._ahead = Ahead(nxt, (lv.max_drafts, lv.max_batch, draining), decision)
 
     def _store_pending_context(self, reqs: list[Request]) -> None:
         """Rows a winning hedge chain handed over last round join the drafter's KV before it drafts."""

@@ -1,0 +1,108 @@
+"""The adaptive policy's host work off a round's critical path (engine/round.py): once a round's forwards
+are launched, and before the host waits for their results, it feeds the policy the outcome of the
+round before and plans the next round's K.
+
+In the engine a decision (`SpanPolicy.plan`) and an acceptance update (`observe`) each cost the host
+30-40 us a round at batch 1 on the dev CPU, 4-8x their cost in a tight loop (`engine.bench
+policy-cost`: the caches are cold between forwards). In turn they ran between one round's sync and
+the next round's launch: on the H200 the small pair's adaptive arm (a round ~0.5 ms at c=1) measured
+7-14 % under `spec` at `34e01fe` with 95 % of its rounds at the same K, its drafter phase 15-30 %
+longer. A gated round's plan is taken only for exactly the requests it was made for (each commits one token,
+so the next batch is known). A speculative round's outcome decides which requests finish, and at
+c >= 16 some request is near its end in almost every round; its plan is taken for any batch in the
+same power-of-two bucket (the host term's: 2, 3-4, 5-8, ...), where the table's costs differ little. Both
+need the same levers, and the estimate a plan reads is one round late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.levers import Levers
+from engine.policy import Decision, SpanPolicy
+from engine.request import Request
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A decision for the next round, made while the device ran this one: for exactly these requests
+    under these (max_drafts, max_batch, draining)."""
+
+    reqs: list[Request]
+    key: tuple[int, int, bool]
+    decision: Decision
+    exact: bool = True  # only for these requests; else for any batch of their bucket
+
+    def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
+        if key != self.key:
+            return False
+        if self.exact:
+            return reqs == self.reqs
+        return (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()  # HostTerm's buckets
+
+
+def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
+    return levers.max_drafts, levers.max_batch, draining
+
+
+class PolicyAhead:
+    def __init__(self) -> None:
+        self.ahead: Ahead | None = None
+        self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
+
+    def drop(self) -> None:
+        """Levers or the cost table changed: a plan made ahead no longer holds."""
+        self.ahead = None
+
+    def take(self, policy: SpanPolicy, reqs: list[Request], key: tuple[int, int, bool]) -> int | None:
+        """This round's K from the plan made for it, or None: decide in turn (every outcome observed)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.holds_for(reqs, key):
+            return policy.apply(ahead.decision)
+        self.flush(policy)
+        return None
+
+    def observed(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
+        """A speculative round's outcome, fed to the policy at the next launch (or decision in turn)."""
+        self._unobserved = (limits, accepted)
+
+    def flush(self, policy: SpanPolicy | None) -> None:
+        if self._unobserved is not None and policy is not None:
+            policy.observe(*self._unobserved)
+            self._unobserved = None
+
+    def after_gated(self, policy: SpanPolicy, reqs: list[Request], levers: Levers, draining: bool) -> None:
+        """A gated round is on the device: each request commits exactly one token, so the next batch is
+        this one less those it finishes on their budget (the H200 study's adaptive arm paid its decision
+        before each gated round's launch, ~0.06 ms a round at c=256)."""
+        self.flush(policy)
+        nxt = [r for r in reqs if r.remaining > 1]
+        if nxt:
+            remaining = [r.remaining - 1 for r in nxt]
+            self._plan(policy, nxt, levers, draining, remaining, max(remaining) - 1)
+
+    def after_verify(
+        self, policy: SpanPolicy, reqs: list[Request], limits: Sequence[int], levers: Levers, draining: bool
+    ) -> None:
+        """A speculative round is on the device: each request commits 1 to 1 + limit tokens. Planned
+        only where the most drafts a request may still accept after it, whatever it accepts, covers
+        every K, so no outcome on the budget caps the next round (a wave's values read each request's
+        most tokens left, one round early)."""
+        self.flush(policy)
+        useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
+        if useful >= policy.per_round:
+            self._plan(policy, reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
+
+    def _plan(
+        self,
+        policy: SpanPolicy,
+        reqs: list[Request],
+        levers: Levers,
+        draining: bool,
+        remaining: list[int],
+        useful: int,
+        exact: bool = True,
+    ) -> None:
+        decision = policy.plan(len(reqs), levers.max_drafts, levers.max_batch, remaining if draining else None, useful)
+        self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact)
