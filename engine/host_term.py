@@ -38,6 +38,7 @@ class HostTerm:
         self.ms: dict[tuple[bool, int], float] = {}  # (speculative, bucket) -> host ms
         self._seen: set[tuple[int, int]] = set()  # (K, batch) whose first wall was skipped
         self._first: dict[tuple[bool, int], list[float]] = {}  # the walls a term starts from
+        self.log: list[tuple[bool, int, float]] | None = None  # a bench's record of the walls taken
 
     def add(self, batch: int, k: int, wall_ms: float, device_ms: float) -> None:
         if (k, batch) not in self._seen:  # a new shape's first round pays one-off costs (allocations)
@@ -45,6 +46,8 @@ class HostTerm:
             return
         key = (k > 0, _bucket(batch))
         residual = max(wall_ms - device_ms, 0.0)  # a wall under the table's time says nothing of the host
+        if self.log is not None:
+            self.log.append((*key, residual))
         first = self._first.setdefault(key, [])
         if len(first) < FIRST_WALLS:  # a robust start: the least of the first walls, each capped
             first.append(min(residual, device_ms))

@@ -122,10 +122,13 @@ def test_levers_take_effect_per_arm(swept):
             assert int(r["drafts_verified"]) <= 5 * (rounds - int(r["gated_rounds"]))
             terms = dict(item.split(":") for item in r["host_terms"].split())  # what the choices rested on
             assert terms and all(key.split("@")[0] in ("spec", "gated") and float(ms) >= 0 for key, ms in terms.items())
+            walls = [item.split(":") for item in r["host_residuals"].split()]  # kind@bucket:n:p50:p90:max
+            assert {w[0] for w in walls} <= set(terms) and all(int(w[1]) > 0 for w in walls)
+            assert all(0 <= float(w[2]) <= float(w[3]) <= float(w[4]) for w in walls)
             probes = [tuple(map(int, item.split(":"))) for item in r["probes"].split()]  # (batch, K, rounds)
             assert all(1 <= b <= 4 and k in chosen and n <= chosen[k] for b, k, n in probes)
         else:
-            assert r["span_choices"] == "" and r["host_terms"] == "" and r["probes"] == ""
+            assert r["span_choices"] == r["host_terms"] == r["host_residuals"] == r["probes"] == ""
             k = 2 if arm == "spec+trim=2" else 5  # the tiny drafter: block 6, 5 drafts a round
             assert int(r["gated_rounds"]) == 0 and int(r["spec_steps"]) > 0
             assert int(r["drafts_verified"]) <= k * rounds

@@ -122,3 +122,24 @@ def test_a_waves_last_round_teaches_no_host_term_a_capped_batchs_does():
         assert policy.decide(64, max_batch=32) == 0  # MAX_BATCH: a steady gated round
         policy.observe_wall(64, 0, round_times(t, 64, [0])[0] + 0.25)
     assert policy.host.predict(64, False) == pytest.approx(0.25)
+
+
+def test_a_benchs_log_gets_every_wall_the_term_takes_before_its_clip():
+    h = HostTerm()
+    h.log = []
+    h.add(64, 15, 9.0, 1.0)  # a new shape's first round: not taken, not logged
+    for wall in (1.7, 1.8, 1.6, 7.0):
+        h.add(64, 15, wall, 1.0)
+    h.add(64, 0, 1.4, 1.0)
+    h.add(64, 0, 0.5, 1.0)  # the first gated round skipped; under the table's time: a residual of 0
+    assert [w[:2] for w in h.log] == [(True, 64)] * 4 + [(False, 64)]
+    assert [w[2] for w in h.log] == pytest.approx([0.7, 0.8, 0.6, 6.0, 0.0])
+    assert h.predict(64, True) < 6.0  # the term clipped the slow wall; the log did not
+
+
+def test_the_sweep_summarises_the_residuals_per_kind_and_bucket():
+    from engine.bench.policy_state import residual_summary
+
+    walls = [(True, 64, v) for v in (0.5, 0.6, 0.7, 0.8, 4.0)] + [(False, 64, 0.3)]
+    assert residual_summary(walls) == "gated@64:1:0.300:0.300:0.300 spec@64:5:0.700:2.720:4.000"
+    assert residual_summary([]) == ""

@@ -40,6 +40,7 @@ from engine.bench.load import (
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
+from engine.bench.policy_state import host_residuals, policy_choices, policy_host, policy_probes, residual_summary
 from engine.bench.report import write_csv, write_json
 from engine.bench.summary import add_paired_ratios, noise_floors, summarize, sweep_markdown
 from engine.engine import Engine
@@ -58,26 +59,6 @@ def engine_for(arm: Arm, engines: dict[str, Engine]) -> Engine:
     return engine
 
 
-def policy_choices(engine: Engine) -> Counter:
-    """Rounds per K the adaptive policy decided so far (empty under the static policy)."""
-    policy = engine.rounds.policy
-    return Counter(policy.chosen) if policy else Counter()
-
-
-def policy_probes(engine: Engine) -> Counter:
-    """Probe rounds per (batch, K) the adaptive policy ran so far (empty under the static policy)."""
-    policy = engine.rounds.policy
-    return Counter(policy.probed) if policy else Counter()
-
-
-def policy_host(engine: Engine) -> str:
-    """The adaptive policy's learnt host terms after a run, ms per kind and batch bucket
-    ("spec@16:2.10 gated@16:0.39"; empty under the static policy): what its choices rested on."""
-    policy = engine.rounds.policy
-    terms = sorted(policy.host.ms.items()) if policy else []
-    return " ".join(f"{'spec' if spec else 'gated'}@{bucket}:{ms:.3f}" for (spec, bucket), ms in terms)
-
-
 def round_row(
     c: int,
     round_index: int,
@@ -88,6 +69,7 @@ def round_row(
     chosen: Counter | None = None,
     host_terms: str = "",
     probes: Counter | None = None,
+    residuals: str = "",
 ) -> dict:
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
@@ -118,6 +100,7 @@ def round_row(
         "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
         "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
         "host_terms": host_terms,  # the adaptive policy's host term after the run (policy_host)
+        "host_residuals": residuals,  # the walls it learnt them from in the run (residual_summary)
         # where the run's probes landed: "batch:K:rounds" (adaptive)
         "probes": " ".join(f"{b}:{k}:{n}" for (b, k), n in sorted((probes or {}).items())),
         **phase_split(res.steps),
@@ -182,12 +165,14 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
                 if before_arm:
                     before_arm(arm)
                 before, probed = policy_choices(engine), policy_probes(engine)
-                res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
+                with host_residuals(engine) as walls:
+                    res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
                 if r:
                     chosen, probes = policy_choices(engine) - before, policy_probes(engine) - probed
                     host = policy_host(engine) if chosen else ""
-                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes))
+                    residuals = residual_summary(walls) if chosen else ""
+                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes, residuals))
                     seq += 1
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)

@@ -1,0 +1,61 @@
+"""What the adaptive policy did in one bench run, read off its engine for the sweep's row (empty under
+the static policy): the K it chose per round, where its probes landed, the host terms its choices
+rested on after the run, and the host residuals it learnt them from during the run (each round's wall
+minus the table's device time, before the term's clip: a few slow rounds that move the term show as a
+p90 or max far above the median)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from engine.engine import Engine
+
+
+def policy_choices(engine: Engine) -> Counter:
+    """Rounds per K the adaptive policy decided so far."""
+    policy = engine.rounds.policy
+    return Counter(policy.chosen) if policy else Counter()
+
+
+def policy_probes(engine: Engine) -> Counter:
+    """Probe rounds per (batch, K) the adaptive policy ran so far."""
+    policy = engine.rounds.policy
+    return Counter(policy.probed) if policy else Counter()
+
+
+def policy_host(engine: Engine) -> str:
+    """The learnt host terms, ms per kind and batch bucket ("spec@16:2.100 gated@16:0.390")."""
+    policy = engine.rounds.policy
+    terms = sorted(policy.host.ms.items()) if policy else []
+    return " ".join(f"{'spec' if spec else 'gated'}@{bucket}:{ms:.3f}" for (spec, bucket), ms in terms)
+
+
+@contextmanager
+def host_residuals(engine: Engine) -> Iterator[list[tuple[bool, int, float]]]:
+    """The (speculative, bucket, residual ms) of every wall the policy's host term takes while inside."""
+    policy = engine.rounds.policy
+    walls: list[tuple[bool, int, float]] = []
+    if policy is None:
+        yield walls
+        return
+    policy.host.log = walls
+    try:
+        yield walls
+    finally:
+        policy.host.log = None
+
+
+def residual_summary(walls: list[tuple[bool, int, float]]) -> str:
+    """Per kind and bucket "spec@64:n:p50:p90:max" (ms) of the walls taken."""
+    by: dict[tuple[bool, int], list[float]] = {}
+    for spec, bucket, ms in walls:
+        by.setdefault((spec, bucket), []).append(ms)
+    items = []
+    for (spec, bucket), values in sorted(by.items()):
+        p90 = statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
+        stats = f"{len(values)}:{statistics.median(values):.3f}:{p90:.3f}:{max(values):.3f}"
+        items.append(f"{'spec' if spec else 'gated'}@{bucket}:{stats}")
+    return " ".join(items)
