@@ -71,7 +71,6 @@ class Engine:
             vocab_size=self.target_cfg.geometry.vocab_size,
             round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
         )
-        self._policy_graphs = False  # the adaptive policy's graphs captured (engine/policy_graphs.py)
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
         self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
@@ -146,17 +145,15 @@ class Engine:
         """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
         a value of None keeps the current one. Hedge scratch KV is sized at start: an engine started
         with the hedge off cannot hedge later, and chains beyond the reserved scratch are not verified.
-        policy=adaptive without a cost table measures one first (engine/calibration.py; idle engine only),
-        and on an idle engine captures the graphs its rounds replay (engine/policy_graphs.py)."""
+        policy=adaptive without a cost table measures one first (engine/calibration.py; idle engine only)."""
         levers = self.levers.replace(changes)
         adaptive = levers.policy == "adaptive" and self.drafter is not None
         if adaptive and self.rounds.cost_table is None:
             self.set_cost_table(calibrated_table(self))
         self.rounds.configure(levers)  # refuses before anything changes
         self.levers, self.scheduler.max_batch = levers, levers.max_batch
-        if adaptive and not self._policy_graphs and not self.scheduler.has_work():
-            capture_policy_graphs(self)
-            self._policy_graphs = True
+        if adaptive:
+            capture_policy_graphs(self)  # once, on an idle engine: the graphs its rounds replay
 
     def set_cost_table(self, table: CostTable) -> None:
         """The adaptive policy's cost table, measured on this device (e.g. by a benchmark): the policy

@@ -46,6 +46,7 @@ class StepGraphs:
         self.enabled, self.buckets = enabled, buckets
         self.captured: dict[tuple, CapturedStep] = {}
         self.captures = 0  # graphs captured so far: a step that captured one is no timing sample
+        self.policy_captured = False  # every graph the adaptive policy replays (engine/policy_graphs.py)
         self._pool = torch.cuda.graph_pool_handle() if enabled else None
 
     def bucket(self, n: int) -> int | None:

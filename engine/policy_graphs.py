@@ -22,13 +22,13 @@ log = logging.getLogger(__name__)
 
 def capture_policy_graphs(engine: EngineView) -> int:
     """Capture the decode, drafter and verify graphs (every policy span but 1: the gated round runs
-    the decode graph) at every graph bucket the idle engine's KV pool admits; the number captured
-    (0 without graphs, or where all were captured already: the calibration captures the buckets it
-    times)."""
+    the decode graph) at every graph bucket the idle engine's KV pool admits, once; the number
+    captured (0 without graphs, on a busy engine: a later idle call captures them, or once done; the
+    calibration captured the buckets it timed)."""
     runner = engine.runner
-    if not runner.graphs.enabled:
+    if not runner.graphs.enabled or runner.graphs.policy_captured or engine.scheduler.has_work():
         return 0
-    how = plan_calibration(engine)  # refuses a busy engine; the batches stop where the pool does
+    how = plan_calibration(engine)  # the batches stop where the KV pool does
     buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
     before, start = runner.graphs.captures, time.perf_counter()
     with dummy_requests(engine, max(buckets), how.context, max(how.spans)) as reqs:
@@ -41,6 +41,7 @@ def capture_policy_graphs(engine: EngineView) -> int:
             for k in (span - 1 for span in how.spans if span > 1):
                 runner.stage(sub, [k] * b)
                 runner.verify(sub, drafts, k, engine.rounds.accept)
+    runner.graphs.policy_captured = True
     captured = runner.graphs.captures - before
     log.info(
         "policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), time.perf_counter() - start

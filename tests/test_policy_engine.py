@@ -32,8 +32,7 @@ def plain(tiny_target):
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
-def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
-    """The real drafter runs, its tokens replaced by the plain continuation: every draft is accepted."""
+def adaptive_engine(tiny_target, tiny_drafter, cost_table) -> Engine:
     config = EngineConfig(
         model=str(tiny_target),
         draft_model=str(tiny_drafter),
@@ -42,7 +41,12 @@ def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
         levers={"policy": "adaptive"},
         cost_table=cost_table,
     )
-    engine = Engine(config)
+    return Engine(config)
+
+
+def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
+    """The real drafter runs, its tokens replaced by the plain continuation: every draft is accepted."""
+    engine = adaptive_engine(tiny_target, tiny_drafter, cost_table)
     real_draft = engine.runner.draft
 
     def oracle(reqs):
@@ -267,15 +271,7 @@ def test_a_speculative_round_plans_the_next_while_the_device_runs(tiny_target, t
     """Where speculation pays at every batch, a round whose outcome cannot finish a request or cap the
     next one's K leaves the next round a plan: most rounds take one, every outcome still reaches the
     estimate (one round late), and the tokens are plain decode's (the tiny pair's own drafter)."""
-    config = EngineConfig(
-        model=str(tiny_target),
-        draft_model=str(tiny_drafter),
-        device="cpu",
-        trace=True,
-        levers={"policy": "adaptive"},
-        cost_table=table(lambda b, s: 10.0 + s, lambda b: 1.0, SPANS),
-    )
-    engine = Engine(config)
+    engine = adaptive_engine(tiny_target, tiny_drafter, table(lambda b, s: 10.0 + s, lambda b: 1.0, SPANS))
     decided, observed = counting_decides(engine), []
     observe = engine.rounds.policy.observe
     engine.rounds.policy.observe = lambda limits, accepted: observed.append(len(limits)) or observe(limits, accepted)

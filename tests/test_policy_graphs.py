@@ -1,6 +1,7 @@
 """The adaptive engine's graph capture before it serves (engine/policy_graphs.py), on a stand-in runner
 that records what the capture ran: every bucket the pool admits, the decode graph, the drafter, then
-every policy span but 1 verified on the drafter's own buffer; nothing without graphs. On a GPU the
+every policy span but 1 verified on the drafter's own buffer; once, on an idle engine; nothing
+without graphs. On a GPU the
 real captures are checked in tests/test_policy_calibration.py."""
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from engine.calibration import CalibrationPlan
 
 class Runner:
     def __init__(self, enabled: bool):
-        self.graphs = SimpleNamespace(enabled=enabled, buckets=[1, 2, 4, 8, 16, 24, 32], captures=0)
+        self.graphs = SimpleNamespace(
+            enabled=enabled, buckets=[1, 2, 4, 8, 16, 24, 32], captures=0, policy_captured=False
+        )
         self.calls: list[tuple] = []
         self.staged = None
 
@@ -52,14 +55,22 @@ def engine(monkeypatch):
         yield [f"r{i}" for i in range(count)]
 
     monkeypatch.setattr(policy_graphs, "dummy_requests", dummies)
-    return SimpleNamespace(runner=Runner(True), rounds=SimpleNamespace(accept="greedy"))
+    busy = SimpleNamespace(has_work=lambda: False)
+    return SimpleNamespace(runner=Runner(True), rounds=SimpleNamespace(accept="greedy"), scheduler=busy)
 
 
 def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
     assert policy_graphs.capture_policy_graphs(engine) == 5 * (2 + 5)
     per_bucket = [("decode",), ("draft",), *(("verify", k, "greedy") for k in (1, 2, 4, 8, 15))]
     assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
-    assert policy_graphs.capture_policy_graphs(engine) == 0  # all there: replays only
+    assert policy_graphs.capture_policy_graphs(engine) == 0 and len(engine.runner.calls) == 35  # once
+
+
+def test_a_busy_engine_captures_nothing_until_it_is_idle(engine):
+    engine.scheduler.has_work = lambda: True
+    assert policy_graphs.capture_policy_graphs(engine) == 0 and engine.runner.calls == []
+    engine.scheduler.has_work = lambda: False
+    assert policy_graphs.capture_policy_graphs(engine) == 35
 
 
 def test_without_graphs_nothing_runs(engine):

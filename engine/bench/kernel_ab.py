@@ -89,34 +89,30 @@ NORM_CANDIDATES = [
 
 
 @contextmanager
-def reduce_kernel() -> Iterator[None]:
+def _setting(module, name: str, value) -> Iterator[None]:
+    """module.name = value inside, restored after."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def reduce_kernel() -> AbstractContextManager:
     """The dispatch before the deferral: o's and down's split-K partials summed by their reduce
     kernel at every row count."""
-    saved, gemm.DEFER_MAX_ROWS = gemm.DEFER_MAX_ROWS, 0
-    try:
-        yield
-    finally:
-        gemm.DEFER_MAX_ROWS = saved
+    return _setting(gemm, "DEFER_MAX_ROWS", 0)
 
 
-@contextmanager
-def in_step_prologue() -> Iterator[None]:
+def in_step_prologue() -> AbstractContextManager:
     """The tl.dot path's prologue reading each tile in its own K step (before PROLOGUE_PREFETCH)."""
-    saved, gemm.PROLOGUE_PREFETCH = gemm.PROLOGUE_PREFETCH, False
-    try:
-        yield
-    finally:
-        gemm.PROLOGUE_PREFETCH = saved
+    return _setting(gemm, "PROLOGUE_PREFETCH", False)
 
 
-@contextmanager
-def wait_first_attention() -> Iterator[None]:
+def wait_first_attention() -> AbstractContextManager:
     """The decode attention waiting for the kernel before it first (before attention.EARLY_KV)."""
-    saved, attention.EARLY_KV = attention.EARLY_KV, False
-    try:
-        yield
-    finally:
-        attention.EARLY_KV = saved
+    return _setting(attention, "EARLY_KV", False)
 
 
 def read_tables(path: Path) -> TunedTables:
