@@ -26,13 +26,13 @@ from engine.request import Request
 
 @dataclass(frozen=True)
 class Ahead:
-    """A decision for the next round, made while the device ran this one: for exactly these requests
-    under these (max_drafts, max_batch, draining)."""
+    """A decision for the next round, made while the device ran this one, under these (max_drafts,
+    max_batch, draining): for exactly these requests, or (not exact) any batch of their bucket."""
 
     reqs: list[Request]
     key: tuple[int, int, bool]
     decision: Decision
-    exact: bool = True  # only for these requests; else for any batch of their bucket
+    exact: bool = True
 
     def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
         if key != self.key:
