@@ -33,3 +33,10 @@ def test_splits_the_policy_time_by_where_it_runs_and_restores_the_policy(tmp_pat
 def test_refuses_more_prompts_than_the_pair_has():
     with pytest.raises(SystemExit, match="prompts"):
         policy_cost_engine.main(["--concurrency", "64"])
+
+
+@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--new-tokens", "1"]])
+def test_refuses_bad_values_before_any_engine(argv, monkeypatch):
+    monkeypatch.setattr(policy_cost_engine, "measure", lambda *a: pytest.fail("an engine was built"))
+    with pytest.raises(SystemExit, match="--concurrency must be >= 1 and --new-tokens >= 2"):
+        policy_cost_engine.main(argv)
