@@ -91,7 +91,7 @@ class PolicyAhead:
         most tokens left, one round early)."""
         self.flush(policy)
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
-        if useful >= policy.per_round:
+        if useful >= min(levers.max_drafts or policy.per_round, policy.per_round):  # the largest K
             self._plan(policy, reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
 
     def _plan(

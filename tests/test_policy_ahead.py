@@ -58,6 +58,9 @@ def test_no_plan_where_the_round_may_cap_the_next():
     policy, ahead = Policy(), PolicyAhead()
     ahead.after_verify(policy, reqs(10, 3), [2, 2], LEVERS, False)  # 10 - 1 - 2 - 1 = 6 drafts < 8
     assert ahead.ahead is None and not [c for c in policy.calls if c[0] == "plan"]
+    trimmed = Levers(max_drafts=4)  # MAX_DRAFTS caps K at 4: 6 drafts cover it
+    ahead.after_verify(policy, reqs(10, 3), [2, 2], trimmed, False)
+    assert ahead.ahead is not None and policy.calls[-1] == ("plan", 2, None, 6)
 
 
 def test_a_verify_plan_holds_for_the_batch_its_requests_leave_in_the_same_bucket():
