@@ -98,7 +98,7 @@ def rope_attention_case(batch: int, ctx: int):
     store drains). Bytes: the KV the attention reads; caches rotated so L2 does not serve them."""
     g = cases.ATTN_GEOMETRY
     hq, hkv, d, page = g["hq"], g["hkv"], g["d"], g["page"]
-    q, kc, vc, bt, seq_lens, _ = cases.paged_case(batch, ctx, 1, **g)
+    _, kc, vc, bt, seq_lens, _ = cases.paged_case(batch, ctx, 1, **g)
     nbytes = 2 * batch * (ctx + 1) * hkv * d * kc.element_size()
     copies = max(1, min(64, math.ceil(cases.ROTATE_BYTES / nbytes)))
     caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]

@@ -26,11 +26,15 @@ def policy_probes(engine: Engine) -> Counter:
     return Counter(policy.probed) if policy else Counter()
 
 
+def _kind(spec: bool, bucket: int) -> str:
+    return f"{'spec' if spec else 'gated'}@{bucket}"
+
+
 def policy_host(engine: Engine) -> str:
     """The learnt host terms, ms per kind and batch bucket ("spec@16:2.100 gated@16:0.390")."""
     policy = engine.rounds.policy
     terms = sorted(policy.host.ms.items()) if policy else []
-    return " ".join(f"{'spec' if spec else 'gated'}@{bucket}:{ms:.3f}" for (spec, bucket), ms in terms)
+    return " ".join(f"{_kind(*key)}:{ms:.3f}" for key, ms in terms)
 
 
 @contextmanager
@@ -57,5 +61,5 @@ def residual_summary(walls: list[tuple[bool, int, float]]) -> str:
     for (spec, bucket), values in sorted(by.items()):
         p90 = statistics.quantiles(values, n=10, method="inclusive")[-1] if len(values) > 1 else values[0]
         stats = f"{len(values)}:{statistics.median(values):.3f}:{p90:.3f}:{max(values):.3f}"
-        items.append(f"{'spec' if spec else 'gated'}@{bucket}:{stats}")
+        items.append(f"{_kind(spec, bucket)}:{stats}")
     return " ".join(items)
