@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine.bench import decode_ab
-from engine.kernels import gemm
+from engine.kernels import attention
 
 
 def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
@@ -32,10 +32,10 @@ def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
 def test_the_before_arm_runs_the_previous_dispatch():
     inside = []
     rows = decode_ab.interleaved(
-        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, gemm.EARLY_L2)) or {"tok_s": 1.0}
+        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, attention.EARLY_KV)) or {"tok_s": 1.0}
     )
     assert inside == [("before", False), ("after", True)] * 2 and len(rows) == 2
-    assert gemm.EARLY_L2
+    assert attention.EARLY_KV
 
 
 def test_paired_ratio_is_within_a_repeat():
@@ -71,7 +71,7 @@ def test_kernel_rows_put_both_arms_side_by_side(monkeypatch):
     seen = []
 
     def fake_profile(engine, prompts, c, new_tokens, top):
-        seen.append((engine, c, gemm.EARLY_L2))
+        seen.append((engine, c, attention.EARLY_KV))
         kernels = [{"name": "_linear_kernel", "calls_per_step": 2.0, "ms_per_step": 0.010}]
         if engine == "before":
             kernels.append({"name": "_splitk_reduce_kernel", "calls_per_step": 1.0, "ms_per_step": 0.002})

@@ -80,14 +80,6 @@ def test_each_row_switches_back_its_own_change():
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
     assert kernel_ab.switch_for("rope → attention, ctx 256") is kernel_ab.wait_first_attention
-    assert kernel_ab.switch_for("o") is kernel_ab.switch_for("SwiGLU→down") is kernel_ab.wait_first_weights
-
-
-def test_wait_first_weights_turns_the_early_weight_prefetch_off_and_restores_it():
-    assert gemm.EARLY_L2
-    with kernel_ab.wait_first_weights():
-        assert not gemm.EARLY_L2
-    assert gemm.EARLY_L2
 
 
 def test_wait_first_attention_turns_the_early_prefetch_off_and_restores_it():

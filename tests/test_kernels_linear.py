@@ -114,31 +114,3 @@ def test_gpu_linear_batch_invariant_bitexact(n, k):
     for rows in (1, 7, 16, 33):
         assert torch.equal(linear.linear_batch_invariant(x[:rows], w), full[:rows]), rows
     assert torch.equal(linear.linear_batch_invariant(x[9:10], w), full[9:10])
-
-
-@gpu
-@pytest.mark.parametrize(
-    "m,n,k,cfg",
-    [
-        (8, 19456, 2560, SkinnyConfig(16, 64, 64, 1, 4, 5)),  # gate|up at 2-16 rows
-        (64, 2560, 9728, SkinnyConfig(64, 64, 64, 8, 4, 4)),  # down at 64 rows, split 8
-        (33, 2560, 4096, SkinnyConfig(32, 64, 64, 8, 4, 4)),  # o at 32 rows, ragged M
-    ],
-)
-def test_gpu_early_weight_prefetch_changes_no_output(m, n, k, cfg, monkeypatch):
-    """The first weight tiles pulled into L2 before the PDL wait are a hint: eagerly and replayed from
-    a graph, the output is bit-identical to the wait-first launch."""
-    from engine.kernels import gemm
-    from tests.kernel_helpers import capture_graph
-
-    torch.manual_seed(19)
-    x, w = randn(m, k, dtype=torch.bfloat16), randn(n, k, dtype=torch.bfloat16, scale=0.05)
-    run = lambda: linear.linear_with_config(x, w, cfg)  # noqa: E731
-    outs = []
-    for early in (False, True):
-        monkeypatch.setattr(gemm, "EARLY_L2", early)
-        graph, out = capture_graph(run)
-        graph.replay()
-        torch.cuda.synchronize()
-        outs += [run().clone(), out.clone()]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])

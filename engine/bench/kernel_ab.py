@@ -10,10 +10,8 @@ dispatches it on this device, in one process (GPU only):
   reduce kernel, `reduce_kernel`; after = at one row the partials go to the next add + RMSNorm
   prologue, gemm.DEFER_MAX_ROWS), at every --ms row count: o -> norm->gate|up and SwiGLU->down ->
   norm->q|k|v (the layer's second and first halves' projections);
-- o and SwiGLU->down alone at every --ms row count (before = the tl.dot path waiting first, after =
-  its first weight tiles pulled into L2 before the PDL wait, gemm.EARLY_L2, `wait_first_weights`; at
-  one row both sides run the GEMV), norm->q|k|v and norm->gate|up at one row (the same kernels both
-  sides: the per-op times of the step);
+- o and SwiGLU->down alone at every --ms row count, norm->q|k|v and norm->gate|up at one row (both
+  sides run the same kernels: the per-op times of the step);
 - one-row candidates of the early-weights GEMV for each of the four ("o [config]", run on it even
   where the dispatch does not take it): the data to retune the table's one-row entries (after = that
   config, before = the previous dispatch);
@@ -117,11 +115,6 @@ def wait_first_attention() -> AbstractContextManager:
     return _setting(attention, "EARLY_KV", False)
 
 
-def wait_first_weights() -> AbstractContextManager:
-    """The tl.dot linear waiting for the kernel before it first (before gemm.EARLY_L2)."""
-    return _setting(gemm, "EARLY_L2", False)
-
-
 def read_tables(path: Path) -> TunedTables:
     """A tuned table file (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) for a
     retune's A/B arm; ValueError naming the file if it is missing or not a tuned table (unlike the
@@ -136,8 +129,6 @@ def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
     if label.startswith("prefetch:"):
         return in_step_prologue
-    if label in ("o", "SwiGLU→down"):
-        return wait_first_weights
     return wait_first_attention if label.startswith("rope → attention") else reduce_kernel
 
 

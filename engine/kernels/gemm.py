@@ -18,7 +18,6 @@ import torch
 from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.gemm_prologues import _add_scale, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
-from engine.kernels.l2 import LINE_BYTES, early_lines, prefetch_l2
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -39,10 +38,6 @@ DEFER_MAX_ROWS = 1
 # tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
 # the unfused pairs (the kernel sweep at 3cfef9c, H200).
 PROLOGUE_PREFETCH = True
-# Under PDL the tl.dot path's programs pull the weight tiles their pipeline loads first into L2 before
-# the wait (weights are no kernel's output), as the decode attention does with its first key tile
-# (EARLY_KV: 1.014 at c=8 on the H200); False: the wait first (the dispatch before, for the A/Bs).
-EARLY_L2 = True
 
 
 @jit(do_not_specialize=["M"])
@@ -74,8 +69,6 @@ def _linear_kernel(
     SWIGLU: tl.constexpr,
     NORM: tl.constexpr,
     PREFETCH: tl.constexpr,
-    EARLY_LINES: tl.constexpr,
-    LINE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
@@ -83,13 +76,7 @@ def _linear_kernel(
     NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
     sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
     with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
-    split order by _splitk_reduce_kernel. EARLY_LINES > 0: the first that many LINE-element lines of
-    each weight row this program reads go to L2 before the PDL wait (EARLY_L2)."""
-    if EARLY_LINES > 0:
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(2) * k_per_split + tl.arange(0, EARLY_LINES) * LINE
-        inside = (rows < N)[:, None] & (cols < K)[None, :]
-        prefetch_l2(w_ptr + tl.where(inside, rows.to(tl.int64)[:, None] * stride_wn + cols[None, :], 0))
+    split order by _splitk_reduce_kernel."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -284,17 +271,8 @@ def launch(
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
-        line = LINE_BYTES // weight.element_size()
-        early = early_lines(cfg.num_stages, cfg.block_k, min(k_per_split, k), line) if EARLY_L2 and meta["PDL"] else 0
         _linear_kernel[grid](
-            *args,
-            BLOCK_M=cfg.block_m,
-            EVEN_K=k % cfg.block_k == 0,
-            PRECISION=precision,
-            PREFETCH=prefetch,
-            EARLY_LINES=early,
-            LINE=line,
-            **meta,
+            *args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, PREFETCH=prefetch, **meta
         )
     if deferred:
         return SplitSum(parts, dtype)
