@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import activation, fused_linear, get_ops, linear, norm, rope, sampling
+from engine.kernels import activation, fused_linear, get_ops, linear, mlp, norm, rope, sampling
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
@@ -68,6 +68,7 @@ def test_triton_ops_fields():
         )
         want = fused_linear.add_rms_norm_linear_batch_invariant if inv else fused_linear.add_rms_norm_linear
         assert ops.add_rms_norm_linear is want
+        assert (ops.mlp_to_residual is mlp.mlp_to_residual) is not inv
         assert ops.paged_attention.keywords == {"batch_invariant": inv}
         assert ops.argmax is sampling.argmax and ops.rms_norm is norm.rms_norm
 

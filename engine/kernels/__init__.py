@@ -12,6 +12,7 @@ from engine.kernels.fused_linear import (
     silu_mul_linear_ref,
 )
 from engine.kernels.linear import linear_batch_invariant_ref, linear_ref
+from engine.kernels.mlp import composed
 from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store_ref
@@ -32,6 +33,11 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         silu_mul_linear=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
         linear_to_residual=linear_batch_invariant_ref if batch_invariant else linear_ref,
         silu_mul_linear_to_residual=silu_mul_linear_batch_invariant_ref if batch_invariant else silu_mul_linear_ref,
+        mlp_to_residual=(
+            composed(add_rms_norm_linear_batch_invariant_ref, silu_mul_linear_batch_invariant_ref)
+            if batch_invariant
+            else composed(add_rms_norm_linear_ref, silu_mul_linear_ref)
+        ),
         argmax=argmax_ref,
         accept_prefix=accept_prefix_ref,
     )

@@ -70,13 +70,16 @@ def _linear_kernel(
     NORM: tl.constexpr,
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
+    GLU: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
     NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
     sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
     with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
-    split order by _splitk_reduce_kernel."""
+    split order by _splitk_reduce_kernel. GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
+    y = silu(x @ W[:N]^T) * (x @ W[N:]^T), each program owning the same N columns of both halves and
+    rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -134,6 +137,8 @@ def _linear_kernel(
         s_rows = s_ptr + rm.to(tl.int64)[:, None] * stride_sm
         ss = tl.zeros([BLOCK_M], tl.float32)  # per-row sums: a [BLOCK_M, BLOCK_K] fp32 tile costs registers
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = acc
+        up_rows = w_ptr + (rn + N).to(tl.int64)[:, None] * stride_wn
         if PREFETCH:  # the prologue's reads run a tile ahead (see PROLOGUE_PREFETCH)
             x_next, aux_next, nw_next = _prologue_tiles(
                 x_rows, r_rows, nw_ptr, up_off, k_lo + rk0, m_ok, k_hi, SWIGLU, NORM
@@ -141,12 +146,11 @@ def _linear_kernel(
         for k in range(k_lo, k_hi, BLOCK_K):
             rk = k + rk0
             k_ok = (rk < k_hi)[None, :]
-            if EVEN_K:
-                xm = m_ok[:, None]
-                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
-            else:
-                xm = m_ok[:, None] & k_ok
-                w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok, other=0.0)
+            wm = n_ok[:, None] if EVEN_K else n_ok[:, None] & k_ok
+            xm = m_ok[:, None] if EVEN_K else m_ok[:, None] & k_ok
+            w = tl.load(w_rows + rk[None, :], mask=wm, other=0.0)
+            if GLU:
+                w_up = tl.load(up_rows + rk[None, :], mask=wm, other=0.0)
             if PREFETCH:
                 x, aux, nw = x_next, aux_next, nw_next
                 x_next, aux_next, nw_next = _prologue_tiles(
@@ -163,8 +167,13 @@ def _linear_kernel(
                 tl.store(s_rows + rk[None, :], s, mask=xm & writer)
                 ss += tl.sum(s.to(tl.float32) * s.to(tl.float32), axis=1)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+            if GLU:
+                acc_up = tl.dot(x, tl.trans(w_up), acc_up, input_precision=PRECISION)
         if NORM:
             acc = acc * tl.rsqrt(ss / K + eps)[:, None]
+        if GLU:
+            dtype = y_ptr.dtype.element_ty
+            acc = _swiglu(acc.to(dtype), acc_up.to(dtype))
         mask = m_ok[:, None] & n_ok[None, :]
         if not SPLIT:
             dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
@@ -230,12 +239,18 @@ def launch(
     norm=None,
     defer: bool = False,
     out: torch.Tensor | None = None,
+    glu: bool = False,
 ) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
     (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
     by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
-    SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one."""
+    SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one.
+    glu: weight is [2N, K] = [gate | up] and y = silu(x @ gate^T) * (x @ up^T), [M, N] (tl.dot path,
+    split_k 1, no prologue)."""
     n, k = weight.shape
+    if glu:
+        assert cfg.block_m > 1 and cfg.split_k == 1 and not swiglu and norm is None and n % 2 == 0, cfg
+        n //= 2
     m = x.shape[0]
     split = cfg.split_k > 1
     deferred = split and defer and m <= DEFER_MAX_ROWS
@@ -272,7 +287,13 @@ def launch(
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
         _linear_kernel[grid](
-            *args, BLOCK_M=cfg.block_m, EVEN_K=k % cfg.block_k == 0, PRECISION=precision, PREFETCH=prefetch, **meta
+            *args,
+            BLOCK_M=cfg.block_m,
+            EVEN_K=k % cfg.block_k == 0,
+            PRECISION=precision,
+            PREFETCH=prefetch,
+            GLU=glu,
+            **meta,
         )
     if deferred:
         return SplitSum(parts, dtype)

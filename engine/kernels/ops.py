@@ -20,5 +20,8 @@ class Ops:
     # may be a gemm.SplitSum, which add_rms_norm(_linear) take and gemm.dense sums for anything else.
     linear_to_residual: Callable
     silu_mul_linear_to_residual: Callable
+    # (down(silu(gate) * up) of add_rms_norm(x, residual), x + residual): the MLP, its kernels chosen
+    # per row count (mlp.py); the first result as silu_mul_linear_to_residual's.
+    mlp_to_residual: Callable
     argmax: Callable
     accept_prefix: Callable

@@ -14,6 +14,7 @@ from engine.kernels.fused_linear import (
     silu_mul_linear_batch_invariant,
 )
 from engine.kernels.linear import linear, linear_batch_invariant
+from engine.kernels.mlp import composed, mlp_to_residual
 from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store
@@ -36,6 +37,11 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         linear_to_residual=linear_batch_invariant if batch_invariant else partial(linear, defer=True),
         silu_mul_linear_to_residual=(
             silu_mul_linear_batch_invariant if batch_invariant else partial(silu_mul_linear, defer=True)
+        ),
+        mlp_to_residual=(
+            composed(add_rms_norm_linear_batch_invariant, silu_mul_linear_batch_invariant)
+            if batch_invariant
+            else mlp_to_residual
         ),
         argmax=argmax,
         accept_prefix=accept_prefix,

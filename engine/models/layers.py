@@ -104,8 +104,7 @@ def decoder_layer(
         meta.causal,
     )
     h = ops.linear_to_residual(o.view(rows, g.q_size), w.o)
-    gate_up, residual = ops.add_rms_norm_linear(h, residual, w.post_norm, eps, w.gate_up)
-    # SwiGLU fused into the down projection (the [rows, I] activation is not materialised on the
-    # skinny path). The torch backend computes exactly add_rms_norm + linear and linear(silu_and_mul(.)).
-    # o and down may come back as unsummed split-K partials (Ops.linear_to_residual).
-    return ops.silu_mul_linear_to_residual(gate_up, w.down), residual
+    # The MLP's kernels depend on the row count (kernels/mlp.py); the torch backend computes exactly
+    # add_rms_norm + linear, then linear(silu_and_mul(.)). o and down may come back as unsummed
+    # split-K partials (Ops.linear_to_residual).
+    return ops.mlp_to_residual(h, residual, w.post_norm, eps, w.gate_up, w.down)
