@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import attention, fused_linear, gemm, linear, norm, tuning
+from engine.kernels import attention, fused_linear, gemm, linear, mlp, norm, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -80,6 +80,43 @@ def test_each_row_switches_back_its_own_change():
     assert kernel_ab.switch_for("prefetch: norm→q|k|v [16, 32, 256, 1, 4, 4]") is kernel_ab.in_step_prologue
     assert kernel_ab.switch_for("o → norm→gate|up") is kernel_ab.reduce_kernel
     assert kernel_ab.switch_for("rope → attention, ctx 256") is kernel_ab.wait_first_attention
+    assert kernel_ab.switch_for("gate|up → SwiGLU [16, 32, 64, 1, 4, 4]") is kernel_ab.unfused_mlp
+
+
+def test_unfused_mlp_turns_the_epilogue_off_and_restores_it():
+    assert mlp.GLU_MAX_ROWS == 64
+    with kernel_ab.unfused_mlp():
+        assert mlp.GLU_MAX_ROWS == 0
+    assert mlp.GLU_MAX_ROWS == 64
+
+
+def test_glu_rows_at_2_to_64_rows_with_candidates_of_their_m_tile():
+    labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 64], "gate|up → SwiGLU")]
+    assert {m for _, m in labels} == {8, 64} and ("gate|up → SwiGLU", 8) in labels
+    for c in kernel_ab.GLU_CANDIDATES:
+        assert tuning.check_config(c) is None and c.split_k == 1 and c.block_m in (16, 64), c
+        assert (f"gate|up → SwiGLU {list(c)}", 8 if c.block_m == 16 else 64) in labels
+
+
+def test_the_glu_case_is_the_pair_before_and_the_epilogue_after(monkeypatch):
+    """On a small gate|up in fp32 (this host's device): before = gate|up and silu_and_mul, after =
+    the epilogue at the dispatched half tile, both at the reference; with a tiling, after runs it."""
+    monkeypatch.setattr(kernel_ab_cases.cases, "DEVICE", "cuda" if CUDA else "cpu")
+    monkeypatch.setattr(kernel_ab_cases.cases, "DTYPE", torch.float32)
+    dot = SkinnyConfig(16, 32, 32, 1, 4, 2)
+    tables = tuning.TunedTables("test", linear={(128, 64): {8: dot}, (64, 64): {8: dot}}, fused_m_max=1)
+    monkeypatch.setattr(tuning, "tables_for", lambda device: tables)
+    real, seen = mlp.swiglu_linear_with_config, []
+    monkeypatch.setattr(mlp, "swiglu_linear_with_config", lambda x, w, cfg: seen.append(cfg) or real(x, w, cfg))
+    torch.manual_seed(4)
+    nbytes, _, fn, ref, after = kernel_ab_cases.glu_case(128, 64, 5)
+    assert nbytes == 128 * 64 * 4 and after is fn
+    assert torch.allclose(fn(0), ref, atol=1e-5, rtol=1e-4) and seen == [dot._replace(block_n=16)]
+    with kernel_ab.unfused_mlp():
+        assert torch.allclose(fn(0), ref, atol=1e-5, rtol=1e-4) and len(seen) == 1
+    other = SkinnyConfig(16, 16, 64, 1, 4, 3)
+    *_, ref, with_cfg = kernel_ab_cases.glu_case(128, 64, 5, other)
+    assert torch.allclose(with_cfg(0), ref, atol=1e-5, rtol=1e-4) and seen[-1] == other
 
 
 def test_wait_first_attention_turns_the_early_prefetch_off_and_restores_it():

@@ -18,6 +18,9 @@ dispatches it on this device, in one process (GPU only):
 - the decode attention after its QK-norm + RoPE + KV store ("rope → attention", ctx 256 and 2048) at
   every --ms row count: before = the wait first, after = the first key tile pulled into L2 before the
   PDL wait (attention.EARLY_KV), `wait_first_attention`;
+- gate|up then SwiGLU at 2-64 of the --ms row counts ("gate|up → SwiGLU"): before = gate|up, then
+  silu_and_mul, after = SwiGLU in gate|up's epilogue at half its tile (mlp.GLU_MAX_ROWS),
+  `unfused_mlp`; beside them the epilogue at other tilings ("gate|up → SwiGLU [config]") for a retune;
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -42,11 +45,11 @@ import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
-from engine.bench.kernel_ab_cases import fused_case, norm_case, pair_case, proj_case, rope_attention_case
+from engine.bench.kernel_ab_cases import fused_case, glu_case, norm_case, pair_case, proj_case, rope_attention_case
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels import attention, gemm, tuning
+from engine.kernels import attention, gemm, mlp, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,15 @@ PREFETCH_SWIGLU = [
     SkinnyConfig(16, 64, 128, 8, 8, 3),
     SkinnyConfig(16, 16, 256, 8, 4, 3),
     SkinnyConfig(16, 32, 64, 8, 4, 5),
+]
+# Tilings of gate|up's SwiGLU epilogue at 2-64 rows (split_k 1), beside the dispatched half tile.
+GLU_CANDIDATES = [
+    SkinnyConfig(16, 32, 64, 1, 4, 4),
+    SkinnyConfig(16, 32, 128, 1, 4, 3),
+    SkinnyConfig(16, 64, 64, 1, 4, 4),
+    SkinnyConfig(64, 32, 64, 1, 4, 3),
+    SkinnyConfig(64, 32, 128, 1, 4, 3),
+    SkinnyConfig(64, 64, 64, 1, 8, 3),
 ]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
@@ -115,6 +127,11 @@ def wait_first_attention() -> AbstractContextManager:
     return _setting(attention, "EARLY_KV", False)
 
 
+def unfused_mlp() -> AbstractContextManager:
+    """gate|up, then silu_and_mul at every row count (before mlp.GLU_MAX_ROWS)."""
+    return _setting(mlp, "GLU_MAX_ROWS", 0)
+
+
 def read_tables(path: Path) -> TunedTables:
     """A tuned table file (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) for a
     retune's A/B arm; ValueError naming the file if it is missing or not a tuned table (unlike the
@@ -129,6 +146,8 @@ def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
     if label.startswith("prefetch:"):
         return in_step_prologue
+    if label.startswith("gate|up → SwiGLU"):
+        return unfused_mlp
     return wait_first_attention if label.startswith("rope → attention") else reduce_kernel
 
 
@@ -171,6 +190,10 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
     for cfg in NORM_CANDIDATES:
         yield f"norm→q|k|v {list(cfg)}", 1, lambda cfg=cfg: norm_case(qkv_n, h, 1, cfg)
         yield f"norm→gate|up {list(cfg)}", 1, lambda cfg=cfg: norm_case(gu_n, h, 1, cfg)
+    for m in (m for m in ms if 2 <= m <= 64):
+        yield "gate|up → SwiGLU", m, lambda m=m: glu_case(gu_n, h, m)
+        for cfg in (c for c in GLU_CANDIDATES if (c.block_m == 16) == (m <= 16)):
+            yield f"gate|up → SwiGLU {list(cfg)}", m, lambda m=m, cfg=cfg: glu_case(gu_n, h, m, cfg)
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import torch
 
 from engine.bench import kernel_cases as cases
-from engine.kernels import attention, fused_linear, gemm, linear, norm, rope
+from engine.kernels import activation, attention, fused_linear, gemm, linear, mlp, norm, rope, tuning
 from engine.kernels.tuning import SkinnyConfig
 
 EPS = 1e-6
@@ -78,6 +78,25 @@ def proj_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig | None = N
         fn = lambda i: linear.linear(x, ws[i])  # noqa: E731
         with_cfg = lambda i: on_gemv(linear.linear_with_config, x, ws[i], cfg)  # noqa: E731
         ref = linear.linear_ref(x.float(), ws[0].float())
+    return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+
+
+def glu_case(n2: int, k: int, m: int, cfg: SkinnyConfig | None = None):
+    """gate|up then SwiGLU on m normalised rows as the MLP dispatches it (the epilogue where
+    mlp.glu_config gives a tiling, else gate|up and silu_and_mul); with cfg, "after" is the epilogue
+    at that tiling."""
+    nbytes, copies, ws = cases.rotated_weights(n2, k)
+    x = torch.randn(m, k, device=cases.DEVICE).to(cases.DTYPE)
+    down = (k, n2 // 2)
+
+    def fn(i: int) -> torch.Tensor:
+        glu = mlp.glu_config(m, (n2, k), down, tuning.tables_for(x.device))
+        if glu is None:
+            return activation.silu_and_mul(linear.linear(x, ws[i]))
+        return mlp.swiglu_linear_with_config(x, ws[i], glu)
+
+    with_cfg = lambda i: mlp.swiglu_linear_with_config(x, ws[i], cfg)  # noqa: E731
+    ref = activation.silu_and_mul_ref(linear.linear_ref(x.float(), ws[0].float()))
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
