@@ -84,10 +84,11 @@ def test_each_row_switches_back_its_own_change():
 
 
 def test_unfused_mlp_turns_the_epilogue_off_and_restores_it():
-    assert mlp.GLU_MAX_ROWS == 64
+    on = mlp.GLU_MAX_ROWS
+    assert on > 0
     with kernel_ab.unfused_mlp():
         assert mlp.GLU_MAX_ROWS == 0
-    assert mlp.GLU_MAX_ROWS == 64
+    assert on == mlp.GLU_MAX_ROWS
 
 
 def test_glu_rows_at_2_to_64_rows_with_candidates_of_their_m_tile():

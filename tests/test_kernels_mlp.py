@@ -70,13 +70,13 @@ def tables(gate_up: dict, down: dict | None = None, fused_m_max: int = 1, norm_m
 
 def test_glu_config_halves_gate_up_tile_where_no_prologue_serves():
     dot = SkinnyConfig(16, 64, 64, 1, 4, 5)
-    t = tables({1: SkinnyConfig(1, 16, 64, 1, 4, 1), 8: dot, 64: SkinnyConfig(64, 32, 64, 1, 4, 4)})
+    t = tables({1: SkinnyConfig(1, 16, 64, 1, 4, 1), 8: dot, 16: SkinnyConfig(16, 32, 64, 1, 4, 4), 64: dot})
     assert mlp.glu_config(8, GATE_UP, DOWN, t) == SkinnyConfig(16, 32, 64, 1, 4, 5)
     assert mlp.glu_config(5, GATE_UP, DOWN, t) == SkinnyConfig(16, 32, 64, 1, 4, 5)  # bucket 8
-    assert mlp.glu_config(64, GATE_UP, DOWN, t) == SkinnyConfig(64, 16, 64, 1, 4, 4)
+    assert mlp.glu_config(16, GATE_UP, DOWN, t) == SkinnyConfig(16, 16, 64, 1, 4, 4)
     assert mlp.glu_config(1, GATE_UP, DOWN, t) is None  # one row: both prologues
-    assert mlp.glu_config(65, GATE_UP, DOWN, t) is None  # past GLU_MAX_ROWS
-    assert mlp.glu_config(16, GATE_UP, DOWN, t) is None  # no gate|up entry at 16: cuBLAS
+    assert mlp.GLU_MAX_ROWS == 16 and mlp.glu_config(64, GATE_UP, DOWN, t) is None  # past GLU_MAX_ROWS
+    assert mlp.glu_config(4, GATE_UP, DOWN, t) is None  # no gate|up entry at 4: cuBLAS
 
 
 def test_glu_config_leaves_split_k_and_prologue_rows_alone(monkeypatch):

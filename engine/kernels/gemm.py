@@ -82,7 +82,8 @@ def _linear_kernel(
     rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not GLU:  # the down projection after it launches at its exit, as after silu_and_mul's start
+            tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)

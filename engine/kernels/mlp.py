@@ -23,8 +23,9 @@ from engine.kernels.linear import as_rows, dispatch_config, linear, skinny_confi
 from engine.kernels.norm import add_rms_norm
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
-# Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it).
-GLU_MAX_ROWS = 64
+# Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it). Above 16
+# rows it ran slower than the pair (kernel_ab at cf872c1, H200: 1.17 at 32 rows, 1.00 at 64).
+GLU_MAX_ROWS = 16
 
 Mlp = Callable[..., tuple[torch.Tensor | SplitSum, torch.Tensor]]
 
