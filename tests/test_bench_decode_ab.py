@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import pytest
 
 from engine.bench import decode_ab
-from engine.kernels import gemm
+from engine.kernels import mlp
 
 
 def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
@@ -32,10 +32,11 @@ def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
 def test_the_before_arm_runs_the_previous_dispatch():
     inside = []
     rows = decode_ab.interleaved(
-        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, gemm.DOT_EARLY_DEPENDENTS)) or {"tok_s": 1.0}
+        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, mlp.GLU_MAX_ROWS)) or {"tok_s": 1.0}
     )
-    assert inside == [("before", True), ("after", False)] * 2 and len(rows) == 2
-    assert not gemm.DOT_EARLY_DEPENDENTS
+    on = mlp.GLU_MAX_ROWS
+    assert on > 0 and inside == [("before", 0), ("after", on)] * 2 and len(rows) == 2
+    assert on == mlp.GLU_MAX_ROWS
 
 
 def test_paired_ratio_is_within_a_repeat():
@@ -71,7 +72,7 @@ def test_kernel_rows_put_both_arms_side_by_side(monkeypatch):
     seen = []
 
     def fake_profile(engine, prompts, c, new_tokens, top):
-        seen.append((engine, c, gemm.DOT_EARLY_DEPENDENTS))
+        seen.append((engine, c, mlp.GLU_MAX_ROWS))
         kernels = [{"name": "_linear_kernel", "calls_per_step": 2.0, "ms_per_step": 0.010}]
         if engine == "before":
             kernels.append({"name": "_splitk_reduce_kernel", "calls_per_step": 1.0, "ms_per_step": 0.002})
@@ -79,7 +80,7 @@ def test_kernel_rows_put_both_arms_side_by_side(monkeypatch):
 
     monkeypatch.setattr(decode_ab, "profile_arm", fake_profile)
     rows = decode_ab.kernel_rows({"before": "before", "after": "after"}, [[1, 2]] * 8, [8], 4)
-    assert seen == [("before", 8, True), ("after", 8, False)]
+    assert seen == [("before", 8, 0), ("after", 8, mlp.GLU_MAX_ROWS)]
     assert [r["kernel"] for r in rows] == ["_linear_kernel", "_splitk_reduce_kernel"]
     assert rows[1]["after_calls"] == 0.0 and rows[1]["before_us"] == 2.0 and rows[0]["after_us"] == 10.0
     md = decode_ab.kernels_markdown(rows)

@@ -91,13 +91,6 @@ def test_unfused_mlp_turns_the_epilogue_off_and_restores_it():
     assert on == mlp.GLU_MAX_ROWS
 
 
-def test_early_dependents_turns_the_early_launch_on_and_restores_it():
-    assert not gemm.DOT_EARLY_DEPENDENTS
-    with kernel_ab.early_dependents():
-        assert gemm.DOT_EARLY_DEPENDENTS
-    assert not gemm.DOT_EARLY_DEPENDENTS
-
-
 def test_glu_rows_at_2_to_64_rows_with_candidates_of_their_m_tile():
     labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 64], "gate|up → SwiGLU")]
     assert {m for _, m in labels} == {8, 64} and ("gate|up → SwiGLU", 8) in labels

@@ -1,6 +1,6 @@
 """The decode dispatch A/B, interleaved: two engines on one set of random weights, one run under the
-previous dispatch (kernel_ab.early_dependents: the tl.dot path lets the next kernel launch as soon as it
-has waited) and one under the current (the next kernel launches at its exit); per concurrency
+previous dispatch (kernel_ab.unfused_mlp: gate|up, then silu_and_mul, at every row count) and one
+under the current (SwiGLU in gate|up's epilogue at 2-64 rows, kernels/mlp.py); per concurrency
 the repeats alternate the two (the first arm rotating), so a machine whose speed drifts during the
 call moves both arms alike. At a8d8ca0 the "before" run last in the
 same call measured 343 tok/s at c=1 against the "after"'s 311, while the per-op A/B had the after
@@ -28,14 +28,14 @@ from pathlib import Path
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode import engine_run
 from engine.bench.geometry import GEOMETRIES, target_config
-from engine.bench.kernel_ab import early_dependents, read_tables
+from engine.bench.kernel_ab import read_tables, unfused_mlp
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
 from engine.bench.steps import profile_arm
 from engine.kernels import tuning
 
-ARMS = {"before": early_dependents, "after": nullcontext}
+ARMS = {"before": unfused_mlp, "after": nullcontext}
 
 
 def interleaved(runs: dict, concurrency: Sequence[int], repeats: int, run) -> list[dict]:

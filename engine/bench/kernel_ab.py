@@ -132,12 +132,6 @@ def unfused_mlp() -> AbstractContextManager:
     return _setting(mlp, "GLU_MAX_ROWS", 0)
 
 
-def early_dependents() -> AbstractContextManager:
-    """The tl.dot path letting the next kernel launch as soon as it has waited (before
-    gemm.DOT_EARLY_DEPENDENTS was turned off)."""
-    return _setting(gemm, "DOT_EARLY_DEPENDENTS", True)
-
-
 def read_tables(path: Path) -> TunedTables:
     """A tuned table file (a `python -m engine.bench.kernels` run's DIR/tuned/<device>.json) for a
     retune's A/B arm; ValueError naming the file if it is missing or not a tuned table (unlike the

@@ -38,10 +38,6 @@ DEFER_MAX_ROWS = 1
 # tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
 # the unfused pairs (the kernel sweep at 3cfef9c, H200).
 PROLOGUE_PREFETCH = True
-# Whether the tl.dot path lets the next kernel launch as soon as it has waited (True), or at its exit.
-# SwiGLU's gate|up epilogue always lets it launch at its exit: with the down projection launched while
-# it streamed, a decode step ran 0.94-0.95x at c=8-16 (decode_ab at cf872c1, H200).
-DOT_EARLY_DEPENDENTS = False
 
 
 @jit(do_not_specialize=["M"])
@@ -75,7 +71,6 @@ def _linear_kernel(
     PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
     GLU: tl.constexpr,
-    EARLY_DEPENDENTS: tl.constexpr,
 ):
     """y = x @ W^T, or with SWIGLU y = (silu(x[:, :K]) * x[:, up_off:up_off + K]) @ W^T: the
     activation is formed per K tile in registers from the gate and up tiles, never stored; or with
@@ -87,7 +82,7 @@ def _linear_kernel(
     rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if EARLY_DEPENDENTS:  # else the next kernel launches at this one's exit (DOT_EARLY_DEPENDENTS)
+        if not GLU:  # the down projection after it launches at its exit, as after silu_and_mul's start
             tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -299,7 +294,6 @@ def launch(
             PRECISION=precision,
             PREFETCH=prefetch,
             GLU=glu,
-            EARLY_DEPENDENTS=DOT_EARLY_DEPENDENTS and not glu,
             **meta,
         )
     if deferred:
