@@ -152,7 +152,8 @@ def test_swiglu_epilogue_bit_identical_to_pair_on_4b_shapes(m):
 
 @gpu
 def test_mlp_on_4b_shapes_matches_reference():
-    """The shipped dispatch at 2-64 rows on the 4B MLP, bf16, against the fp32 reference."""
+    """The shipped dispatch at 2-64 rows (the epilogue up to mlp.GLU_MAX_ROWS, the pair above) on the
+    4B MLP, bf16, against the fp32 reference."""
     h, inter = QWEN3_4B["hidden"], QWEN3_4B["inter"]
     torch.manual_seed(22)
     gate_up = randn(2 * inter, h, dtype=torch.bfloat16, scale=0.02)

@@ -1,7 +1,7 @@
 """The decode dispatch A/B, interleaved: two engines on one set of random weights, one run under the
 previous dispatch (kernel_ab.unfused_mlp: gate|up, then silu_and_mul, at every row count) and one
-under the current (SwiGLU in gate|up's epilogue at 2-64 rows, kernels/mlp.py); per concurrency
-the repeats alternate the two (the first arm rotating), so a machine whose speed drifts during the
+under the current (SwiGLU in gate|up's epilogue up to mlp.GLU_MAX_ROWS rows); per concurrency the
+repeats alternate the two (the first arm rotating), so a machine whose speed drifts during the
 call moves both arms alike. At a8d8ca0 the "before" run last in the
 same call measured 343 tok/s at c=1 against the "after"'s 311, while the per-op A/B had the after
 faster: an order confound this bench removes.
