@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from engine.bench import decode_ab
+from engine.bench import decode_ab, verify_ab
 from engine.kernels import mlp
 
 
@@ -90,3 +90,33 @@ def test_kernel_rows_put_both_arms_side_by_side(monkeypatch):
 def test_a_bad_table_flag_is_refused_before_any_engine(tmp_path):
     with pytest.raises(SystemExit, match="--after-tables: .*No such file"):
         decode_ab.main(["--out", str(tmp_path), "--device", "cpu", "--after-tables", str(tmp_path / "none.json")])
+
+
+def test_verify_rows_run_under_both_arms_interleaved_and_pair_by_repeat(tmp_path):
+    argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "1"]
+    argv += ["--repeats", "2", "--new-tokens", "2", "--prompt-len", "4"]
+    flags = ["--verify-batches", "1", "2", "--verify-spans", "3", "--verify-context", "8"]
+    assert decode_ab.main([*argv, *flags]) == 0
+    with (tmp_path / "verify_ab.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    points = {(r["batch"], r["span"]) for r in rows}
+    assert points == {("1", "3"), ("2", "3")}
+    assert [r["arm"] for r in rows if (r["batch"], r["span"]) == ("2", "3")] == ["before", "after", "after", "before"]
+    assert all(float(r["ms"]) > 0 and int(r["rows"]) == int(r["batch"]) * int(r["span"]) for r in rows)
+    assert "### Verify forward, both dispatches" in (tmp_path / "decode_ab.md").read_text()
+
+
+def test_verify_markdown_pairs_each_repeat():
+    rows = [
+        {"arm": "before", "repeat": 0, "batch": 4, "span": 8, "ms": 4.0},
+        {"arm": "after", "repeat": 0, "batch": 4, "span": 8, "ms": 2.0},
+        {"arm": "after", "repeat": 1, "batch": 4, "span": 8, "ms": 5.0},
+        {"arm": "before", "repeat": 1, "batch": 4, "span": 8, "ms": 5.5},
+    ]
+    assert "| 4 | 8 | 32 | 4.750 | 3.500 | 1.550 (1.100 … 2.000) |" in verify_ab.verify_markdown(rows)
+
+
+def test_bad_verify_values_are_refused_before_any_weights_are_built(tmp_path):
+    for flags in (["--verify-batches", "0"], ["--verify-spans", "0"], ["--verify-context", "0"]):
+        with pytest.raises(SystemExit, match="need --verify-batches"):
+            decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *flags])

@@ -14,6 +14,8 @@ step and device ms, and the median (min … max) of the paired ratio after / bef
 tuned table (a retune's A/B: the shipped table against a sweep's DIR/tuned/<device>.json).
 `--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
 each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
+`--verify-batches B ...` then times the verify forward at B x `--verify-spans` rows under both arms
+(verify_ab.py), in verify_ab.csv and the Markdown: the speculative rounds' target spans.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
 from engine.bench.steps import profile_arm
+from engine.bench.verify_ab import verify_markdown, verify_rows
 from engine.kernels import tuning
 
 ARMS = {"before": unfused_mlp, "after": nullcontext}
@@ -153,6 +156,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile-kernels", type=int, nargs="*", default=[], metavar="C", help="per-kernel profile at these c"
     )
+    p.add_argument("--verify-batches", type=int, nargs="*", default=[], metavar="B", help="verify forward at these")
+    p.add_argument("--verify-spans", type=int, nargs="+", default=[1, 4, 8, 16], metavar="S")
+    p.add_argument("--verify-context", type=int, default=256, help="cached tokens per request for the verify")
     add_device_args(p)
     return p
 
@@ -167,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         or args.prompt_len < 1
     ):
         raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
+    if min(args.verify_batches + args.verify_spans + [args.verify_context]) < 1:
+        raise SystemExit("need --verify-batches, --verify-spans and --verify-context >= 1")
     runs = dict(ARMS)
     for arm, path in (("before", args.before_tables), ("after", args.after_tables)):
         if path is not None:
@@ -178,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
     checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
-    seq_tokens, max_c = args.prompt_len + args.new_tokens, max(args.concurrency + args.profile_kernels)
+    seq_tokens = max(args.prompt_len + args.new_tokens, args.verify_context + max(args.verify_spans))
+    max_c = max(args.concurrency + args.profile_kernels + args.verify_batches)
     engines = {
         arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
     }
@@ -195,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         krows = kernel_rows(engines, prompts, args.profile_kernels, args.new_tokens, runs)
         write_csv(args.out / "kernels.csv", krows)
         text += "\n" + kernels_markdown(krows)
+    if args.verify_batches:
+        vrows = verify_rows(engines, runs, args.verify_batches, args.verify_spans, args.verify_context, args.repeats)
+        write_csv(args.out / "verify_ab.csv", vrows)
+        text += "\n" + verify_markdown(vrows)
     (args.out / "decode_ab.md").write_text(text)
     write_json(args.out / "decode_ab.json", {**meta, "summary": cells})
     print(text)
