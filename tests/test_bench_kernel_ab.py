@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
-from engine.kernels import attention, fused_linear, gemm, linear, mlp, norm, tuning
+from engine.kernels import attention, fused_linear, gemm, linear, mlp, norm, split_sum, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
 
@@ -28,7 +28,7 @@ def test_reduce_kernel_runs_the_reduce_kernels_and_restores_the_dispatch():
         assert gemm.DEFER_MAX_ROWS == 0
         assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), torch.Tensor)
     assert gemm.DEFER_MAX_ROWS == 1
-    assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), gemm.SplitSum)
+    assert isinstance(linear.linear_with_config(x1, w, SPLIT, defer=True), split_sum.SplitSum)
     assert isinstance(linear.linear_with_config(x4, w, ROWS_SPLIT, defer=True), torch.Tensor)
 
 

@@ -49,7 +49,7 @@ CONFIGS = [  # BLOCK_N, BLOCK_K, warps, SWIGLU, NORM, CARRY, PLANES, SPLIT
     (8, 512, 4, False, False, True, 0, False),
     (8, 512, 4, True, False, True, 0, False),
     (16, 512, 4, False, True, False, 0, False),  # add + RMSNorm -> q|k|v
-    (16, 512, 4, False, True, False, 2, False),  # the same, summing down's two split-K planes (gemm.SplitSum)
+    (16, 512, 4, False, True, False, 2, False),  # the same, summing down's two split-K planes (split_sum.SplitSum)
     (16, 256, 4, False, False, True, 0, True),  # the H200 table's one-row o, split 4, deferred (masked K)
     (8, 512, 4, True, False, False, 0, True),  # its SwiGLU -> down, split 2, deferred
 ]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.kernels import activation, get_ops, linear, mlp, norm
-from engine.kernels.gemm import dense
+from engine.kernels.split_sum import dense
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 from tests.kernel_helpers import (
     DTYPES,

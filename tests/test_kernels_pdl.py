@@ -9,8 +9,8 @@ import torch
 
 from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import _triton, get_ops
-from engine.kernels.gemm import dense
 from engine.kernels.rope import rope_cos_sin
+from engine.kernels.split_sum import dense
 from engine.models.config import Geometry
 from engine.models.layers import decoder_layer
 from tests.kernel_helpers import CUDA, capture_graph, gpu, layer_inputs, rel_err

@@ -1,4 +1,4 @@
-"""The deferred split-K reduce (gemm.SplitSum): a split-K o or SwiGLU->down hands back its fp32
+"""The deferred split-K reduce (split_sum.SplitSum): a split-K o or SwiGLU->down hands back its fp32
 partials and the next add + RMSNorm sums them (the NORM prologue at one row, norm.add_rms_norm
 above). The sum must be the reduce kernel's bit for bit (same fp32 adds in split order, same
 rounding); through two decoder layers the deferred dispatch matches the reduce kernels' dispatch bit
@@ -12,8 +12,8 @@ import torch
 
 from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import fused_linear, gemm, get_ops, linear, norm
-from engine.kernels.gemm import SplitSum, dense
 from engine.kernels.rope import rope_cos_sin
+from engine.kernels.split_sum import SplitSum, dense
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 from engine.models.config import Geometry
 from engine.models.layers import decoder_layer

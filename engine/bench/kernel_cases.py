@@ -37,7 +37,7 @@ ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8
 EXTENDED_SHAPES = {(6144, 2560), (2560, 4096), (2560, 9728)}
 DOWN_SHAPE = (2560, 9728)  # the fused silu_mul_linear sweep
 # Products only added to the residual stream (o, down): timed as dispatched, split-K partials left
-# for the next add + RMSNorm (gemm.SplitSum), so a split costs no reduce kernel here.
+# for the next add + RMSNorm (split_sum.SplitSum), so a split costs no reduce kernel here.
 RESIDUAL_SHAPES = {(2560, 4096), DOWN_SHAPE}
 FUSED_MS = [1, 2, 4, 8, 16]
 NORM_SHAPES = [(6144, 2560), (19456, 2560)]  # the projections after an add + RMSNorm: q|k|v, gate|up

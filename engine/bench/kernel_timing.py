@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.kernels.gemm import dense
+from engine.kernels.split_sum import dense
 from engine.kernels.tuning import SkinnyConfig
 
 # (impl, config or None, microseconds per call): one timed path of a sweep.

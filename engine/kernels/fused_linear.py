@@ -10,7 +10,7 @@ import torch
 
 from engine.kernels import tuning
 from engine.kernels.activation import silu_and_mul, silu_and_mul_ref
-from engine.kernels.gemm import SplitSum, launch
+from engine.kernels.gemm import launch
 from engine.kernels.linear import (
     as_rows,
     dispatch_config,
@@ -22,6 +22,7 @@ from engine.kernels.linear import (
     table_config,
 )
 from engine.kernels.norm import add_rms_norm, add_rms_norm_ref
+from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 

@@ -1,23 +1,18 @@
 """The skinny-M Triton GEMM behind every projection (linear.py dispatches to it): y = x @ W^T with
 optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
-for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), and the
-deterministic split-K reduce. One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's kernel.
-
-A one-row split-K projection whose output is only added to the residual stream (o, SwiGLU->down)
-may hand back its partials unsummed (`SplitSum`, launch(defer=True)): the next add + RMSNorm (the
-NORM prologue of the next projection, or norm.add_rms_norm: the final norm) sums them in split order
-and rounds them as the reduce kernel would, so the reduce launch and its kernel boundary go away and
-every result stays bit-identical."""
+for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), or a SwiGLU
+epilogue (GLU, the MLP's gate|up). One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's
+kernel. A split-K result is reduced by split_sum.py's kernel, or handed back as its partials
+(`SplitSum`, launch(defer=True)) for the next add + RMSNorm to sum."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.gemm_prologues import _add_scale, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
+from engine.kernels.split_sum import SplitSum, reduce_parts
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -77,7 +72,7 @@ def _linear_kernel(
     NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
     sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
     with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
-    split order by _splitk_reduce_kernel. GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
+    split order by split_sum._splitk_reduce_kernel. GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
     y = silu(x @ W[:N]^T) * (x @ W[N:]^T), each program owning the same N columns of both halves and
     rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
@@ -185,55 +180,6 @@ def _linear_kernel(
             tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
 
 
-@jit
-def _splitk_reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = idx < M * N
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(p_ptr + s * M * N + idx, mask=ok, other=0.0)
-    tl.store(y_ptr + (idx // N) * stride_ym + idx % N, acc.to(y_ptr.dtype.element_ty), mask=ok)
-
-
-def _reduce(parts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    split_k, m, n = parts.shape
-    block = 1024
-    _splitk_reduce_kernel[(cdiv(m * n, block),)](
-        parts, y, m, n, y.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4, **pdl(parts.device)
-    )
-    return y
-
-
-@dataclass(frozen=True)
-class SplitSum:
-    """A projection's output as its fp32 split-K partials [splits, M, N], not yet summed; `dtype` is
-    the output's. Only the add + RMSNorm consumers take it (fused_linear.add_rms_norm_linear,
-    norm.add_rms_norm); anything else calls dense()."""
-
-    parts: torch.Tensor
-    dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.parts.shape[1:]
-
-    @property
-    def device(self) -> torch.device:
-        return self.parts.device
-
-    def tensor(self) -> torch.Tensor:
-        """The summed output, as the reduce kernel writes it."""
-        _, m, n = self.parts.shape
-        return _reduce(self.parts, torch.empty(m, n, dtype=self.dtype, device=self.parts.device))
-
-
-def dense(x: torch.Tensor | SplitSum) -> torch.Tensor:
-    return x.tensor() if isinstance(x, SplitSum) else x
-
-
 def launch(
     x: torch.Tensor | SplitSum,
     weight: torch.Tensor,
@@ -300,4 +246,4 @@ def launch(
         )
     if deferred:
         return SplitSum(parts, dtype)
-    return _reduce(parts, y) if split else y
+    return reduce_parts(parts, y) if split else y

@@ -53,7 +53,7 @@ def _fma_tile(
     x = r = 0 adds nothing to the sum of squares); NORM stores x + r from the pid_n == 0 programs.
     x_off: from x to up's columns (SWIGLU) or to the next plane (PLANES > 0: x is the producer's
     fp32 split-K partials, summed in split order from zero and rounded to r's dtype, as
-    gemm._splitk_reduce_kernel does)."""
+    split_sum._splitk_reduce_kernel does)."""
     k_ok = rk < k_hi
     if PLANES > 0:
         xs = tl.zeros_like(rk).to(tl.float32)

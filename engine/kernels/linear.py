@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from engine.kernels import tuning
 from engine.kernels._triton import cdiv, next_pow2
-from engine.kernels.gemm import SplitSum, launch
+from engine.kernels.gemm import launch
+from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 
@@ -73,7 +74,7 @@ def linear_with_config(
     x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False, out: torch.Tensor | None = None
 ) -> torch.Tensor | SplitSum:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous.
-    defer: a one-row split-K y may come back as its partials (gemm.SplitSum). out: y's [M, N] buffer."""
+    defer: a one-row split-K y may come back as its partials (split_sum.SplitSum). out: y's [M, N] buffer."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
     return launch(x, weight, cfg, defer=defer, out=out)
 
@@ -103,7 +104,7 @@ def linear(
 ) -> torch.Tensor | SplitSum:
     """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere.
     defer (Ops.linear_to_residual: a product only added to the residual stream): one split-K row of
-    [M, K] rows comes back unsummed (gemm.SplitSum), for the next add + RMSNorm prologue to sum.
+    [M, K] rows comes back unsummed (split_sum.SplitSum), for the next add + RMSNorm prologue to sum.
     out: a contiguous buffer of the result's shape, written and returned (never with defer)."""
     cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
     if cfg is None:

@@ -18,9 +18,10 @@ from engine.kernels.fused_linear import (
     silu_mul_linear,
     silu_mul_linear_config,
 )
-from engine.kernels.gemm import SplitSum, launch
+from engine.kernels.gemm import launch
 from engine.kernels.linear import as_rows, dispatch_config, linear, skinny_config
 from engine.kernels.norm import add_rms_norm
+from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 # Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it). Above 16

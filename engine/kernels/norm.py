@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import jit, next_pow2, pdl
-from engine.kernels.gemm import SplitSum, dense
+from engine.kernels.split_sum import SplitSum, dense
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -47,7 +47,7 @@ def _rms_norm_kernel(
     PDL: tl.constexpr,
 ):
     """PLANES > 0: x is a projection's fp32 split-K partials (`plane` elements apart), summed in split
-    order from zero and rounded to the sum's dtype, as gemm._splitk_reduce_kernel does."""
+    order from zero and rounded to the sum's dtype, as split_sum._splitk_reduce_kernel does."""
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()

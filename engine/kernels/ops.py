@@ -17,7 +17,7 @@ class Ops:
     linear: Callable
     silu_mul_linear: Callable  # down(silu(gate) * up) from the [M, 2I] gate|up: the MLP's second half
     # linear / silu_mul_linear for products only added to the residual stream (o, down): the result
-    # may be a gemm.SplitSum, which add_rms_norm(_linear) take and gemm.dense sums for anything else.
+    # may be a split_sum.SplitSum, which add_rms_norm(_linear) take and split_sum.dense sums for anything else.
     linear_to_residual: Callable
     silu_mul_linear_to_residual: Callable
     # (down(silu(gate) * up) of add_rms_norm(x, residual), x + residual): the MLP, its kernels chosen

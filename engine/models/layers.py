@@ -77,8 +77,8 @@ def decoder_layer(
     cos_sin: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer; returns (mlp_out, residual). The layer's output (residual stream) is their sum:
-    the add is deferred into the next layer's fused add+norm. mlp_out may be a gemm.SplitSum
-    (gemm.dense sums it)."""
+    the add is deferred into the next layer's fused add+norm. mlp_out may be a split_sum.SplitSum
+    (split_sum.dense sums it)."""
     eps = g.rms_norm_eps
     rows = h.shape[0]
     if residual is None:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import Ops
-from engine.kernels.gemm import dense
 from engine.kernels.rope import rope_cos_sin
+from engine.kernels.split_sum import dense
 from engine.loader import CheckpointError, take
 from engine.models.config import Qwen3Config
 from engine.models.layers import AttnMeta, LayerWeights, decoder_layer
