@@ -186,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
     checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
-    seq_tokens = max(args.prompt_len + args.new_tokens, args.verify_context + max(args.verify_spans))
+    verify_tokens = args.verify_context + max(args.verify_spans) if args.verify_batches else 0
+    seq_tokens = max(args.prompt_len + args.new_tokens, verify_tokens)  # decode-only engines as before
     max_c = max(args.concurrency + args.profile_kernels + args.verify_batches)
     engines = {
         arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
