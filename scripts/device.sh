@@ -84,10 +84,11 @@ run_dispatch_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
     --profile-kernels ${AB_PROFILE:-1 8 64} ${AB_VERIFY_B:+--verify-batches $AB_VERIFY_B}
 }
-stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); install it by hand if it wins"
+stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); RETUNE_MS=\"32,64\" sweeps those row buckets alone (the others kept), RETUNE_C=\"32 64\" sets the A/B's c; install it by hand if it wins"
 run_retune() {
-  python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60 || return
-  python3 -m engine.bench.decode_ab --out "$LOG/retune-ab" --concurrency 1 8 16 64 --repeats 4 \
+  local ms=${RETUNE_MS:+--ms $RETUNE_MS --budget-s 500 --skip invariant,attention,fused,norm}
+  python3 -m engine.bench.kernels --out "$LOG/kernels" ${ms:---skip invariant,attention --budget-s 60} || return
+  python3 -m engine.bench.decode_ab --out "$LOG/retune-ab" --concurrency ${RETUNE_C:-1 8 16 64} --repeats 4 \
     --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$LOG/kernels/tuned/nvidia-h200.json"
 }
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
