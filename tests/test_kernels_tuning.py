@@ -96,12 +96,6 @@ def test_tuned_fallback(tmp_path):
                     "64": "oops",
                 },
                 "64by96": {"1": good},
-                # prefetch_x (a seventh field) on the dot path only, and 0 or 1
-                "96x64": {
-                    "16": [16, 32, 64, 1, 4, 6, 1],
-                    "1": [1, 16, 256, 1, 4, 1, 1],
-                    "32": [32, 32, 64, 1, 4, 3, 2],
-                },
             },
         },
         "silu_mul_linear": {"configs": {"10x20": {"4": good, "8": [16, 32, 128, 0, 4, 4]}}},
@@ -110,10 +104,7 @@ def test_tuned_fallback(tmp_path):
     with pytest.warns(UserWarning, match="dropped"):
         t = tuning.load("Partly GPU", tmp_path)
     assert t.device == "partly-gpu" and t.m_max == 8 and t.fused_m_max == tuning.DEFAULT_FUSED_M_MAX
-    assert t.linear == {
-        (64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good)},
-        (96, 64): {16: SkinnyConfig(16, 32, 64, 1, 4, 6, prefetch_x=1)},
-    }
+    assert t.linear == {(64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good)}}
     assert t.silu_mul_linear == {(10, 20): {4: SkinnyConfig(*good)}}
     assert t.add_rms_norm_linear == {} and t.norm_m_max == tuning.DEFAULT_NORM_M_MAX  # a missing section: empty
 
@@ -205,8 +196,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
             return 10.0
         fused = {"silu_mul_linear_with_config", "add_rms_norm_linear_with_config"} & set(fn.__code__.co_names)
         gemv = cfg.block_m == 1
-        ahead = 0.2 * cfg.prefetch_x
-        return 9.0 - (cfg.split_k == 2) - 0.5 * gemv - 1.5 * bool(fused and gemv) + 0.01 * cfg.block_n - ahead
+        return 9.0 - (cfg.split_k == 2) - 0.5 * gemv - 1.5 * bool(fused and gemv) + 0.01 * cfg.block_n
 
     monkeypatch.setattr(bench, "Timer", lambda kind: fake_timer)
     old = TunedTables(
@@ -229,9 +219,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     # Triton "wins" everywhere at 9-ish us against cuBLAS's 10: the best candidate per bucket.
     assert t.linear[down][1] == SkinnyConfig(1, 8, 512, 2, 4, 1)  # an extended GEMV point, split 2
     assert t.linear[qkv][1].block_m == 1 and t.linear[qkv][1].split_k == 2
-    assert set(t.linear[qkv]) == {1, 2, 32} and t.linear[qkv][32] == SkinnyConfig(32, 64, 64, 2, 4, 6, 1)
-    entries = json.loads(written)["linear"]["configs"][f"{qkv[0]}x{qkv[1]}"]
-    assert entries["32"] == [32, 64, 64, 2, 4, 6, 1] and len(entries["1"]) == 6  # six fields while prefetch_x is 0
+    assert set(t.linear[qkv]) == {1, 2, 32} and t.linear[qkv][32].block_m == 32
     assert t.linear[(7, 7)] == old.linear[(7, 7)]  # not measured: kept
     assert t.m_max == 8  # a partial --ms keeps the old m_max
     assert set(t.silu_mul_linear[down]) == {1}  # the fused GEMV beats the unfused pair at M = 1 only

@@ -22,7 +22,6 @@ SHAPE_NAMES = {
     (2560, 9728): "down",
     (151936, 2560): "lm_head",
 }
-LM_HEAD_SHAPE = (151936, 2560)  # at 92 % of the copy bandwidth from 8 to 64 rows: no prefetch_x candidates
 LAYERS_4B = 36
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 L2_BYTES = 60 << 20
@@ -64,17 +63,11 @@ EXTENDED_DOT = [
     (16, 64, 256, 8, 3),
     (16, 32, 128, 4, 3),
 ]
-# At 32-64 rows the activation tile is as wide as the weight tile and took half of every staged K step's
-# shared memory; with prefetch_x it is read into registers instead and the stages hold weights alone
-# (more weight bytes in flight an SM). (block_n, block_k, num_warps, num_stages) at block_m = the bucket.
-PREFETCH_X_DOT = [(64, 64, 4, 6), (64, 64, 4, 8), (128, 64, 4, 6), (64, 128, 4, 5)]
-PREFETCH_X_MS = (32, 64)
 
 
 def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None) -> list[tuple[SkinnyConfig, bool]]:
     """(config, extended) pairs to try at this M: the base set for every shape, plus the extended
-    set for EXTENDED_SHAPES at M <= 16 and the prefetch_x tiles at PREFETCH_X_MS for every shape but
-    the LM head (neither in --quick)."""
+    set for EXTENDED_SHAPES at M <= 16 (not in --quick)."""
     splits = [1, 2, 4] if quick else [1, 2, 4, 8]
     extended: list[tuple[int, int, int, int, int]] = []
     if m == 1:
@@ -96,11 +89,7 @@ def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None)
     if shape is not None and shape not in EXTENDED_SHAPES:
         extended = []
     out = [(SkinnyConfig(bm, bn, bk, s, nw, ns), False) for bm, bn, bk, nw, ns in tiles for s in splits]
-    out += [(SkinnyConfig(bm, bn, bk, s, nw, ns), True) for bm, bn, bk, nw, ns in extended for s in splits]
-    if m in PREFETCH_X_MS and not quick and shape != LM_HEAD_SHAPE:
-        px_splits = [2, 4, 8] if shape in RESIDUAL_SHAPES else [1, 2]
-        out += [(SkinnyConfig(m, bn, bk, s, nw, ns, 1), True) for bn, bk, nw, ns in PREFETCH_X_DOT for s in px_splits]
-    return out
+    return out + [(SkinnyConfig(bm, bn, bk, s, nw, ns), True) for bm, bn, bk, nw, ns in extended for s in splits]
 
 
 def wide_fused_tiles(m: int, quick: bool) -> list[SkinnyConfig]:

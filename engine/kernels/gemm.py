@@ -137,7 +137,7 @@ def _linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = acc
         up_rows = w_ptr + (rn + N).to(tl.int64)[:, None] * stride_wn
-        if PREFETCH:  # x (and the prologue's reads) a tile ahead: PROLOGUE_PREFETCH, SkinnyConfig.prefetch_x
+        if PREFETCH:  # the prologue's reads run a tile ahead (see PROLOGUE_PREFETCH)
             x_next, aux_next, nw_next = _prologue_tiles(
                 x_rows, r_rows, nw_ptr, up_off, k_lo + rk0, m_ok, k_hi, SWIGLU, NORM
             )
@@ -234,7 +234,7 @@ def launch(
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        prefetch = cfg.block_m > 1 and bool(cfg.prefetch_x or PROLOGUE_PREFETCH and (swiglu or norm is not None))
+        prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
         _linear_kernel[grid](
             *args,
             BLOCK_M=cfg.block_m,

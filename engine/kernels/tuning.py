@@ -7,10 +7,10 @@ not parse gets `DEFAULT`: no tuned shapes, the skinny kernel's default heuristic
 A file is written by `python -m engine.bench.kernels --out DIR --write-tuned` from its sweep.
 
 File format (version 1); configs are SkinnyConfig fields, keyed by weight shape and M bucket (the
-next power of two of the row count; a six-field entry has prefetch_x 0):
+next power of two of the row count):
 
     {"format": 1, "device": "NVIDIA H200", "source": "...",
-     "config_fields": ["block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "prefetch_x"],
+     "config_fields": ["block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"],
      "linear": {"m_max": 16, "configs": {"6144x2560": {"1": [1, 16, 256, 1, 4, 1], ...}, ...}},
      "silu_mul_linear": {"m_max": 4, "configs": {"2560x9728": {"1": [...], ...}}},
      "add_rms_norm_linear": {"m_max": 0, "configs": {"6144x2560": {"1": [...], ...}}}}
@@ -60,9 +60,6 @@ class SkinnyConfig(NamedTuple):
     split_k: int
     num_warps: int
     num_stages: int  # tl.dot path: Triton's pipeline stages; GEMV: >= 2 carries the next weight tile (gemv.py)
-    # tl.dot path, 1: the activation tile is read into registers a K step ahead, so the pipeline's
-    # shared-memory stages hold weight tiles alone (gemm.py's PREFETCH); 0: both tiles are staged.
-    prefetch_x: int = 0
 
 
 Table = Mapping[tuple[int, int], Mapping[int, SkinnyConfig]]
@@ -102,7 +99,7 @@ def check_config(cfg: SkinnyConfig) -> str | None:
     """Why the skinny kernel cannot run this config, or None if it can."""
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in cfg):
         return "fields must be ints"
-    bm, bn, bk, split, warps, stages, prefetch_x = cfg
+    bm, bn, bk, split, warps, stages = cfg
     if not (bm == 1 or (_pow2(bm) and 16 <= bm <= 256)):
         return "block_m must be 1 or a power of two in 16..256"
     if not (_pow2(bn) and (8 if bm == 1 else 16) <= bn <= 512):
@@ -115,8 +112,6 @@ def check_config(cfg: SkinnyConfig) -> str | None:
         return "num_warps must be 1, 2, 4, 8 or 16"
     if not 1 <= stages <= 8:
         return "num_stages must be in 1..8"
-    if prefetch_x not in (0, 1) or (prefetch_x and bm == 1):
-        return "prefetch_x must be 0 or 1 (1 on the dot path only)"
     return None
 
 
@@ -185,17 +180,12 @@ def load(device_name: str | None, directory: Path | None = None) -> TunedTables:
         return DEFAULT
 
 
-def _entry(cfg: SkinnyConfig) -> list[int]:
-    """A config as the file keeps it: six fields while prefetch_x is 0 (older files read the same)."""
-    return list(cfg) if cfg.prefetch_x else list(cfg)[:6]
-
-
 def to_json(t: TunedTables, device_name: str, note: str = "") -> dict:
     def section(table: Table, m_max: int) -> dict:
         return {
             "m_max": m_max,
             "configs": {
-                f"{n}x{k}": {str(b): _entry(cfg) for b, cfg in sorted(per_m.items())} for (n, k), per_m in table.items()
+                f"{n}x{k}": {str(b): list(cfg) for b, cfg in sorted(per_m.items())} for (n, k), per_m in table.items()
             },
         }
 
