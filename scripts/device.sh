@@ -95,10 +95,10 @@ run_decode_ab() {  # each step runs even if one before it failed; the stage's rc
   run_dispatch_ab || rc=1
   return $rc
 }
-stage dispatch-ab 200 "decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, a per-kernel profile of both at AB_PROFILE (1 8 64), and with AB_VERIFY_B=\"B ...\" the verify forward at those batches x spans 1 4 8 16 (engine.bench.decode_ab; logs/decode-ab)"
+stage dispatch-ab 200 "decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, a per-kernel profile of both at AB_PROFILE (1 8 64), and with AB_VERIFY_B=\"B ...\" the verify forward at those batches x spans 1 4 8 16; AB_ARGS adds decode_ab flags (--after-tables, --after-set ...) (engine.bench.decode_ab; logs/decode-ab)"
 run_dispatch_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
-    --profile-kernels ${AB_PROFILE:-1 8 64} ${AB_VERIFY_B:+--verify-batches $AB_VERIFY_B}
+    --profile-kernels ${AB_PROFILE:-1 8 64} ${AB_VERIFY_B:+--verify-batches $AB_VERIFY_B} ${AB_ARGS:-}
 }
 stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); RETUNE_MS=\"32,64\" sweeps those row buckets alone (the others kept), RETUNE_C=\"32 64\" sets the A/B's c; install it by hand if it wins"
 run_retune() {

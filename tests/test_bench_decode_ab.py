@@ -4,7 +4,8 @@ up once under its own dispatch, and the paired ratio is taken within a repeat.""
 from __future__ import annotations
 
 import csv
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import pytest
 
@@ -120,3 +121,27 @@ def test_bad_verify_values_are_refused_before_any_weights_are_built(tmp_path):
     for flags in (["--verify-batches", "0"], ["--verify-spans", "0"], ["--verify-context", "0"]):
         with pytest.raises(SystemExit, match="need --verify-batches"):
             decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *flags])
+
+
+def test_settings_are_engine_kernels_constants_set_inside_the_arm_only():
+    from engine.kernels import attention
+
+    setting = decode_ab.parse_setting("attention.SPLIT_TARGET_PROGRAMS_PER_SM = 4")
+    assert setting == (attention, "SPLIT_TARGET_PROGRAMS_PER_SM", 4)
+    shipped, glu = attention.SPLIT_TARGET_PROGRAMS_PER_SM, mlp.GLU_MAX_ROWS
+    seen = []
+    runs = {"before": decode_ab.ARMS["before"], "after": partial(decode_ab.arm_context, nullcontext, [setting])}
+    decode_ab.interleaved(
+        runs, [1], 1, lambda arm, c: seen.append((arm, attention.SPLIT_TARGET_PROGRAMS_PER_SM)) or {"tok_s": 1.0}
+    )
+    assert set(seen) == {("before", shipped), ("after", 4)}
+    restored = (attention.SPLIT_TARGET_PROGRAMS_PER_SM, mlp.GLU_MAX_ROWS)
+    assert restored == (shipped, glu)
+    for bad in ("attention.SPLIT_TARGET_PROGRAMS_PER_SM", "nosuch.X=1", "attention.NOPE=1", "attention.EARLY_KV=on"):
+        with pytest.raises(ValueError):
+            decode_ab.parse_setting(bad)
+
+
+def test_a_bad_setting_is_refused_before_any_engine(tmp_path):
+    with pytest.raises(SystemExit, match="--before-set: .*has no NOPE"):
+        decode_ab.main(["--out", str(tmp_path), "--device", "cpu", "--before-set", "attention.NOPE=1"])

@@ -12,6 +12,9 @@ Writes DIR/decode_ab.csv (one row per run) and decode_ab.md: per c each arm's me
 step and device ms, and the median (min … max) of the paired ratio after / before (same repeat).
 `--before-tables JSON` / `--after-tables JSON` run that arm as the current dispatch under another
 tuned table (a retune's A/B: the shipped table against a sweep's DIR/tuned/<device>.json).
+`--before-set` / `--after-set NAME=VALUE ...` run that arm as the current dispatch with these
+engine.kernels module constants set (NAME `module.CONSTANT`, VALUE a Python literal), with or
+without its table: e.g. `--after-set attention.SPLIT_TARGET_PROGRAMS_PER_SM=4`.
 `--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
 each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
 `--verify-batches B ...` then times the verify forward at B x `--verify-spans` rows under both arms
@@ -21,9 +24,11 @@ each kernel's calls and device µs per step, both arms side by side, in kernels.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import statistics
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +44,34 @@ from engine.bench.verify_ab import verify_markdown, verify_rows
 from engine.kernels import tuning
 
 ARMS = {"before": unfused_mlp, "after": nullcontext}
+
+
+def parse_setting(text: str) -> tuple[object, str, object]:
+    """(module, constant, value) of `module.CONSTANT=VALUE` under engine.kernels; ValueError if the
+    module or the constant does not exist or the value is not a Python literal."""
+    name, sep, value = text.partition("=")
+    module_name, _, attr = name.strip().rpartition(".")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{text!r}: not module.CONSTANT=VALUE")
+    try:
+        module = importlib.import_module(f"engine.kernels.{module_name}")
+        parsed = ast.literal_eval(value.strip())
+    except (ImportError, ValueError, SyntaxError) as err:
+        raise ValueError(f"{text!r}: {err}") from None
+    if not hasattr(module, attr):
+        raise ValueError(f"{text!r}: engine.kernels.{module_name} has no {attr}")
+    return module, attr, parsed
+
+
+@contextmanager
+def arm_context(base: Callable[[], AbstractContextManager], settings: Sequence[tuple]) -> Iterator[None]:
+    """base() with each (module, constant, value) set inside, every one restored after."""
+    with ExitStack() as stack:
+        stack.enter_context(base())
+        for module, attr, value in settings:
+            stack.callback(setattr, module, attr, getattr(module, attr))
+            setattr(module, attr, value)
+        yield
 
 
 def interleaved(runs: dict, concurrency: Sequence[int], repeats: int, run) -> list[dict]:
@@ -153,6 +186,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--after-tables", type=Path, default=None, metavar="JSON", help="the after arm with this tuned table"
     )
+    for arm in ARMS:
+        p.add_argument(
+            f"--{arm}-set",
+            nargs="+",
+            default=[],
+            metavar="NAME=VALUE",
+            help=f"the {arm} arm: the current dispatch with these engine.kernels constants (module.CONSTANT=literal)",
+        )
     p.add_argument(
         "--profile-kernels", type=int, nargs="*", default=[], metavar="C", help="per-kernel profile at these c"
     )
@@ -176,12 +217,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.verify_batches + args.verify_spans + [args.verify_context]) < 1:
         raise SystemExit("need --verify-batches, --verify-spans and --verify-context >= 1")
     runs = dict(ARMS)
-    for arm, path in (("before", args.before_tables), ("after", args.after_tables)):
-        if path is not None:
-            try:
-                runs[arm] = partial(tuning.in_force, read_tables(path))
-            except ValueError as err:
-                raise SystemExit(f"--{arm}-tables: {err}") from None
+    for arm, path, sets in (
+        ("before", args.before_tables, args.before_set),
+        ("after", args.after_tables, args.after_set),
+    ):
+        try:
+            tables = read_tables(path) if path is not None else None
+        except ValueError as err:
+            raise SystemExit(f"--{arm}-tables: {err}") from None
+        try:
+            settings = [parse_setting(t) for t in sets]
+        except ValueError as err:
+            raise SystemExit(f"--{arm}-set: {err}") from None
+        base = partial(tuning.in_force, tables) if tables is not None else runs[arm] if not settings else nullcontext
+        runs[arm] = partial(arm_context, base, settings) if settings else base
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
