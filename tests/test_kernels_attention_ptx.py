@@ -44,32 +44,3 @@ def test_the_first_key_tile_is_prefetched_before_the_pdl_wait():
         assert before == (2 * max(1, early * block_n // (32 * warps)) if early else 0) and after == 0
         # the bounds only, 32-bit words (no K, V or q tile is read before the wait); none without it
         assert all("ld.global.b32" in line for line in loads) and (len(loads) > 0) == (early > 0), loads
-
-
-REDUCE_CHILD = r"""
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from engine.kernels import _triton, attention_kernels
-
-kernel = _triton.bind(attention_kernels.__dict__)["paged_attn_reduce_kernel"]
-sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "qsl_ptr": "*i32", "num_seqs": "i32",
-       "stride_ot": "i32", "stride_oh": "i32"}
-out = []
-for early in (False, True):
-    const = dict(HQ=32, D=128, NUM_SPLITS=16, EARLY_SUCCESSOR=early, PDL=True)
-    src = ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
-    lines = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"].splitlines()
-    ops = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
-    out.append([next(i for i, l in enumerate(lines) if op in l) for op in ops])
-print(json.dumps(out))
-"""
-
-
-def test_the_reduce_lets_its_successor_launch_before_its_wait_only_when_asked():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", REDUCE_CHILD], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (wait, launch), (early_wait, early_launch) = json.loads(run.stdout.strip().splitlines()[-1])
-    assert launch > wait and early_launch < early_wait

@@ -86,9 +86,6 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
-# At one query row the splits' reduce lets o's GEMV launch before its own wait, while the attention
-# runs (attention_kernels.py); False: after the wait, as every other kernel here.
-EARLY_SUCCESSOR = False
 
 
 def _num_sms(device: torch.device) -> int:
@@ -219,7 +216,6 @@ def paged_attention(
             HQ=num_heads,
             D=head_dim,
             NUM_SPLITS=splits,
-            EARLY_SUCCESSOR=EARLY_SUCCESSOR and num_tokens == 1,
             num_warps=4,
             **pdl(q.device),
         )

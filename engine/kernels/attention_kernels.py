@@ -6,12 +6,7 @@ its PDL wait. Rows below the span's first query were cached by earlier launches,
 before this one (QK-norm + RoPE + store) writes only the span's own rows; the bounds it reads
 there (seq_lens, query_start_loc, the block table) were written before that kernel started. So
 under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
-L2. The prefetch is a hint: every value the kernel computes with is read again after the wait.
-
-With EARLY_SUCCESSOR the reduce lets the next kernel launch before its own wait, so at one query row
-o's GEMV (gemv.py: its first weight tiles loaded before its PDL wait) launches while the attention
-still runs and streams those tiles meanwhile; it still reads the reduce's output only after its wait.
-Every reduce program is resident when it signals, so the early grid cannot starve it of slots."""
+L2. The prefetch is a hint: every value the kernel computes with is read again after the wait."""
 
 from __future__ import annotations
 
@@ -185,15 +180,11 @@ def paged_attn_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    EARLY_SUCCESSOR: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # wait for the attention's writes; the next kernel launches after the wait, or before it
-        if EARLY_SUCCESSOR:
-            tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if not EARLY_SUCCESSOR:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     if t >= tl.load(qsl_ptr + num_seqs):  # rows past the last span were never written
