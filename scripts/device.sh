@@ -63,7 +63,7 @@ run_fused_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/fused-ab/decode" --concurrency 8 16 --repeats ${AB_REPEATS:-3} \
     --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
 }
-stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu)"
+stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu; one table of them in logs/ncu/ncu.md)"
 run_ncu() {
   local ncu rc=0
   ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
@@ -77,6 +77,7 @@ run_ncu() {
         >"$LOG/ncu/$op-$rows.txt" 2>&1 || rc=1
     done
   done
+  python3 -m engine.bench.ncu_report "$LOG/ncu" || rc=1
   return $rc
 }
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"

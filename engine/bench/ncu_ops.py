@@ -7,8 +7,9 @@ profiler's start / stop so that Nsight Compute profiles that one call's kernels 
 
 Ops (kernel_ab_cases.py builds them): `qkv` (add + RMSNorm -> q|k|v), `attention` (QK-norm + RoPE
 + KV store, then the paged attention over --ctx cached rows), `o`, `gate_up` (gate|up then SwiGLU:
-the epilogue or the pair, as dispatched), `down` (SwiGLU -> down as dispatched: the fused kernel at
-one row, else silu_and_mul's output into down, whose split-K partials are reduced). The op runs
+the epilogue or the pair, as dispatched), `down` (SwiGLU -> down: the fused kernel at one row, else
+silu_and_mul's output into down); o and down with their split-K partials deferred as the layer
+asks (at one row: no reduce kernel). The op runs
 --warmup times first (compiles, the tuned table), then once between start and stop.
 """
 
@@ -20,14 +21,26 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.bench import kernel_ab_cases as ab
+from engine.bench import kernel_cases as cases
+from engine.kernels import fused_linear, linear
 
-# op -> (rows, ctx) -> kernel_ab's case: (bytes, copies, fn(copy), reference, after_fn)
-OPS: dict[str, Callable[[int, int], tuple]] = {
-    "qkv": lambda m, ctx: ab.norm_case(6144, 2560, m),
-    "attention": lambda m, ctx: ab.rope_attention_case(m, ctx),
-    "o": lambda m, ctx: ab.proj_case(2560, 4096, m, swiglu=False),
-    "gate_up": lambda m, ctx: ab.glu_case(19456, 2560, m),
-    "down": lambda m, ctx: ab.proj_case(2560, 9728, m, swiglu=True),
+
+def _to_residual(n: int, k: int, m: int, swiglu: bool) -> tuple[int, Callable[[int], object]]:
+    """o (or SwiGLU -> down) as the layer calls it: defer=True, so at one row the split-K partials
+    are left for the next add + RMSNorm (no reduce kernel) and the GEMV takes its early weights."""
+    _, copies, ws = cases.rotated_weights(n, k)
+    x = torch.randn(m, 2 * k if swiglu else k, device=cases.DEVICE).to(cases.DTYPE)
+    project = fused_linear.silu_mul_linear if swiglu else linear.linear
+    return copies, lambda i: project(x, ws[i], defer=True)
+
+
+# op -> (rows, ctx) -> (copies, fn(copy))
+OPS: dict[str, Callable[[int, int], tuple[int, Callable[[int], object]]]] = {
+    "qkv": lambda m, ctx: ab.norm_case(6144, 2560, m)[1:3],
+    "attention": lambda m, ctx: ab.rope_attention_case(m, ctx)[1:3],
+    "o": lambda m, ctx: _to_residual(2560, 4096, m, swiglu=False),
+    "gate_up": lambda m, ctx: ab.glu_case(19456, 2560, m)[1:3],
+    "down": lambda m, ctx: _to_residual(2560, 9728, m, swiglu=True),
 }
 
 
@@ -41,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
     torch.manual_seed(0)
-    _, copies, fn, _, _ = OPS[args.op](args.rows, args.ctx)
+    copies, fn = OPS[args.op](args.rows, args.ctx)
     for i in range(args.warmup):
         fn(i % min(2, copies))
     torch.cuda.synchronize()
