@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import norm, rope
+from engine.kernels import linear, norm, rope
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
     POISON_INT,
     TOL,
+    capture_graph,
+    gpu,
     poison_empty,  # noqa: F401 (autouse: every torch.empty is poisoned)
     randn,
     rel_err,
@@ -88,3 +90,38 @@ def test_qk_norm_rope_store_empty():
     empty = torch.zeros(0, dtype=torch.int64, device=DEV)
     out = rope.qk_norm_rope_store(randn(0, 4, 32), k, k, empty, empty, randn(32), randn(32), cs, kc, kc, 1e-6)
     assert out.shape == (0, 4, 32)
+
+
+@gpu
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_gpu_early_inputs_change_no_output(rows, monkeypatch):
+    """The step's inputs read before the PDL wait (EARLY_INPUTS), right after the q|k|v projection
+    that writes the rows it norms: eagerly and replayed from a graph, q and the caches are
+    bit-identical to the wait-first launch."""
+    torch.manual_seed(5)
+    hq, hkv, d, page = 32, 8, 128, 16
+    x = randn(rows, 2560, dtype=torch.bfloat16)
+    w_qkv = randn((hq + 2 * hkv) * d, 2560, dtype=torch.bfloat16, scale=0.02)
+    positions = torch.randint(0, 4000, (rows,), device=DEV)
+    slots = torch.randperm(rows * 4, device=DEV)[:rows]
+    cos_sin = rope.rope_cos_sin(4096, d, 1e6, DEV)
+    qw, kw = randn(d, dtype=torch.bfloat16), randn(d, dtype=torch.bfloat16)
+    outs = []
+    for early in (False, True):
+        monkeypatch.setattr(rope, "EARLY_INPUTS", early)
+        kc, vc = (torch.zeros(rows * 4 // page + 1, page, hkv, d, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+
+        def run(kc=kc, vc=vc):
+            qkv = linear.linear(x, w_qkv)
+            q, k, v = qkv[:, : hq * d], qkv[:, hq * d : (hq + hkv) * d], qkv[:, (hq + hkv) * d :]
+            views = (t.view(rows, -1, d) for t in (q, k, v))
+            return rope.qk_norm_rope_store(*views, positions, slots, qw, kw, cos_sin, kc, vc, 1e-6)
+
+        graph, q_graph = capture_graph(run)
+        kc.zero_(), vc.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        outs.append((q_graph.clone(), kc.clone(), vc.clone(), run().clone()))
+    (q0, k0, v0, e0), (q1, k1, v1, e1) = outs
+    assert torch.equal(q0, q1) and torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert torch.equal(e0, e1) and torch.equal(q0, e0)

@@ -64,19 +64,31 @@ def qk_norm_rope_store_ref(
 
 # --- Triton ---------------------------------------------------------------------------------
 tl = None  # triton.language, bound by _triton.bind at the first launch
+# Under PDL the kernel reads what no earlier kernel of the step is still writing (positions, slots,
+# cos/sin, the norm weights) before its wait, so the position -> cos/sin chain of loads runs while
+# q|k|v drains: every kernel before q|k|v has completed once q|k|v lets this one launch (its own
+# wait returned). False: everything after the wait (the dispatch before, for the A/B benches).
+EARLY_INPUTS = True
 
 
 @jit
-def _norm_rope_heads(row_ptr, stride_h, heads, hmask, w_ptr, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr):
-    """RMSNorm + rotate-half RoPE of [HEADS, D] rows; rounds where the reference rounds."""
+def _norm_weights(w_ptr, D: tl.constexpr):
+    """A norm weight and its rotate-half partner, [1, D] fp32 each."""
+    d = tl.arange(0, D)
+    w = tl.load(w_ptr + d).to(tl.float32)[None, :]
+    return w, tl.load(w_ptr + (d + D // 2) % D).to(tl.float32)[None, :]
+
+
+@jit
+def _norm_rope_heads(row_ptr, stride_h, heads, hmask, w, wp, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr):
+    """RMSNorm + rotate-half RoPE of [HEADS, D] rows (w, wp: _norm_weights); rounds where the
+    reference rounds."""
     d = tl.arange(0, D)
     partner = (d + D // 2) % D
     ptrs = row_ptr + heads[:, None] * stride_h
     x = tl.load(ptrs + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     xp = tl.load(ptrs + partner[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
-    w = tl.load(w_ptr + d).to(tl.float32)[None, :]
-    wp = tl.load(w_ptr + partner).to(tl.float32)[None, :]
     n = (w * (x * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
     npart = (wp * (xp * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
     rot = tl.where(d[None, :] < D // 2, -npart, npart)
@@ -118,9 +130,10 @@ def _qk_norm_rope_store_kernel(
     D: tl.constexpr,
     HB: tl.constexpr,
     HAS_Q: tl.constexpr,
+    EARLY_INPUTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
+    if PDL and not EARLY_INPUTS:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
@@ -130,14 +143,20 @@ def _qk_norm_rope_store_kernel(
     cs = cs_ptr + pos * stride_cs + d % (D // 2)
     cos = tl.load(cs)[None, :]
     sin = tl.load(cs + D // 2)[None, :]
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    kw, kwp = _norm_weights(kw_ptr, D)
+    qw, qwp = _norm_weights(qw_ptr, D)
+    if PDL and EARLY_INPUTS:  # the inputs above were written before the kernel before this one ran
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n_kv_progs = tl.cdiv(HKV, HB)
     if j < n_kv_progs:
         heads = j * HB + tl.arange(0, HB)
         hmask = heads < HKV
-        slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
             kc_ty = kc_ptr.dtype.element_ty
-            k = _norm_rope_heads(k_ptr + t * stride_kt, stride_kh, heads, hmask, kw_ptr, cos, sin, eps, kc_ty, D)
+            k_row = k_ptr + t * stride_kt
+            k = _norm_rope_heads(k_row, stride_kh, heads, hmask, kw, kwp, cos, sin, eps, kc_ty, D)
             blk = slot // block_size
             off = slot % block_size
             kdst = kc_ptr + blk * stride_kcb + off * stride_kco + heads[:, None] * stride_kch + d[None, :]
@@ -149,7 +168,7 @@ def _qk_norm_rope_store_kernel(
         heads = (j - n_kv_progs) * HB + tl.arange(0, HB)
         hmask = heads < HQ
         qo_ty = qo_ptr.dtype.element_ty
-        q = _norm_rope_heads(q_ptr + t * stride_qt, stride_qh, heads, hmask, qw_ptr, cos, sin, eps, qo_ty, D)
+        q = _norm_rope_heads(q_ptr + t * stride_qt, stride_qh, heads, hmask, qw, qwp, cos, sin, eps, qo_ty, D)
         tl.store(qo_ptr + t * (HQ * D) + heads[:, None] * D + d[None, :], q, mask=hmask[:, None])
 
 
@@ -216,6 +235,7 @@ def qk_norm_rope_store(
         D=head_dim,
         HB=hb,
         HAS_Q=q is not None,
+        EARLY_INPUTS=EARLY_INPUTS,
         num_warps=4,
         **pdl(k.device),
     )
