@@ -1,7 +1,8 @@
 """Decode attention compiled for sm90 without a GPU (in a child process, where TRITON_INTERPRET is
 off): with the early prefetch, each program's first key tile is pulled into L2 before
 `griddepcontrol.wait`, and nothing but the bounds (query_start_loc, seq_lens, the block table) is
-loaded before it; without it, nothing is prefetched."""
+loaded before it; without it, nothing is prefetched. With the early bounds those are not read again
+after the wait."""
 
 from __future__ import annotations
 
@@ -20,18 +21,24 @@ CHILD = r"""
 import json, sys
 from engine.bench.regs import compile_ptx
 out = []
-for block_n, warps, splits, early in json.loads(sys.argv[1]):
-    lines = compile_ptx(block_n, warps, 2, splits, early)[0].splitlines()
+for block_n, warps, splits, early, bounds in json.loads(sys.argv[1]):
+    lines = compile_ptx(block_n, warps, 2, splits, early, bounds)[0].splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     before, after = lines[:wait], lines[wait:]
     out.append([sum("prefetch.global.L2" in l for l in before), sum("prefetch.global.L2" in l for l in after),
-                [l.strip() for l in before if "ld.global" in l]])
+                [l.strip() for l in before if "ld.global" in l], sum("ld.global.b32" in l for l in after)])
 print(json.dumps(out))
 """
-CONFIGS = [(64, 4, 1, 2), (32, 4, 8, 2), (64, 4, 1, 0)]  # BLOCK_N, warps, splits, lines a row
+CONFIGS = [  # BLOCK_N, warps, splits, lines a row, bounds read once before the wait
+    (64, 4, 1, 2, True),
+    (32, 4, 8, 2, True),
+    (64, 4, 1, 0, False),
+    (64, 4, 1, 2, False),
+    (64, 4, 1, 0, True),
+]
 
 
-def test_the_first_key_tile_is_prefetched_before_the_pdl_wait():
+def test_the_first_key_tile_and_the_bounds_are_read_before_the_pdl_wait():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     run = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(CONFIGS)], capture_output=True, text=True, env=env, timeout=300
@@ -39,8 +46,12 @@ def test_the_first_key_tile_is_prefetched_before_the_pdl_wait():
     if run.returncode and "ptxas" in run.stderr:
         pytest.skip("no ptxas here")
     assert run.returncode == 0, run.stderr[-2000:]
-    for (block_n, warps, _, early), (before, after, loads) in zip(CONFIGS, json.loads(run.stdout), strict=True):
+    results = json.loads(run.stdout)
+    for (block_n, warps, _, early, bounds), (before, after, loads, _) in zip(CONFIGS, results, strict=True):
         # K and V: `early` lines a row of BLOCK_N rows, spread over the program's threads
         assert before == (2 * max(1, early * block_n // (32 * warps)) if early else 0) and after == 0
-        # the bounds only, 32-bit words (no K, V or q tile is read before the wait); none without it
-        assert all("ld.global.b32" in line for line in loads) and (len(loads) > 0) == (early > 0), loads
+        # the bounds only, 32-bit words (no K, V or q tile is read before the wait); none without either
+        assert all("ld.global.b32" in line for line in loads) and (len(loads) > 0) == (early > 0 or bounds), loads
+    # read once before the wait, the span's start and end and the cached rows are not read after it
+    once, twice, once_no_lines = results[0][3], results[3][3], results[4][3]
+    assert twice - once == 3 and once_no_lines == once and results[2][3] == twice

@@ -86,6 +86,9 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
+# Under PDL the bounds (query_start_loc, seq_lens) are read once, before the wait, and used after it;
+# False: read again after the wait (the dispatch before, for the A/B benches).
+EARLY_BOUNDS = True
 
 
 def _num_sms(device: torch.device) -> int:
@@ -200,6 +203,7 @@ def paged_attention(
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
+        EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
         num_warps=4,
         num_stages=2,
         **launch,

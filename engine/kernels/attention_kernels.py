@@ -6,7 +6,9 @@ its PDL wait. Rows below the span's first query were cached by earlier launches,
 before this one (QK-norm + RoPE + store) writes only the span's own rows; the bounds it reads
 there (seq_lens, query_start_loc, the block table) were written before that kernel started. So
 under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
-L2. The prefetch is a hint: every value the kernel computes with is read again after the wait."""
+L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
+kernel computes with (the kernel before writes none of them), so the span's start, length and
+cached rows are not read a second time after it; without it they are."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def paged_attn_kernel(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
+    EARLY_BOUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -58,9 +61,11 @@ def paged_attn_kernel(
     q_tile = tl.program_id(1) * BLOCK_Q
     split = tl.program_id(2)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    if EARLY_LINES > 0:  # the first tile's cached rows into L2 before the wait (module docstring)
-        q_len = tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)
+    if EARLY_LINES > 0 or EARLY_BOUNDS:  # before the wait (module docstring)
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
         seq_len = tl.load(seq_lens_ptr + b)
+    if EARLY_LINES > 0:  # the first tile's cached rows into L2
         lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
         n = lo + tl.arange(0, BLOCK_N)
         blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
@@ -70,11 +75,12 @@ def paged_attn_kernel(
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    q_start = tl.load(qsl_ptr + b)
-    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    if not EARLY_BOUNDS:  # read again after the wait
+        q_start = tl.load(qsl_ptr + b)
+        q_len = tl.load(qsl_ptr + b + 1) - q_start
+        seq_len = tl.load(seq_lens_ptr + b)
     if q_tile >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + b)
     ctx = seq_len - q_len  # position of the span's first query
 
     m = tl.arange(0, BLOCK_M)
