@@ -2,7 +2,7 @@
 off): with the early prefetch, each program's first key tile is pulled into L2 before
 `griddepcontrol.wait`, and nothing but the bounds (query_start_loc, seq_lens, the block table) is
 loaded before it; without it, nothing is prefetched. With the early bounds those are not read again
-after the wait."""
+after the wait; the splits' reduce reads its row count before its wait with them."""
 
 from __future__ import annotations
 
@@ -55,3 +55,32 @@ def test_the_first_key_tile_and_the_bounds_are_read_before_the_pdl_wait():
     # read once before the wait, the span's start and end and the cached rows are not read after it
     once, twice, once_no_lines = results[0][3], results[3][3], results[4][3]
     assert twice - once == 3 and once_no_lines == once and results[2][3] == twice
+
+
+REDUCE_CHILD = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from engine.kernels import _triton, attention_kernels
+
+kernel = _triton.bind(attention_kernels.__dict__)["paged_attn_reduce_kernel"]
+sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "qsl_ptr": "*i32", "num_seqs": "i32",
+       "stride_ot": "i32", "stride_oh": "i32"}
+out = []
+for early in (False, True):
+    const = dict(HQ=32, D=128, NUM_SPLITS=16, EARLY_BOUNDS=early, PDL=True)
+    src = ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
+    lines = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"].splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    out.append([sum("ld.global" in line for line in lines[:wait]), sum("ld.global" in line for line in lines[wait:])])
+print(json.dumps(out))
+"""
+
+
+def test_the_reduce_reads_its_row_count_before_the_pdl_wait_only_with_early_bounds():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", REDUCE_CHILD], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (late_before, late_after), (early_before, early_after) = json.loads(run.stdout.strip().splitlines()[-1])
+    assert late_before == 0 and early_before == 1 and early_after == late_after - 1

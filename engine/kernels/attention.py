@@ -86,8 +86,8 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
-# Under PDL the bounds (query_start_loc, seq_lens) are read once, before the wait, and used after it;
-# False: read again after the wait (the dispatch before, for the A/B benches).
+# Under PDL the bounds (query_start_loc, seq_lens; the reduce: the row count) are read once, before
+# the wait, and used after it; False: read again after the wait (the dispatch before, for the A/Bs).
 EARLY_BOUNDS = True
 
 
@@ -220,7 +220,8 @@ def paged_attention(
             HQ=num_heads,
             D=head_dim,
             NUM_SPLITS=splits,
+            EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
             num_warps=4,
-            **pdl(q.device),
+            **launch,
         )
     return out

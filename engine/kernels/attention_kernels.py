@@ -8,7 +8,8 @@ there (seq_lens, query_start_loc, the block table) were written before that kern
 under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
 L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
 kernel computes with (the kernel before writes none of them), so the span's start, length and
-cached rows are not read a second time after it; without it they are."""
+cached rows are not read a second time after it; without it they are. The splits' reduce reads its
+row count so too."""
 
 from __future__ import annotations
 
@@ -186,14 +187,19 @@ def paged_attn_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    EARLY_BOUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    if EARLY_BOUNDS:  # a step input, read before the wait as the attention reads its bounds
+        rows = tl.load(qsl_ptr + num_seqs)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if not EARLY_BOUNDS:
+        rows = tl.load(qsl_ptr + num_seqs)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    if t >= tl.load(qsl_ptr + num_seqs):  # rows past the last span were never written
+    if t >= rows:  # rows past the last span were never written
         return
     s = tl.arange(0, NUM_SPLITS)
     d = tl.arange(0, D)
