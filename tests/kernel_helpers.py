@@ -14,7 +14,11 @@ residual sum) must match exactly.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +147,13 @@ def layer_inputs(g: Geometry, batch: int, ctx: int, dtype: torch.dtype, page: in
     x, residual = randn(batch, h, dtype=dtype), randn(batch, h, dtype=dtype)
     positions = torch.full((batch,), ctx, dtype=torch.int64, device=DEV)
     return w, meta, cache, x, residual, positions
+
+
+def compile_in_child(code: str, *args: str):
+    """Run `code` in a child Python with TRITON_INTERPRET unset, so Triton compiles for sm90 on any
+    host (the PTX tests), and return the JSON of the last line it prints."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])

@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
 
+from tests.kernel_helpers import compile_in_child  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys
@@ -79,8 +81,5 @@ print(json.dumps(out))
 
 
 def test_the_reduce_reads_its_row_count_before_the_pdl_wait_only_with_early_bounds():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", REDUCE_CHILD], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (late_before, late_after), (early_before, early_after) = json.loads(run.stdout.strip().splitlines()[-1])
+    (late_before, late_after), (early_before, early_after) = compile_in_child(REDUCE_CHILD)
     assert late_before == 0 and early_before == 1 and early_after == late_after - 1

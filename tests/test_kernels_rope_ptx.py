@@ -4,17 +4,12 @@ before `griddepcontrol.wait` and the q/k/v rows after it; without it every load 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.kernel_helpers import compile_in_child  # noqa: E402
+
 CHILD = r"""
 import inspect, json
 import triton
@@ -40,10 +35,7 @@ print(json.dumps(out))
 
 
 def test_the_step_inputs_are_read_before_the_pdl_wait_only_with_early_inputs():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    (late_before, late_after), (early_before, early_after) = json.loads(run.stdout.strip().splitlines()[-1])
+    (late_before, late_after), (early_before, early_after) = compile_in_child(CHILD)
     assert late_before == 0 and late_after > 0
     # position, slot, cos, sin and both norm weights with their partners before; q/k/v rows after
     assert early_before >= 6 and early_after > 0 and early_before + early_after == late_after
