@@ -35,7 +35,7 @@ from pathlib import Path
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode import engine_run
 from engine.bench.geometry import GEOMETRIES, target_config
-from engine.bench.kernel_ab import read_tables, unfused_mlp
+from engine.bench.kernel_ab import read_tables, setting, unfused_mlp
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
@@ -69,8 +69,7 @@ def arm_context(base: Callable[[], AbstractContextManager], settings: Sequence[t
     with ExitStack() as stack:
         stack.enter_context(base())
         for module, attr, value in settings:
-            stack.callback(setattr, module, attr, getattr(module, attr))
-            setattr(module, attr, value)
+            stack.enter_context(setting(module, attr, value))
         yield
 
 

@@ -101,7 +101,7 @@ NORM_CANDIDATES = [
 
 
 @contextmanager
-def _setting(module, name: str, value) -> Iterator[None]:
+def setting(module, name: str, value) -> Iterator[None]:
     """module.name = value inside, restored after."""
     saved = getattr(module, name)
     setattr(module, name, value)
@@ -114,22 +114,22 @@ def _setting(module, name: str, value) -> Iterator[None]:
 def reduce_kernel() -> AbstractContextManager:
     """The dispatch before the deferral: o's and down's split-K partials summed by their reduce
     kernel at every row count."""
-    return _setting(gemm, "DEFER_MAX_ROWS", 0)
+    return setting(gemm, "DEFER_MAX_ROWS", 0)
 
 
 def in_step_prologue() -> AbstractContextManager:
     """The tl.dot path's prologue reading each tile in its own K step (before PROLOGUE_PREFETCH)."""
-    return _setting(gemm, "PROLOGUE_PREFETCH", False)
+    return setting(gemm, "PROLOGUE_PREFETCH", False)
 
 
 def wait_first_attention() -> AbstractContextManager:
     """The decode attention waiting for the kernel before it first (before attention.EARLY_KV)."""
-    return _setting(attention, "EARLY_KV", False)
+    return setting(attention, "EARLY_KV", False)
 
 
 def unfused_mlp() -> AbstractContextManager:
     """gate|up, then silu_and_mul at every row count (before mlp.GLU_MAX_ROWS)."""
-    return _setting(mlp, "GLU_MAX_ROWS", 0)
+    return setting(mlp, "GLU_MAX_ROWS", 0)
 
 
 def read_tables(path: Path) -> TunedTables:
