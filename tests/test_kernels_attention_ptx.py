@@ -7,10 +7,6 @@ after the wait; the splits' reduce reads its row count before its wait with them
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +14,6 @@ pytest.importorskip("triton", reason="triton is not installed: nothing to compil
 
 from tests.kernel_helpers import compile_in_child  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 CHILD = r"""
 import json, sys
 from engine.bench.regs import compile_ptx
@@ -41,14 +36,7 @@ CONFIGS = [  # BLOCK_N, warps, splits, lines a row, bounds read once before the 
 
 
 def test_the_first_key_tile_and_the_bounds_are_read_before_the_pdl_wait():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(CONFIGS)], capture_output=True, text=True, env=env, timeout=300
-    )
-    if run.returncode and "ptxas" in run.stderr:
-        pytest.skip("no ptxas here")
-    assert run.returncode == 0, run.stderr[-2000:]
-    results = json.loads(run.stdout)
+    results = compile_in_child(CHILD, json.dumps(CONFIGS))
     for (block_n, warps, _, early, bounds), (before, after, loads, _) in zip(CONFIGS, results, strict=True):
         # K and V: `early` lines a row of BLOCK_N rows, spread over the program's threads
         assert before == (2 * max(1, early * block_n // (32 * warps)) if early else 0) and after == 0

@@ -5,16 +5,13 @@ nothing else is loaded before it (the activation is read only after the wait).""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.kernel_helpers import compile_in_child  # noqa: E402
+
 CHILD = r"""
 import json, sys
 import triton
@@ -56,13 +53,7 @@ CONFIGS = [  # BLOCK_N, BLOCK_K, warps, SWIGLU, NORM, CARRY, PLANES, SPLIT
 
 
 def test_weight_tile_loads_before_the_pdl_wait():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(CONFIGS)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = compile_in_child(CHILD, json.dumps(CONFIGS))
     for (bn, bk, warps, *_), (before, after) in zip(CONFIGS, results, strict=True):
         # one 16-byte vector load per 8 bf16 weights of the tile, spread over the threads
         assert len(before) == bn * bk * 2 // 16 // (32 * warps), before

@@ -6,16 +6,13 @@ weight halves both stream through the pipeline."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.kernel_helpers import compile_in_child  # noqa: E402
+
 CHILD = r"""
 import json, sys
 import triton
@@ -49,12 +46,7 @@ CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GLU
 
 
 def test_the_next_kernel_launches_early_except_after_the_swiglu_epilogue():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(CONFIGS)], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    (wait, launch, plain), (_, glu_launch, glu) = json.loads(run.stdout.strip().splitlines()[-1])
+    (wait, launch, plain), (_, glu_launch, glu) = compile_in_child(CHILD, json.dumps(CONFIGS))
     assert len(launch) == 1 and launch[0] > wait  # after the wait, as every PDL kernel here
     assert glu_launch == []
     assert glu == plain > 0  # gate's and up's half tiles take the plain tile's asynchronous copies
