@@ -228,8 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings = [parse_setting(t) for t in sets]
         except ValueError as err:
             raise SystemExit(f"--{arm}-set: {err}") from None
-        base = partial(tuning.in_force, tables) if tables is not None else runs[arm] if not settings else nullcontext
-        runs[arm] = partial(arm_context, base, settings) if settings else base
+        if tables is not None:
+            runs[arm] = partial(tuning.in_force, tables)
+        elif settings:  # the current dispatch, not the default "before" arm
+            runs[arm] = nullcontext
+        if settings:
+            runs[arm] = partial(arm_context, runs[arm], settings)
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
