@@ -17,3 +17,10 @@ def test_refuses_without_a_gpu(capsys):
     with pytest.raises(SystemExit) as exit_info:
         ncu_ops.main(["--op", "attention", "--rows", "64"])
     assert exit_info.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--rows", "0"], ["--ctx", "0"], ["--warmup", "-1"], ["--op", "lm_head"]])
+def test_bad_values_are_refused_before_any_gpu_work(flags, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ncu_ops.main(["--op", "o", *flags])
+    assert exit_info.value.code == 2 and "error" in capsys.readouterr().err

@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=256, help="cached rows a sequence attends to (attention)")
     p.add_argument("--warmup", type=int, default=3)
     args = p.parse_args(argv)
+    if min(args.rows, args.ctx) < 1 or args.warmup < 0:
+        p.error("need --rows and --ctx >= 1 and --warmup >= 0")
     if not torch.cuda.is_available():
         p.error("needs a CUDA device")
     torch.manual_seed(0)
