@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kernels import gemm_tma
 from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.gemm_prologues import _add_scale, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
@@ -33,6 +34,9 @@ DEFER_MAX_ROWS = 1
 # tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
 # the unfused pairs (the kernel sweep at 3cfef9c, H200).
 PROLOGUE_PREFETCH = True
+# Rows from which a plain or GLU projection on a tl.dot config streams its tiles by TMA (gemm_tma.py)
+# where the device has it (0: never).
+TMA_MIN_ROWS = 0
 
 
 @jit(do_not_specialize=["M"])
@@ -232,6 +236,8 @@ def launch(
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
+    elif kind == "plain" and 0 < TMA_MIN_ROWS <= m and gemm_tma.serves(x, weight, cfg):
+        gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
