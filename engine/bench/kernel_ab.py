@@ -21,6 +21,10 @@ dispatches it on this device, in one process (GPU only):
 - gate|up then SwiGLU at 2-64 of the --ms row counts ("gate|up → SwiGLU"): before = gate|up, then
   silu_and_mul, after = SwiGLU in gate|up's epilogue at half its tile (mlp.GLU_MAX_ROWS),
   `unfused_mlp`; beside them the epilogue at other tilings ("gate|up → SwiGLU [config]") for a retune;
+- the projections at 16-64 of the --ms row counts on the TMA GEMM ("tma: q|k|v", "tma: gate|up →
+  SwiGLU" with the epilogue, ...): before = as dispatched without it (cuBLAS, or the tl.dot kernel's
+  cp.async loads: gemm.TMA_MIN_ROWS 0), after = the TMA GEMM at the dispatched config, and at each
+  tiling of TMA_TILES ("tma: o [config]"): the data for its table entries;
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -38,14 +42,23 @@ import argparse
 import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
 
 from engine.bench import kernel_cases as cases
 from engine.bench.hw import copy_bandwidth
-from engine.bench.kernel_ab_cases import fused_case, glu_case, norm_case, pair_case, proj_case, rope_attention_case
+from engine.bench.kernel_ab_cases import (
+    fused_case,
+    glu_case,
+    norm_case,
+    pair_case,
+    proj_case,
+    rope_attention_case,
+    setting,
+    tma_case,
+)
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
@@ -93,22 +106,25 @@ GLU_CANDIDATES = [
     SkinnyConfig(64, 32, 128, 1, 4, 3),
     SkinnyConfig(64, 64, 64, 1, 8, 3),
 ]
+# TMA GEMM tilings at 32-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
+# row bucket's; split-K only for plain projections. GLU's BLOCK_N is per half.
+TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
+    (64, 64, 1, 4, 4),
+    (64, 64, 1, 4, 6),
+    (64, 128, 1, 4, 4),
+    (128, 64, 1, 4, 4),
+    (128, 128, 1, 8, 3),
+    (64, 64, 2, 4, 5),
+    (64, 128, 2, 4, 4),
+    (64, 64, 4, 4, 5),
+    (64, 128, 4, 4, 4),
+    (128, 64, 4, 8, 4),
+]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
     SkinnyConfig(1, 32, 128, 1, 4, 2),
     SkinnyConfig(1, 8, 512, 1, 4, 2),
 ]
-
-
-@contextmanager
-def setting(module, name: str, value) -> Iterator[None]:
-    """module.name = value inside, restored after."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
 
 
 def reduce_kernel() -> AbstractContextManager:
@@ -142,8 +158,21 @@ def read_tables(path: Path) -> TunedTables:
         raise ValueError(f"{path}: {err}") from None
 
 
+def tma_off() -> AbstractContextManager:
+    """The tl.dot kernel's cp.async loads at every row count (before gemm.TMA_MIN_ROWS)."""
+    return setting(gemm, "TMA_MIN_ROWS", 0)
+
+
+def tma_configs(m: int, glu: bool) -> list[SkinnyConfig]:
+    block_m = min(64, max(16, 1 << (m - 1).bit_length()))
+    tiles = [t for t in TMA_TILES if not (glu and t[2] > 1)]
+    return [SkinnyConfig(block_m, *t) for t in tiles]
+
+
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
+    if label.startswith("tma:"):
+        return tma_off
     if label.startswith("prefetch:"):
         return in_step_prologue
     if label.startswith("gate|up → SwiGLU"):
@@ -194,6 +223,16 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
         yield "gate|up → SwiGLU", m, lambda m=m: glu_case(gu_n, h, m)
         for cfg in (c for c in GLU_CANDIDATES if (c.block_m == 16) == (m <= 16)):
             yield f"gate|up → SwiGLU {list(cfg)}", m, lambda m=m, cfg=cfg: glu_case(gu_n, h, m, cfg)
+    for m in (m for m in ms if 16 <= m <= 64):
+        for name, (n, k), glu in (
+            ("q|k|v", (qkv_n, h), False),
+            ("o", (h, q_size), False),
+            ("down", (h, inter), False),
+            ("gate|up → SwiGLU", (gu_n, h), True),
+        ):
+            yield f"tma: {name}", m, lambda m=m, n=n, k=k, glu=glu: tma_case(n, k, m, glu)
+            for cfg in tma_configs(m, glu):
+                yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)

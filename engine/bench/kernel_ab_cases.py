@@ -19,12 +19,14 @@ EPS = 1e-6
 
 
 @contextmanager
-def early_weights(prologues: frozenset[str]) -> Iterator[None]:
-    saved, gemm.EARLY_WEIGHTS = gemm.EARLY_WEIGHTS, prologues
+def setting(module, name: str, value) -> Iterator[None]:
+    """module.name = value inside, restored after."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        gemm.EARLY_WEIGHTS = saved
+        setattr(module, name, saved)
 
 
 def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
@@ -62,7 +64,7 @@ def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
 
 
 def on_gemv(fn: Callable, *args) -> torch.Tensor:
-    with early_weights(gemm.PROLOGUES):
+    with setting(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES):
         return fn(*args)
 
 
@@ -98,6 +100,18 @@ def glu_case(n2: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     with_cfg = lambda i: mlp.swiglu_linear_with_config(x, ws[i], cfg)  # noqa: E731
     ref = activation.silu_and_mul_ref(linear.linear_ref(x.float(), ws[0].float()))
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
+
+
+def tma_case(n: int, k: int, m: int, glu: bool, cfg: SkinnyConfig | None = None):
+    """The projection (glu: gate|up then SwiGLU, as glu_case) as dispatched; "after" runs on the TMA GEMM
+    (gemm.TMA_MIN_ROWS = 1): at cfg, or without one at the dispatched config where that is a tl.dot one."""
+    nbytes, copies, fn, ref, after = glu_case(n, k, m, cfg) if glu else proj_case(n, k, m, False, cfg)
+
+    def on_tma(i: int) -> torch.Tensor:
+        with setting(gemm, "TMA_MIN_ROWS", 1):
+            return after(i)
+
+    return nbytes, copies, fn, ref, on_tma
 
 
 def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):
