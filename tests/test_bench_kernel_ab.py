@@ -258,11 +258,12 @@ def test_the_tma_case_runs_the_dispatch_before_and_the_tma_gemm_after(monkeypatc
     real = gemm_tma.launch
     monkeypatch.setattr(gemm_tma, "launch", lambda *a, **kw: launched.append(a[2]) or real(*a, **kw))
     torch.manual_seed(6)
+    shipped = gemm.TMA_MIN_ROWS
     _, _, before, ref, after = kernel_ab_cases.tma_case(64, 64, 20, False)
     with kernel_ab.tma_off():
         assert torch.allclose(before(0), ref, atol=1e-5, rtol=1e-4) and launched == []
     assert torch.allclose(after(0), ref, atol=1e-5, rtol=1e-4) and launched == [dot]
-    assert gemm.TMA_MIN_ROWS == 0  # restored
+    assert shipped == gemm.TMA_MIN_ROWS  # restored
     other = SkinnyConfig(32, 64, 64, 1, 4, 2)
     *_, ref, after = kernel_ab_cases.tma_case(128, 64, 20, True, other)
     assert torch.allclose(after(0), ref, atol=1e-5, rtol=1e-4) and launched[-1] == other

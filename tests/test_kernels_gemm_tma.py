@@ -80,6 +80,12 @@ def test_only_plain_projections_from_tma_min_rows_take_it(tma_on, monkeypatch):
     assert tma_on == [cfg]
 
 
+def test_batch_invariant_mode_keeps_one_kernel_at_every_row_count(tma_on):
+    x, w = randn(40, 128), randn(64, 128)
+    one = linear.linear_batch_invariant(x[:1], w)
+    assert torch.equal(linear.linear_batch_invariant(x, w)[:1], one) and tma_on == []
+
+
 def test_serves_refuses_what_tma_cannot_address():
     w = randn(64, 128)
     assert gemm_tma.serves(randn(8, 128), w, SkinnyConfig(16, 64, 64, 1, 4, 2))

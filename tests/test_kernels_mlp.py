@@ -75,7 +75,9 @@ def test_glu_config_halves_gate_up_tile_where_no_prologue_serves():
     assert mlp.glu_config(5, GATE_UP, DOWN, t) == SkinnyConfig(16, 32, 64, 1, 4, 5)  # bucket 8
     assert mlp.glu_config(16, GATE_UP, DOWN, t) == SkinnyConfig(16, 16, 64, 1, 4, 4)
     assert mlp.glu_config(1, GATE_UP, DOWN, t) is None  # one row: both prologues
-    assert mlp.GLU_MAX_ROWS == 16 and mlp.glu_config(64, GATE_UP, DOWN, t) is None  # past GLU_MAX_ROWS
+    assert mlp.GLU_MAX_ROWS == 64 and mlp.glu_config(64, GATE_UP, DOWN, t) == SkinnyConfig(16, 32, 64, 1, 4, 5)
+    t = tables({128: dot})
+    assert mlp.glu_config(65, GATE_UP, DOWN, t) is None  # past GLU_MAX_ROWS
     assert mlp.glu_config(4, GATE_UP, DOWN, t) is None  # no gate|up entry at 4: cuBLAS
 
 

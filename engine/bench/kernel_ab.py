@@ -201,7 +201,7 @@ def cases_for(ms: Sequence[int], only: str = "") -> Iterator[tuple[str, int, Cal
 
 
 def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple]]]:
-    (qkv_n, h), (_, q_size), (gu_n, _), (_, inter) = cases.SHAPES[:4]
+    (qkv_n, h), (_, q_size), (gu_n, _), (_, inter), (vocab, _) = cases.SHAPES[:5]
     for m in ms:
         yield "o → norm→gate|up", m, lambda m=m: pair_case((h, q_size), gu_n, False, m)
         yield "SwiGLU→down → norm→q|k|v", m, lambda m=m: pair_case((h, inter), qkv_n, True, m)
@@ -229,6 +229,7 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             ("o", (h, q_size), False),
             ("down", (h, inter), False),
             ("gate|up → SwiGLU", (gu_n, h), True),
+            ("lm_head", (vocab, h), False),
         ):
             yield f"tma: {name}", m, lambda m=m, n=n, k=k, glu=glu: tma_case(n, k, m, glu)
             for cfg in tma_configs(m, glu):

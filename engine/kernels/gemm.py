@@ -35,8 +35,9 @@ DEFER_MAX_ROWS = 1
 # the unfused pairs (the kernel sweep at 3cfef9c, H200).
 PROLOGUE_PREFETCH = True
 # Rows from which a plain or GLU projection on a tl.dot config streams its tiles by TMA (gemm_tma.py)
-# where the device has it (0: never).
-TMA_MIN_ROWS = 0
+# where the device has it (0: never). On the H200 at 32 and 64 rows it ran gate|up + SwiGLU 0.95x, down
+# 0.92-0.96x and o 0.91-0.96x the time of the dispatch before it; q|k|v 0.98-1.00x (kernel_ab at b3a11e7).
+TMA_MIN_ROWS = 32
 
 
 @jit(do_not_specialize=["M"])
@@ -193,13 +194,15 @@ def launch(
     defer: bool = False,
     out: torch.Tensor | None = None,
     glu: bool = False,
+    tma: bool = True,
 ) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
     (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
     by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
     SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one.
     glu: weight is [2N, K] = [gate | up] and y = silu(x @ gate^T) * (x @ up^T), [M, N] (tl.dot path,
-    split_k 1, no prologue)."""
+    split_k 1, no prologue). tma: False keeps the call off the TMA GEMM (batch-invariant mode: one kernel
+    at every row count)."""
     n, k = weight.shape
     if glu:
         assert cfg.block_m > 1 and cfg.split_k == 1 and not swiglu and norm is None and n % 2 == 0, cfg
@@ -236,7 +239,7 @@ def launch(
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
-    elif kind == "plain" and 0 < TMA_MIN_ROWS <= m and gemm_tma.serves(x, weight, cfg):
+    elif tma and kind == "plain" and 0 < TMA_MIN_ROWS <= m and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"

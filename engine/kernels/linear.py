@@ -71,12 +71,18 @@ def skinny_config(m: int, n: int, k: int, tables: TunedTables | None = None) -> 
 
 
 def linear_with_config(
-    x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, defer: bool = False, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    cfg: SkinnyConfig,
+    defer: bool = False,
+    out: torch.Tensor | None = None,
+    tma: bool = True,
 ) -> torch.Tensor | SplitSum:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous.
-    defer: a one-row split-K y may come back as its partials (split_sum.SplitSum). out: y's [M, N] buffer."""
+    defer: a one-row split-K y may come back as its partials (split_sum.SplitSum). out: y's [M, N] buffer.
+    tma: see gemm.launch."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return launch(x, weight, cfg, defer=defer, out=out)
+    return launch(x, weight, cfg, defer=defer, out=out, tma=tma)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -119,5 +125,5 @@ def linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor, out: torch.Ten
     whether the call has 1 or 64 rows. out: as linear's."""
     n = weight.shape[0]
     rows = None if out is None else out.view(-1, n)
-    y = linear_with_config(as_rows(x), weight.contiguous(), INVARIANT_CONFIG, out=rows)
+    y = linear_with_config(as_rows(x), weight.contiguous(), INVARIANT_CONFIG, out=rows, tma=False)
     return y.view(*x.shape[:-1], n)

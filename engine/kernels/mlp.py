@@ -24,9 +24,10 @@ from engine.kernels.norm import add_rms_norm
 from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
-# Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it). Above 16
-# rows it ran slower than the pair (kernel_ab at cf872c1, H200: 1.17 at 32 rows, 1.00 at 64).
-GLU_MAX_ROWS = 16
+# Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it). At 32 and 64
+# rows it needs the TMA GEMM (gemm.TMA_MIN_ROWS): on the tl.dot kernel's cp.async loads it ran 1.17x
+# and 1.00x the time of the pair (kernel_ab at cf872c1, H200), on TMA 0.95x (kernel_ab at b3a11e7).
+GLU_MAX_ROWS = 64
 
 Mlp = Callable[..., tuple[torch.Tensor | SplitSum, torch.Tensor]]
 
