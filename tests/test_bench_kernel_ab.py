@@ -236,34 +236,35 @@ def test_the_rope_attention_case_matches_its_reference_on_every_copy(monkeypatch
         assert torch.allclose(fn(i), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_tma_rows_at_16_to_64_rows_with_their_m_tile_and_no_split_glu():
-    labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 32, 64], "tma:")]
-    assert {m for _, m in labels} == {32, 64}
-    for name in ("q|k|v", "o", "down", "gate|up → SwiGLU"):
+def test_tma_rows_at_8_to_64_rows_with_their_m_tile_and_no_split_glu():
+    labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 4, 8, 32, 64], "tma:")]
+    assert {m for _, m in labels} == {8, 32, 64}
+    for name in ("q|k|v", "o", "down", "gate|up → SwiGLU", "lm_head"):
         assert (f"tma: {name}", 32) in labels
-    for m in (32, 64):
+    for m in (8, 32, 64):
         for cfg in kernel_ab.tma_configs(m, glu=False):
-            assert tuning.check_config(cfg) is None and cfg.block_m == m and cfg.block_n % 64 == 0, cfg
-            assert (f"tma: o {list(cfg)}", m) in labels
+            assert tuning.check_config(cfg) is None and cfg.block_m == max(16, m) and cfg.block_n % 64 == 0, cfg
+            assert cfg.tma == 1 and (f"tma: o {list(cfg)}", m) in labels
         assert all(c.split_k == 1 for c in kernel_ab.tma_configs(m, glu=True))
-    assert kernel_ab.switch_for("tma: down [64, 64, 64, 4, 4, 5]") is kernel_ab.tma_off
+    assert kernel_ab.switch_for("tma: down [64, 64, 64, 4, 4, 5, 1]") is kernel_ab.tma_off
+    with kernel_ab.tma_off():
+        assert not gemm.TMA
+    assert gemm.TMA
 
 
-def test_the_tma_case_runs_the_dispatch_before_and_the_tma_gemm_after(monkeypatch):
+def test_the_tma_case_runs_the_dispatch_without_tma_before_and_the_config_after(monkeypatch):
     monkeypatch.setattr(kernel_ab_cases.cases, "DEVICE", "cuda" if CUDA else "cpu")
     monkeypatch.setattr(kernel_ab_cases.cases, "DTYPE", torch.float32)
-    dot = SkinnyConfig(16, 64, 32, 1, 4, 2)
+    dot = SkinnyConfig(16, 64, 32, 1, 4, 2, tma=1)
     monkeypatch.setattr(tuning, "tables_for", lambda device: tuning.TunedTables("test", linear={(64, 64): {32: dot}}))
     launched = []
     real = gemm_tma.launch
     monkeypatch.setattr(gemm_tma, "launch", lambda *a, **kw: launched.append(a[2]) or real(*a, **kw))
     torch.manual_seed(6)
-    shipped = gemm.TMA_MIN_ROWS
     _, _, before, ref, after = kernel_ab_cases.tma_case(64, 64, 20, False)
     with kernel_ab.tma_off():
         assert torch.allclose(before(0), ref, atol=1e-5, rtol=1e-4) and launched == []
     assert torch.allclose(after(0), ref, atol=1e-5, rtol=1e-4) and launched == [dot]
-    assert shipped == gemm.TMA_MIN_ROWS  # restored
-    other = SkinnyConfig(32, 64, 64, 1, 4, 2)
+    other = SkinnyConfig(32, 64, 64, 1, 4, 2, tma=1)
     *_, ref, after = kernel_ab_cases.tma_case(128, 64, 20, True, other)
     assert torch.allclose(after(0), ref, atol=1e-5, rtol=1e-4) and launched[-1] == other

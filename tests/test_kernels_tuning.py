@@ -94,8 +94,12 @@ def test_tuned_fallback(tmp_path):
                     "16": [16, 32, 64],
                     "32": [16, 32, 64, 1, 3, 3],
                     "64": "oops",
+                    "128": [16, 64, 64, 1, 4, 3, 2],  # tma is 0 or 1
+                    "256": [64, 64, 64, 1, 4, 3, 1],
+                    "512": [16, 64, 64, 1, 4, 3, 0, 1],  # an eighth field
                 },
                 "64by96": {"1": good},
+                "32x96": {"1": [1, 16, 256, 1, 4, 1, 1]},  # the GEMV has no TMA path
             },
         },
         "silu_mul_linear": {"configs": {"10x20": {"4": good, "8": [16, 32, 128, 0, 4, 4]}}},
@@ -104,9 +108,24 @@ def test_tuned_fallback(tmp_path):
     with pytest.warns(UserWarning, match="dropped"):
         t = tuning.load("Partly GPU", tmp_path)
     assert t.device == "partly-gpu" and t.m_max == 8 and t.fused_m_max == tuning.DEFAULT_FUSED_M_MAX
-    assert t.linear == {(64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good)}}
+    tma = SkinnyConfig(64, 64, 64, 1, 4, 3, tma=1)
+    assert t.linear == {
+        (64, 96): {1: SkinnyConfig(1, 16, 256, 1, 4, 1), 4: SkinnyConfig(*good), 256: tma},
+        (32, 96): {},
+    }
+    assert SkinnyConfig(*good).tma == 0  # six fields: tma 0
     assert t.silu_mul_linear == {(10, 20): {4: SkinnyConfig(*good)}}
     assert t.add_rms_norm_linear == {} and t.norm_m_max == tuning.DEFAULT_NORM_M_MAX  # a missing section: empty
+
+
+def test_a_tma_config_keeps_its_flag_through_the_file_and_others_stay_six_fields():
+    t = tuning.TunedTables(
+        "x", linear={(64, 96): {16: SkinnyConfig(16, 64, 64, 1, 4, 4, 1), 32: SkinnyConfig(32, 64, 64, 2, 4, 4)}}
+    )
+    text = tuning.dumps(t, "X GPU")
+    assert '"16": [16, 64, 64, 1, 4, 4, 1], "32": [32, 64, 64, 2, 4, 4]' in text
+    assert tuning.parse(json.loads(text)).linear == t.linear
+    assert json.loads(text)["config_fields"][-1] == "tma"
 
 
 def test_tables_for_device(monkeypatch):

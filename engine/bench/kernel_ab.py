@@ -21,10 +21,10 @@ dispatches it on this device, in one process (GPU only):
 - gate|up then SwiGLU at 2-64 of the --ms row counts ("gate|up → SwiGLU"): before = gate|up, then
   silu_and_mul, after = SwiGLU in gate|up's epilogue at half its tile (mlp.GLU_MAX_ROWS),
   `unfused_mlp`; beside them the epilogue at other tilings ("gate|up → SwiGLU [config]") for a retune;
-- the projections at 16-64 of the --ms row counts on the TMA GEMM ("tma: q|k|v", "tma: gate|up →
-  SwiGLU" with the epilogue, ...): before = as dispatched without it (cuBLAS, or the tl.dot kernel's
-  cp.async loads: gemm.TMA_MIN_ROWS 0), after = the TMA GEMM at the dispatched config, and at each
-  tiling of TMA_TILES ("tma: o [config]"): the data for its table entries;
+- the projections at 8-64 of the --ms row counts on the TMA GEMM ("tma: q|k|v", "tma: gate|up →
+  SwiGLU" with the epilogue, ...): before = as dispatched with the tl.dot kernel's cp.async loads in
+  place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
+  TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -106,7 +106,7 @@ GLU_CANDIDATES = [
     SkinnyConfig(64, 32, 128, 1, 4, 3),
     SkinnyConfig(64, 64, 64, 1, 8, 3),
 ]
-# TMA GEMM tilings at 32-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
+# TMA GEMM tilings at 16-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
 # row bucket's; split-K only for plain projections. GLU's BLOCK_N is per half.
 TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (64, 64, 1, 4, 4),
@@ -159,14 +159,14 @@ def read_tables(path: Path) -> TunedTables:
 
 
 def tma_off() -> AbstractContextManager:
-    """The tl.dot kernel's cp.async loads at every row count (before gemm.TMA_MIN_ROWS)."""
-    return setting(gemm, "TMA_MIN_ROWS", 0)
+    """The tl.dot kernel's cp.async loads for every config, tma=1 ones too (before gemm.TMA)."""
+    return setting(gemm, "TMA", False)
 
 
 def tma_configs(m: int, glu: bool) -> list[SkinnyConfig]:
     block_m = min(64, max(16, 1 << (m - 1).bit_length()))
     tiles = [t for t in TMA_TILES if not (glu and t[2] > 1)]
-    return [SkinnyConfig(block_m, *t) for t in tiles]
+    return [SkinnyConfig(block_m, *t, tma=1) for t in tiles]
 
 
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
@@ -223,7 +223,7 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
         yield "gate|up → SwiGLU", m, lambda m=m: glu_case(gu_n, h, m)
         for cfg in (c for c in GLU_CANDIDATES if (c.block_m == 16) == (m <= 16)):
             yield f"gate|up → SwiGLU {list(cfg)}", m, lambda m=m, cfg=cfg: glu_case(gu_n, h, m, cfg)
-    for m in (m for m in ms if 16 <= m <= 64):
+    for m in (m for m in ms if 8 <= m <= 64):
         for name, (n, k), glu in (
             ("q|k|v", (qkv_n, h), False),
             ("o", (h, q_size), False),

@@ -103,15 +103,9 @@ def glu_case(n2: int, k: int, m: int, cfg: SkinnyConfig | None = None):
 
 
 def tma_case(n: int, k: int, m: int, glu: bool, cfg: SkinnyConfig | None = None):
-    """The projection (glu: gate|up then SwiGLU, as glu_case) as dispatched; "after" runs on the TMA GEMM
-    (gemm.TMA_MIN_ROWS = 1): at cfg, or without one at the dispatched config where that is a tl.dot one."""
-    nbytes, copies, fn, ref, after = glu_case(n, k, m, cfg) if glu else proj_case(n, k, m, False, cfg)
-
-    def on_tma(i: int) -> torch.Tensor:
-        with setting(gemm, "TMA_MIN_ROWS", 1):
-            return after(i)
-
-    return nbytes, copies, fn, ref, on_tma
+    """The projection (glu: gate|up then SwiGLU, as glu_case) as dispatched; with cfg (tma=1), "after"
+    runs that config. kernel_ab's switch turns TMA off for "before"."""
+    return glu_case(n, k, m, cfg) if glu else proj_case(n, k, m, False, cfg)
 
 
 def fused_case(n: int, k: int, m: int, swiglu: bool, cfg: SkinnyConfig):

@@ -66,8 +66,8 @@ EXTENDED_DOT = [
 
 
 def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None) -> list[tuple[SkinnyConfig, bool]]:
-    """(config, extended) pairs to try at this M: the base set for every shape, plus the extended
-    set for EXTENDED_SHAPES at M <= 16 (not in --quick)."""
+    """(config, extended) pairs to try at this M: the base set for every shape (its wide dot tiles
+    also with tma=1), plus the extended set for EXTENDED_SHAPES at M <= 16 (not in --quick)."""
     splits = [1, 2, 4] if quick else [1, 2, 4, 8]
     extended: list[tuple[int, int, int, int, int]] = []
     if m == 1:
@@ -89,6 +89,8 @@ def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None)
     if shape is not None and shape not in EXTENDED_SHAPES:
         extended = []
     out = [(SkinnyConfig(bm, bn, bk, s, nw, ns), False) for bm, bn, bk, nw, ns in tiles for s in splits]
+    # the dot tiles the TMA GEMM serves with the warpgroup MMA (BLOCK_N a multiple of 64), on it too
+    out += [(cfg._replace(tma=1), False) for cfg, _ in out if cfg.block_m >= 16 and cfg.block_n >= 64]
     return out + [(SkinnyConfig(bm, bn, bk, s, nw, ns), True) for bm, bn, bk, nw, ns in extended for s in splits]
 
 

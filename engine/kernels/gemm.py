@@ -34,10 +34,10 @@ DEFER_MAX_ROWS = 1
 # tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
 # the unfused pairs (the kernel sweep at 3cfef9c, H200).
 PROLOGUE_PREFETCH = True
-# Rows from which a plain or GLU projection on a tl.dot config streams its tiles by TMA (gemm_tma.py)
-# where the device has it (0: never). On the H200 at 32 and 64 rows it ran gate|up + SwiGLU 0.95x, down
+# Configs with tma=1 run a plain or GLU projection on gemm_tma.py's kernel where it serves (False:
+# never; the A/B's "before"). On the H200 at 32 and 64 rows it ran gate|up + SwiGLU 0.95x, down
 # 0.92-0.96x and o 0.91-0.96x the time of the dispatch before it; q|k|v 0.98-1.00x (kernel_ab at b3a11e7).
-TMA_MIN_ROWS = 32
+TMA = True
 
 
 @jit(do_not_specialize=["M"])
@@ -201,8 +201,8 @@ def launch(
     by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
     SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one.
     glu: weight is [2N, K] = [gate | up] and y = silu(x @ gate^T) * (x @ up^T), [M, N] (tl.dot path,
-    split_k 1, no prologue). tma: False keeps the call off the TMA GEMM (batch-invariant mode: one kernel
-    at every row count)."""
+    split_k 1, no prologue). tma: False keeps the call off the TMA GEMM whatever cfg says (batch-invariant
+    mode: one kernel at every row count)."""
     n, k = weight.shape
     if glu:
         assert cfg.block_m > 1 and cfg.split_k == 1 and not swiglu and norm is None and n % 2 == 0, cfg
@@ -239,7 +239,7 @@ def launch(
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
-    elif tma and kind == "plain" and 0 < TMA_MIN_ROWS <= m and gemm_tma.serves(x, weight, cfg):
+    elif tma and TMA and cfg.tma and kind == "plain" and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"

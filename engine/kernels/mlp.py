@@ -25,7 +25,7 @@ from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
 # Rows up to which gate|up takes the SwiGLU epilogue (0: never, the dispatch before it). At 32 and 64
-# rows it needs the TMA GEMM (gemm.TMA_MIN_ROWS): on the tl.dot kernel's cp.async loads it ran 1.17x
+# rows it needs the TMA GEMM (a tma=1 gate|up entry): on the tl.dot kernel's cp.async loads it ran 1.17x
 # and 1.00x the time of the pair (kernel_ab at cf872c1, H200), on TMA 0.95x (kernel_ab at b3a11e7).
 GLU_MAX_ROWS = 64
 

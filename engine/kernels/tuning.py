@@ -7,10 +7,10 @@ not parse gets `DEFAULT`: no tuned shapes, the skinny kernel's default heuristic
 A file is written by `python -m engine.bench.kernels --out DIR --write-tuned` from its sweep.
 
 File format (version 1); configs are SkinnyConfig fields, keyed by weight shape and M bucket (the
-next power of two of the row count):
+next power of two of the row count); an entry may leave out the last field, tma (then 0):
 
     {"format": 1, "device": "NVIDIA H200", "source": "...",
-     "config_fields": ["block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages"],
+     "config_fields": ["block_m", "block_n", "block_k", "split_k", "num_warps", "num_stages", "tma"],
      "linear": {"m_max": 16, "configs": {"6144x2560": {"1": [1, 16, 256, 1, 4, 1], ...}, ...}},
      "silu_mul_linear": {"m_max": 4, "configs": {"2560x9728": {"1": [...], ...}}},
      "add_rms_norm_linear": {"m_max": 0, "configs": {"6144x2560": {"1": [...], ...}}}}
@@ -60,6 +60,7 @@ class SkinnyConfig(NamedTuple):
     split_k: int
     num_warps: int
     num_stages: int  # tl.dot path: Triton's pipeline stages; GEMV: >= 2 carries the next weight tile (gemv.py)
+    tma: int = 0  # 1: tiles by TMA (gemm_tma.py) where the call can take it; tl.dot path only
 
 
 Table = Mapping[tuple[int, int], Mapping[int, SkinnyConfig]]
@@ -99,7 +100,7 @@ def check_config(cfg: SkinnyConfig) -> str | None:
     """Why the skinny kernel cannot run this config, or None if it can."""
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in cfg):
         return "fields must be ints"
-    bm, bn, bk, split, warps, stages = cfg
+    bm, bn, bk, split, warps, stages, tma = cfg
     if not (bm == 1 or (_pow2(bm) and 16 <= bm <= 256)):
         return "block_m must be 1 or a power of two in 16..256"
     if not (_pow2(bn) and (8 if bm == 1 else 16) <= bn <= 512):
@@ -112,6 +113,8 @@ def check_config(cfg: SkinnyConfig) -> str | None:
         return "num_warps must be 1, 2, 4, 8 or 16"
     if not 1 <= stages <= 8:
         return "num_stages must be in 1..8"
+    if tma not in (0, 1) or (tma and bm == 1):
+        return "tma must be 0 or 1 (1 on the dot path only)"
     return None
 
 
@@ -180,12 +183,17 @@ def load(device_name: str | None, directory: Path | None = None) -> TunedTables:
         return DEFAULT
 
 
+def _entry(cfg: SkinnyConfig) -> list[int]:
+    """A config's list in the file: without its trailing tma field where that is 0."""
+    return list(cfg) if cfg.tma else list(cfg)[:-1]
+
+
 def to_json(t: TunedTables, device_name: str, note: str = "") -> dict:
     def section(table: Table, m_max: int) -> dict:
         return {
             "m_max": m_max,
             "configs": {
-                f"{n}x{k}": {str(b): list(cfg) for b, cfg in sorted(per_m.items())} for (n, k), per_m in table.items()
+                f"{n}x{k}": {str(b): _entry(cfg) for b, cfg in sorted(per_m.items())} for (n, k), per_m in table.items()
             },
         }
 
