@@ -236,9 +236,9 @@ def test_the_rope_attention_case_matches_its_reference_on_every_copy(monkeypatch
         assert torch.allclose(fn(i), ref, atol=1e-4, rtol=1e-4)
 
 
-def test_tma_rows_at_8_to_64_rows_with_their_m_tile_and_no_split_glu():
+def test_tma_rows_at_1_and_8_to_64_rows_with_their_m_tile_and_no_split_glu():
     labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 4, 8, 32, 64], "tma:")]
-    assert {m for _, m in labels} == {8, 32, 64}
+    assert {m for _, m in labels} == {1, 8, 32, 64}
     for name in ("q|k|v", "o", "down", "gate|up → SwiGLU", "lm_head"):
         assert (f"tma: {name}", 32) in labels
     for m in (8, 32, 64):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.kernels import activation, fused_linear, gemm, gemm_tma, linear, mlp
+from engine.kernels.split_sum import SplitSum, dense
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import (
     DEV,
@@ -64,6 +65,14 @@ def test_tma_swiglu_epilogue_rounds_as_the_unfused_pair(tma_on, dtype, m, inter,
     assert tma_on == [cfg] and out.shape == (m, inter)
     ref = activation.silu_and_mul_ref(linear.linear_ref(x.float(), gate_up.float()).to(dtype))
     assert rel_err(out, ref) < TOL[dtype]
+
+
+def test_a_deferred_split_hands_back_the_tma_partials(tma_on):
+    x, w = randn(1, 256), randn(96, 256)
+    cfg = SkinnyConfig(16, 64, 64, 4, 4, 2, tma=1)
+    parts = linear.linear_with_config(x, w, cfg, defer=True)
+    assert isinstance(parts, SplitSum) and parts.parts.shape == (4, 1, 96) and tma_on == [cfg]
+    assert rel_err(dense(parts), linear.linear_ref(x, w)) < TOL[torch.float32]
 
 
 def test_only_plain_projections_on_tma_configs_take_it(tma_on, monkeypatch):

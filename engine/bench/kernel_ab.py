@@ -21,7 +21,7 @@ dispatches it on this device, in one process (GPU only):
 - gate|up then SwiGLU at 2-64 of the --ms row counts ("gate|up → SwiGLU"): before = gate|up, then
   silu_and_mul, after = SwiGLU in gate|up's epilogue at half its tile (mlp.GLU_MAX_ROWS),
   `unfused_mlp`; beside them the epilogue at other tilings ("gate|up → SwiGLU [config]") for a retune;
-- the projections at 8-64 of the --ms row counts on the TMA GEMM ("tma: q|k|v", "tma: gate|up →
+- the projections at one row and 8-64 of the --ms row counts on the TMA GEMM ("tma: q|k|v", "tma: gate|up →
   SwiGLU" with the epilogue, ...): before = as dispatched with the tl.dot kernel's cp.async loads in
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
@@ -106,8 +106,8 @@ GLU_CANDIDATES = [
     SkinnyConfig(64, 32, 128, 1, 4, 3),
     SkinnyConfig(64, 64, 64, 1, 8, 3),
 ]
-# TMA GEMM tilings at 16-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
-# row bucket's; split-K only for plain projections. GLU's BLOCK_N is per half.
+# TMA GEMM tilings at 1-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
+# row bucket's (16 at least); split-K only for plain projections. GLU's BLOCK_N is per half.
 TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (64, 64, 1, 4, 4),
     (64, 64, 1, 4, 6),
@@ -119,6 +119,8 @@ TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (64, 64, 4, 4, 5),
     (64, 128, 4, 4, 4),
     (128, 64, 4, 8, 4),
+    (64, 64, 8, 4, 5),
+    (64, 128, 8, 4, 4),
 ]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
@@ -223,7 +225,7 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
         yield "gate|up → SwiGLU", m, lambda m=m: glu_case(gu_n, h, m)
         for cfg in (c for c in GLU_CANDIDATES if (c.block_m == 16) == (m <= 16)):
             yield f"gate|up → SwiGLU {list(cfg)}", m, lambda m=m, cfg=cfg: glu_case(gu_n, h, m, cfg)
-    for m in (m for m in ms if 8 <= m <= 64):
+    for m in (m for m in ms if m == 1 or 8 <= m <= 64):
         for name, (n, k), glu in (
             ("q|k|v", (qkv_n, h), False),
             ("o", (h, q_size), False),

@@ -239,7 +239,7 @@ def launch(
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
-    elif tma and TMA and cfg.tma and kind == "plain" and gemm_tma.serves(x, weight, cfg):
+    elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"

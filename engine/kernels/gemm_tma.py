@@ -1,5 +1,6 @@
 """The skinny-M GEMM with its tiles brought in by the tensor memory accelerator (TMA, sm90+): gemm.launch
-runs it for plain and GLU projections whose tl.dot config has tma=1 (tuning.SkinnyConfig).
+runs it for plain and GLU projections whose tl.dot config has tma=1 (tuning.SkinnyConfig), a deferred
+split-K result's partials included.
 
 One thread of a program issues each tile's copy, so the weight stream costs no per-thread address
 arithmetic and no registers, and the pipeliner keeps num_stages tiles in flight on mbarriers. The
