@@ -11,7 +11,7 @@ import torch
 
 from engine.kernels import gemm_tma
 from engine.kernels._triton import cdiv, jit, pdl
-from engine.kernels.gemm_prologues import _add_scale, _prologue_tiles, _swiglu
+from engine.kernels.gemm_prologues import _add_scale, _pdl_start, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.split_sum import SplitSum, reduce_parts
 from engine.kernels.tuning import SkinnyConfig
@@ -80,12 +80,7 @@ def _linear_kernel(
     split order by split_sum._splitk_reduce_kernel. GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
     y = silu(x @ W[:N]^T) * (x @ W[N:]^T), each program owning the same N columns of both halves and
     rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
-    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
-        tl.extra.cuda.gdc_wait()
-        # After the SwiGLU epilogue the down projection launches at its exit: launched while it
-        # streamed, a decode step ran 0.94x at c=8 (decode_ab at cf872c1, H200).
-        if not GLU:
-            tl.extra.cuda.gdc_launch_dependents()
+    _pdl_start(PDL, GLU)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels._triton import cdiv, jit, pdl
-from engine.kernels.gemm_prologues import _swiglu
+from engine.kernels.gemm_prologues import _pdl_start, _swiglu
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -39,10 +39,7 @@ def _linear_tma_kernel(
 ):
     """y = x @ W^T, or with GLU (W = [gate | up], [2N, K]) y = silu(x @ gate^T) * (x @ up^T) rounded as
     silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to y_ptr. Tiles past M, N or K read zeros."""
-    if PDL:  # as gemm._linear_kernel: wait, then let the next kernel launch (not before GLU's down)
-        tl.extra.cuda.gdc_wait()
-        if not GLU:
-            tl.extra.cuda.gdc_launch_dependents()
+    _pdl_start(PDL, GLU)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
