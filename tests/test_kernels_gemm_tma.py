@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import activation, fused_linear, gemm, gemm_tma, linear, mlp
+from engine.kernels import _triton, activation, fused_linear, gemm, gemm_tma, linear, mlp
 from engine.kernels.split_sum import SplitSum, dense
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import (
@@ -94,6 +94,12 @@ def test_batch_invariant_mode_keeps_one_kernel_at_every_row_count(tma_on, monkey
     x, w = randn(40, 128), randn(64, 128)
     one = linear.linear_batch_invariant(x[:1], w)
     assert torch.equal(linear.linear_batch_invariant(x, w)[:1], one) and tma_on == []
+
+
+def test_only_a_cuda_device_of_sm90_or_above_counts_as_one():
+    assert not _triton.sm90(torch.device("cpu"))
+    if torch.cuda.is_available():
+        assert _triton.sm90(torch.device("cuda")) == (torch.cuda.get_device_capability() >= (9, 0))
 
 
 def test_serves_refuses_what_tma_cannot_address():

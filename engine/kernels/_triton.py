@@ -44,15 +44,17 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def sm90(device: torch.device) -> bool:
+    """Whether the device is a CUDA GPU of compute capability 9.0 or above (PDL, TMA)."""
+    if device.type != "cuda":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
 def pdl(device: torch.device) -> dict:
     """Launch options of the PDL-aware kernels: {"PDL": True, "launch_pdl": True} on an sm90+ GPU
     with PDL on, else {"PDL": False} (the interpreter runs no griddepcontrol)."""
-    on = (
-        PDL
-        and device.type == "cuda"
-        and os.environ.get("TRITON_INTERPRET", "0") != "1"
-        and _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
-    )
+    on = PDL and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1" and sm90(device)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels._triton import cdiv, jit, pdl
+from engine.kernels._triton import cdiv, jit, pdl, sm90
 from engine.kernels.gemm_prologues import _pdl_start, _swiglu
 from engine.kernels.tuning import SkinnyConfig
 
@@ -77,7 +77,7 @@ def serves(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> bool:
     alignment on both operands, and a device with TMA (the interpreter emulates it)."""
     if cfg.block_m < 16 or cfg.block_n < 16 or not (_aligned(x) and _aligned(weight)):
         return False
-    return x.device.type == "cpu" or (x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    return x.device.type == "cpu" or sm90(x.device)
 
 
 def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Tensor, glu: bool = False) -> None:
