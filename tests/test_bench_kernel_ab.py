@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from engine.bench import kernel_ab, kernel_ab_cases, kernel_fused
+from engine.bench import kernel_ab, kernel_ab_cases, kernel_ab_configs, kernel_fused
 from engine.kernels import attention, fused_linear, gemm, gemm_tma, linear, mlp, norm, split_sum, tuning
 from engine.kernels.tuning import SkinnyConfig
 from tests.kernel_helpers import CUDA, randn
@@ -73,7 +73,7 @@ def test_before_is_the_same_function(swiglu, monkeypatch):
 
 def test_only_keeps_the_rows_of_one_op():
     rows = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8], "prefetch: SwiGLU")]
-    assert len(rows) == len(kernel_ab.PREFETCH_SWIGLU) and {m for _, m in rows} == {8}
+    assert len(rows) == len(kernel_ab_configs.PREFETCH_SWIGLU) and {m for _, m in rows} == {8}
 
 
 def test_each_row_switches_back_its_own_change():
@@ -94,7 +94,7 @@ def test_unfused_mlp_turns_the_epilogue_off_and_restores_it():
 def test_glu_rows_at_2_to_64_rows_with_candidates_of_their_m_tile():
     labels = [(label, m) for label, m, _ in kernel_ab.cases_for([1, 8, 64], "gate|up → SwiGLU")]
     assert {m for _, m in labels} == {8, 64} and ("gate|up → SwiGLU", 8) in labels
-    for c in kernel_ab.GLU_CANDIDATES:
+    for c in kernel_ab_configs.GLU_CANDIDATES:
         assert tuning.check_config(c) is None and c.split_k == 1 and c.block_m in (16, 64), c
         assert (f"gate|up → SwiGLU {list(c)}", 8 if c.block_m == 16 else 64) in labels
 
@@ -136,14 +136,14 @@ def test_cases_cover_o_and_down_at_every_m_and_the_norm_pairs_at_one_row_and_2_t
         assert ("o → norm→gate|up", m) in rows and ("SwiGLU→down → norm→q|k|v", m) in rows
         assert ("rope → attention, ctx 256", m) in rows and ("rope → attention, ctx 2048", m) in rows
     assert {m for label, m in rows if label.startswith("norm")} == {1, 8, 16}  # the unfused pairs at 2-16
-    assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab.CANDIDATES)
-    assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab.NORM_CANDIDATES)
-    for c in kernel_ab.CANDIDATES + kernel_ab.NORM_CANDIDATES:
+    assert sum(label.startswith("o [") for label, _ in rows) == len(kernel_ab_configs.CANDIDATES)
+    assert sum(label.startswith("norm→gate|up [") for label, _ in rows) == len(kernel_ab_configs.NORM_CANDIDATES)
+    for c in kernel_ab_configs.CANDIDATES + kernel_ab_configs.NORM_CANDIDATES:
         assert tuning.check_config(c) is None and c.block_m == 1, c
-    assert all(c.split_k == 1 for c in kernel_ab.NORM_CANDIDATES)  # the prologue needs whole rows
-    for c in kernel_ab.PREFETCH_NORM + kernel_ab.PREFETCH_SWIGLU:
+    assert all(c.split_k == 1 for c in kernel_ab_configs.NORM_CANDIDATES)  # the prologue needs whole rows
+    for c in kernel_ab_configs.PREFETCH_NORM + kernel_ab_configs.PREFETCH_SWIGLU:
         assert tuning.check_config(c) is None and c.block_m == 16, c
-    assert all(c.split_k == 1 for c in kernel_ab.PREFETCH_NORM)
+    assert all(c.split_k == 1 for c in kernel_ab_configs.PREFETCH_NORM)
 
 
 @pytest.mark.parametrize("argv", [["--ms", "0"], ["--ms", "1", "-3"]])
@@ -242,10 +242,10 @@ def test_tma_rows_at_1_and_8_to_64_rows_with_their_m_tile_and_no_split_glu():
     for name in ("q|k|v", "o", "down", "gate|up → SwiGLU", "lm_head"):
         assert (f"tma: {name}", 32) in labels
     for m in (8, 32, 64):
-        for cfg in kernel_ab.tma_configs(m, glu=False):
+        for cfg in kernel_ab_configs.tma_configs(m, glu=False):
             assert tuning.check_config(cfg) is None and cfg.block_m == max(16, m) and cfg.block_n % 64 == 0, cfg
             assert cfg.tma == 1 and (f"tma: o {list(cfg)}", m) in labels
-        assert all(c.split_k == 1 for c in kernel_ab.tma_configs(m, glu=True))
+        assert all(c.split_k == 1 for c in kernel_ab_configs.tma_configs(m, glu=True))
     assert kernel_ab.switch_for("tma: down [64, 64, 64, 4, 4, 5, 1]") is kernel_ab.tma_off
     with kernel_ab.tma_off():
         assert not gemm.TMA

@@ -35,14 +35,13 @@ TMA_CFG = CASES[0][3]
 
 
 @pytest.fixture
-def tma_on():
+def tma_on(monkeypatch):
     """The TMA GEMM's launches (their configs) while the test runs."""
     assert gemm.TMA
     launched = []
     real = gemm_tma.launch
-    gemm_tma.launch = lambda *a, **kw: (launched.append(a[2]), real(*a, **kw))[1]
-    yield launched
-    gemm_tma.launch = real
+    monkeypatch.setattr(gemm_tma, "launch", lambda *a, **kw: (launched.append(a[2]), real(*a, **kw))[1])
+    return launched
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

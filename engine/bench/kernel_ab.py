@@ -31,9 +31,9 @@ dispatches it on this device, in one process (GPU only):
   that M, "SwiGLU→down"): the data to give the fused kernels the 2-16-row table entries.
 
 Each op is a CUDA-graph replay over rotated weight copies (kernel_timing.Timer), with PDL as the
-engine launches it (cases: kernel_ab_cases.py). Writes DIR/kernel_ab.csv and prints a Markdown table:
-microseconds, after/before, the after path's bytes over time as a fraction of the measured copy
-bandwidth.
+engine launches it (cases: kernel_ab_cases.py; candidate configs: kernel_ab_configs.py). Writes
+DIR/kernel_ab.csv and prints a Markdown table: microseconds, after/before, the after path's bytes
+over time as a fraction of the measured copy bandwidth.
 """
 
 from __future__ import annotations
@@ -59,74 +59,21 @@ from engine.bench.kernel_ab_cases import (
     setting,
     tma_case,
 )
+from engine.bench.kernel_ab_configs import (
+    CANDIDATES,
+    GLU_CANDIDATES,
+    NORM_CANDIDATES,
+    PREFETCH_NORM,
+    PREFETCH_SWIGLU,
+    tma_configs,
+)
 from engine.bench.kernel_fused import fused_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels import attention, gemm, mlp, tuning
-from engine.kernels.tuning import SkinnyConfig, TunedTables
+from engine.kernels.tuning import TunedTables
 
 log = logging.getLogger(__name__)
-# One-row candidates of the early-weights GEMV (num_stages 2: the next tile carried; gemv.py), run on
-# it for o and SwiGLU->down too (which dispatch to the wait-first path), for a later retune.
-CANDIDATES = [
-    SkinnyConfig(1, 8, 256, 1, 4, 2),
-    SkinnyConfig(1, 16, 256, 1, 4, 2),
-    SkinnyConfig(1, 16, 512, 1, 4, 2),
-    SkinnyConfig(1, 8, 512, 1, 4, 1),
-    SkinnyConfig(1, 8, 512, 2, 4, 2),
-]
-# tl.dot-path configs of the fused kernels at 2-16 rows (the NORM prologue needs split_k 1).
-PREFETCH_NORM = [
-    SkinnyConfig(16, 32, 256, 1, 4, 4),
-    SkinnyConfig(16, 64, 64, 1, 4, 5),
-    SkinnyConfig(16, 64, 128, 1, 4, 3),
-    SkinnyConfig(16, 32, 128, 1, 4, 4),
-    SkinnyConfig(16, 64, 256, 1, 4, 3),
-    SkinnyConfig(16, 64, 256, 1, 8, 3),
-    SkinnyConfig(16, 128, 128, 1, 8, 3),
-    SkinnyConfig(16, 128, 64, 1, 4, 4),
-    SkinnyConfig(16, 16, 256, 1, 4, 4),
-]
-PREFETCH_SWIGLU = [
-    SkinnyConfig(16, 32, 128, 4, 4, 4),
-    SkinnyConfig(16, 32, 128, 8, 4, 3),
-    SkinnyConfig(16, 64, 64, 8, 4, 5),
-    SkinnyConfig(16, 32, 256, 4, 4, 3),
-    SkinnyConfig(16, 64, 128, 4, 4, 3),
-    SkinnyConfig(16, 64, 128, 8, 8, 3),
-    SkinnyConfig(16, 16, 256, 8, 4, 3),
-    SkinnyConfig(16, 32, 64, 8, 4, 5),
-]
-# Tilings of gate|up's SwiGLU epilogue at 2-64 rows (split_k 1), beside the dispatched half tile.
-GLU_CANDIDATES = [
-    SkinnyConfig(16, 32, 64, 1, 4, 4),
-    SkinnyConfig(16, 32, 128, 1, 4, 3),
-    SkinnyConfig(16, 64, 64, 1, 4, 4),
-    SkinnyConfig(64, 32, 64, 1, 4, 3),
-    SkinnyConfig(64, 32, 128, 1, 4, 3),
-    SkinnyConfig(64, 64, 64, 1, 8, 3),
-]
-# TMA GEMM tilings at 1-64 rows (BLOCK_N a multiple of 64: the warpgroup MMA's M side), BLOCK_M the
-# row bucket's (16 at least); split-K only for plain projections. GLU's BLOCK_N is per half.
-TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
-    (64, 64, 1, 4, 4),
-    (64, 64, 1, 4, 6),
-    (64, 128, 1, 4, 4),
-    (128, 64, 1, 4, 4),
-    (128, 128, 1, 8, 3),
-    (64, 64, 2, 4, 5),
-    (64, 128, 2, 4, 4),
-    (64, 64, 4, 4, 5),
-    (64, 128, 4, 4, 4),
-    (128, 64, 4, 8, 4),
-    (64, 64, 8, 4, 5),
-    (64, 128, 8, 4, 4),
-]
-NORM_CANDIDATES = [
-    SkinnyConfig(1, 16, 256, 1, 4, 2),
-    SkinnyConfig(1, 32, 128, 1, 4, 2),
-    SkinnyConfig(1, 8, 512, 1, 4, 2),
-]
 
 
 def reduce_kernel() -> AbstractContextManager:
@@ -163,12 +110,6 @@ def read_tables(path: Path) -> TunedTables:
 def tma_off() -> AbstractContextManager:
     """The tl.dot kernel's cp.async loads for every config, tma=1 ones too (before gemm.TMA)."""
     return setting(gemm, "TMA", False)
-
-
-def tma_configs(m: int, glu: bool) -> list[SkinnyConfig]:
-    block_m = min(64, max(16, 1 << (m - 1).bit_length()))
-    tiles = [t for t in TMA_TILES if not (glu and t[2] > 1)]
-    return [SkinnyConfig(block_m, *t, tma=1) for t in tiles]
 
 
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
