@@ -20,11 +20,11 @@ from triton.compiler import ASTSource
 from engine.kernels import _triton, gemm_tma
 
 out = []
-for bm, bn, bk, warps, stages, glu, split, reduce in json.loads(sys.argv[1]):
-    names = ["x_desc", "w_desc", "y_ptr", "p_ptr", "c_ptr", "M", "N", "K", "stride_ym", "k_per_split"]
-    types = [f"tensordesc<bf16[{bm}, {bk}]>", f"tensordesc<bf16[{bn}, {bk}]>", "*bf16", "*fp32", "*i32"]
+for bm, bn, bk, warps, stages, glu, split in json.loads(sys.argv[1]):
+    names = ["x_desc", "w_desc", "y_ptr", "M", "N", "K", "stride_ym", "k_per_split"]
+    types = [f"tensordesc<bf16[{bm}, {bk}]>", f"tensordesc<bf16[{bn}, {bk}]>", "*fp32" if split else "*bf16"]
     types += ["i32"] * 5
-    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, REDUCE=reduce, PRECISION="tf32", PDL=True, GLU=glu)
+    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, PRECISION="tf32", PDL=True, GLU=glu)
     sig = {**dict(zip(names, types)), **{c: "constexpr" for c in const}}
     attrs = {(2,): [["tt.divisibility", 16]]}
     kernel = _triton.bind(gemm_tma.__dict__)["_linear_tma_kernel"]
@@ -36,37 +36,19 @@ for bm, bn, bk, warps, stages, glu, split, reduce in json.loads(sys.argv[1]):
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     first_tma = next(i for i, line in enumerate(lines) if "cp.async.bulk.tensor" in line)
     launches = sum("griddepcontrol.launch_dependents" in line for line in lines)
-    tickets = [i for i, line in enumerate(lines) if "atom.global" in line]
-    t = tickets[0] if tickets else 0
-    stores = [i for i, line in enumerate(lines[:t]) if "st.global" in line]
-    bars = [i for i, line in enumerate(lines) if "bar.sync" in line]
-    sums = [i for i, line in enumerate(lines) if "ld.global.cg" in line]
-    order = bool(tickets) and any(max(stores) < b < t for b in bars) and any(t < b < min(sums) for b in bars)
-    ops = [next(w for w in lines[i].split() if w.startswith("atom")) for i in tickets]
-    out.append([tma, wgmma, wait < first_tma, launches, ops, order])
+    out.append([tma, wgmma, wait < first_tma, launches])
 print(json.dumps(out))
 """
-CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GLU, SPLIT, REDUCE
-    (64, 64, 64, 4, 4, False, False, False),
-    (64, 64, 64, 4, 4, True, False, False),
-    (16, 64, 128, 4, 3, False, True, False),
-    (64, 64, 64, 4, 5, False, True, True),
+CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GLU, SPLIT
+    (64, 64, 64, 4, 4, False, False),
+    (64, 64, 64, 4, 4, True, False),
+    (16, 64, 128, 4, 3, False, True),
 ]
 
 
 def test_tiles_come_by_tma_after_the_wait_into_the_warpgroup_mma():
-    (plain, glu, split, reduce) = compile_in_child(CHILD, json.dumps(CONFIGS))
-    assert not any(cfg[5] for cfg in (plain, glu, split))
-    for copies, wgmma, wait_first, *_ in (plain, glu, split, reduce):
+    (plain, glu, split) = compile_in_child(CHILD, json.dumps(CONFIGS))
+    for copies, wgmma, wait_first, _ in (plain, glu, split):
         assert copies >= 2 and wgmma > 0 and wait_first
     assert glu[0] > plain[0]  # the up half's tiles too
-    assert plain[3] == split[3] == reduce[3] == 1 and glu[3] == 0  # down launches at the epilogue's exit
-    assert plain[4] == split[4] == []
-
-
-def test_the_last_split_takes_its_ticket_after_a_barrier_and_sums_from_l2():
-    """The self-reducing split (split_sum._split_store): the partials' stores, a CTA barrier, one
-    acquire-release ticket at GPU scope, then the planes read through L2 (.cg)."""
-    (reduce,) = compile_in_child(CHILD, json.dumps(CONFIGS[3:]))
-    assert reduce[4] == ["atom.global.gpu.acq_rel.add.u32"]
-    assert reduce[5]  # stores, barrier, ticket, barrier (its broadcast), then the .cg sums
+    assert plain[3] == split[3] == 1 and glu[3] == 0  # the down projection launches at the epilogue's exit

@@ -2,8 +2,8 @@
 optional prologues that form the activation in registers (SWIGLU for the MLP's down projection, NORM
 for a residual add + RMSNorm before q|k|v and gate|up; helpers in gemm_prologues.py), or a SwiGLU
 epilogue (GLU, the MLP's gate|up). One-row configs of the prologues in EARLY_WEIGHTS run gemv.py's
-kernel. A split-K result is summed by its own last split (split_sum.SELF_REDUCE) or split_sum.py's reduce
-kernel, or handed back as its partials (`SplitSum`, launch(defer=True)) for the next add + RMSNorm to sum."""
+kernel. A split-K result is reduced by split_sum.py's kernel, or handed back as its partials
+(`SplitSum`, launch(defer=True)) for the next add + RMSNorm to sum."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from engine.kernels import gemm_tma
 from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.gemm_prologues import _add_scale, _pdl_start, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
-from engine.kernels.split_sum import SplitSum, _split_store, reduce_parts, tile_counters
+from engine.kernels.split_sum import SplitSum, reduce_parts
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -60,12 +60,10 @@ def _linear_kernel(
     stride_rm,
     stride_sm,
     eps,
-    c_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
-    REDUCE: tl.constexpr,
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
     SWIGLU: tl.constexpr,
@@ -79,8 +77,7 @@ def _linear_kernel(
     NORM (no split) y = rms_norm(x + r) * nw @ W^T in one pass: each K tile of x + r feeds both the
     sum of squares and the product, and the accumulator is scaled by 1/rms at the end (the programs
     with pid_n == 0 also store x + r to s). SPLIT: fp32 partials [SPLIT_K, M, N] to p, summed in
-    split order by split_sum._splitk_reduce_kernel, or with REDUCE (tl.dot path) by the tile's last split
-    into y (split_sum._split_store). GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
+    split order by split_sum._splitk_reduce_kernel. GLU (tl.dot path, no split): W is [2N, K] = [gate | up] and
     y = silu(x @ W[:N]^T) * (x @ W[N:]^T), each program owning the same N columns of both halves and
     rounding as silu_and_mul does the [M, 2N] product the plain kernel would store."""
     _pdl_start(PDL, GLU)
@@ -176,12 +173,11 @@ def _linear_kernel(
             dtype = y_ptr.dtype.element_ty
             acc = _swiglu(acc.to(dtype), acc_up.to(dtype))
         mask = m_ok[:, None] & n_ok[None, :]
-        y_off = rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
         if not SPLIT:
-            tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            dst = y_ptr + rm.to(tl.int64)[:, None] * stride_ym + rn[None, :]
+            tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:
-            part_off = rm.to(tl.int64)[:, None] * N + rn[None, :]
-            _split_store(acc, p_ptr, y_ptr, c_ptr, part_off, y_off, mask, M, N, REDUCE)
+            tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
 
 
 def launch(
@@ -229,8 +225,6 @@ def launch(
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     y = None if deferred else out if out is not None else torch.empty(m, n, dtype=dtype, device=x.device)
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
-    # Above the GEMV a split-K result's last split sums it (split_sum.SELF_REDUCE); None: the reduce kernel.
-    counters = tile_counters(x.device, grid[0] * grid[1]) if split and not deferred and cfg.block_m > 1 else None
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
     args = (x, weight, y if y is not None else parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n)
     args += (k_per_split, k if swiglu else m * k if planes else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
@@ -241,15 +235,13 @@ def launch(
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
-        gemm_tma.launch(x, weight, cfg, args[2], parts, counters, glu=glu)
+        gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
         _linear_kernel[grid](
             *args,
-            counters if counters is not None else parts,
             BLOCK_M=cfg.block_m,
-            REDUCE=counters is not None,
             EVEN_K=k % cfg.block_k == 0,
             PRECISION=precision,
             PREFETCH=prefetch,
@@ -258,4 +250,4 @@ def launch(
         )
     if deferred:
         return SplitSum(parts, dtype)
-    return reduce_parts(parts, y) if split and counters is None else y
+    return reduce_parts(parts, y) if split else y

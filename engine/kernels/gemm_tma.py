@@ -14,7 +14,6 @@ import torch
 
 from engine.kernels._triton import cdiv, jit, pdl, sm90
 from engine.kernels.gemm_prologues import _pdl_start, _swiglu
-from engine.kernels.split_sum import _split_store
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -25,8 +24,6 @@ def _linear_tma_kernel(
     x_desc,
     w_desc,
     y_ptr,
-    p_ptr,
-    c_ptr,
     M,
     N,
     K,
@@ -36,14 +33,12 @@ def _linear_tma_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
-    REDUCE: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     GLU: tl.constexpr,
 ):
     """y = x @ W^T, or with GLU (W = [gate | up], [2N, K]) y = silu(x @ gate^T) * (x @ up^T) rounded as
-    silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to p_ptr, summed into y by the last
-    split of each tile with REDUCE (split_sum._split_store). Tiles past M, N or K read zeros."""
+    silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to y_ptr. Tiles past M, N or K read zeros."""
     _pdl_start(PDL, GLU)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -65,11 +60,11 @@ def _linear_tma_kernel(
     if GLU:
         dtype = y_ptr.dtype.element_ty
         acc = _swiglu(acc.to(dtype), acc_up.to(dtype))
-    y_off = rm.to(tl.int64)[None, :] * stride_ym + rn[:, None]
     if SPLIT:
-        _split_store(acc, p_ptr, y_ptr, c_ptr, rm.to(tl.int64)[None, :] * N + rn[:, None], y_off, mask, M, N, REDUCE)
+        tl.store(y_ptr + (pid_k * M + rm.to(tl.int64))[None, :] * N + rn[:, None], acc, mask=mask)
     else:
-        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        dst = y_ptr + rm.to(tl.int64)[None, :] * stride_ym + rn[:, None]
+        tl.store(dst, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -85,19 +80,9 @@ def serves(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig) -> bool:
     return x.device.type == "cpu" or sm90(x.device)
 
 
-def launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    cfg: SkinnyConfig,
-    y: torch.Tensor,
-    parts: torch.Tensor,
-    counters: torch.Tensor | None = None,
-    glu: bool = False,
-) -> None:
-    """Fill y ([M, N]) with x @ W^T (glu: see the kernel). Where cfg splits K the fp32 partials
-    [split_k, M, N] go to parts, and they are summed into y only with counters
-    (split_sum.tile_counters); else parts is y. x: [M, K] rows, weight: [N, K] ([2N, K] with glu),
-    both TMA-aligned (serves())."""
+def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Tensor, glu: bool = False) -> None:
+    """Fill y ([M, N], or the fp32 partials [split_k, M, N] where cfg splits K) with x @ W^T (glu: see
+    the kernel). x: [M, K] rows, weight: [N, K] ([2N, K] with glu), both TMA-aligned (serves())."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     m, k = x.shape
@@ -110,18 +95,15 @@ def launch(
         x_desc,
         w_desc,
         y,
-        parts,
-        counters if counters is not None else parts,
         m,
         n,
         k,
-        y.stride(0),
+        y.stride(-2),
         k_per_split,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT=cfg.split_k > 1,
-        REDUCE=counters is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         GLU=glu,
         num_warps=cfg.num_warps,
