@@ -30,6 +30,7 @@ CASES = [
     (5, 96, 200, SkinnyConfig(16, 64, 64, 1, 4, 3, tma=1)),  # ragged M, N against BLOCK_N, K against BLOCK_K
     (33, 64, 256, SkinnyConfig(32, 64, 32, 4, 4, 2, tma=1)),  # two M tiles; split-K partials summed
     (20, 70, 192, SkinnyConfig(16, 64, 64, 2, 4, 2, tma=1)),  # split-K with a ragged N
+    (40, 64, 320, SkinnyConfig(16, 64, 64, 3, 4, 2, tma=1)),  # three splits: 128, 128 and 64 columns
 ]
 TMA_CFG = CASES[0][3]
 

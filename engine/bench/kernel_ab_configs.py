@@ -61,6 +61,12 @@ TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (128, 64, 4, 8, 4),
     (64, 64, 8, 4, 5),
     (64, 128, 8, 4, 4),
+    # Three and six splits: o and down (N 2560, 40 tiles of 64) as 120 or 240 programs, one or two whole
+    # waves of the H200's 132 SMs, where four splits make 160 (28 SMs with two programs).
+    (64, 64, 3, 4, 5),
+    (64, 128, 3, 4, 4),
+    (64, 64, 3, 4, 6),
+    (64, 64, 6, 4, 5),
 ]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
