@@ -56,6 +56,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     backend: str = "auto"  # auto: triton on cuda, torch on cpu
     cuda_graphs: bool = True
+    decode_overlap: bool = True  # plain greedy decode launches its next step before reading its tokens
     batch_invariant: bool = False
     max_num_seqs: int = 64
     max_model_len: int | None = None  # default: min(model limits, 4096)
@@ -82,7 +83,7 @@ class EngineConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"EngineConfig.{name}={value!r}; expected one of {allowed}")
-        for name in ("cuda_graphs", "batch_invariant"):
+        for name in ("cuda_graphs", "decode_overlap", "batch_invariant"):
             _check_bool("EngineConfig", name, getattr(self, name))
         if self.trace is not None:
             _check_bool("EngineConfig", "trace", self.trace)

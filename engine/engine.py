@@ -57,7 +57,9 @@ class Engine:
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table)
+        self.rounds = Rounds(
+            self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table, overlap=config.decode_overlap
+        )
         # No request comes until the running ones finish (generate(), a bench's last wave): engine/drain.py
         self.no_more_requests = False
         self.scheduler = Scheduler(
@@ -248,7 +250,7 @@ class Engine:
         elif step.plan is Plan.SPECULATIVE:
             self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
         else:
-            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED)
+            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=bool(self.scheduler.waiting))
         if self.timer:
             self.timer.finish(step.plan.value, len(step.reqs))
 
@@ -259,6 +261,7 @@ class Engine:
             r.finish(Finish.ERROR, message)
             self.scheduler.release(r)
         self.runner.reset()
+        self.rounds.overlap.drop()
         self.rounds.pause()
         return failed
 

@@ -21,6 +21,7 @@ from functools import partial
 import torch
 
 from engine.costs import CostTable
+from engine.decode_overlap import HostTokens, OverlappedDecode
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
@@ -102,6 +103,7 @@ class Rounds:
         levers: Levers,
         trace: bool,
         cost_table: CostTable | None = None,
+        overlap: bool = True,
     ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
         self.cost_table, self._span_policy = cost_table, None
@@ -111,6 +113,7 @@ class Rounds:
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
         self.ahead = PolicyAhead()  # the policy's host work while the device runs a round
+        self.overlap = OverlappedDecode(runner, overlap)  # plain decode's next step launched ahead
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
@@ -159,21 +162,24 @@ class Rounds:
             self.timer.mark(phase)
 
     # -- the one-token round ---------------------------------------------------------------------------
-    def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None) -> None:
+    def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None, admitting: bool = True) -> None:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
-        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated)."""
+        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). A plain
+        decode may launch the next step before it reads its tokens (engine/decode_overlap.py);
+        admitting: a request waits for admission, so none is launched ahead."""
+        if not gated:
+            self._plain_decode(reqs, admitting)
+            self.hedger.pause()
+            self._policy_k = None
+            return
         self.runner.stage(reqs)
         res = self.runner.decode(reqs)
         if draining is not None:
             self.ahead.after_gated(self.policy, reqs, self.levers, draining)
         self._mark("target")
         tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
-        committed = [r.advanced([], token, keep_context=gated) for r, token in zip(reqs, tokens, strict=True)]
+        committed = [r.advanced([], token, keep_context=True) for r, token in zip(reqs, tokens, strict=True)]
         record_logprobs(reqs, res.logits, 1, committed)
-        if not gated:
-            self.hedger.pause()
-            self._policy_k = None
-            return
         s = self.stats
         s.rounds += len(reqs)
         s.gated_rounds += len(reqs)
@@ -186,6 +192,30 @@ class Rounds:
             self.ahead.flush(self.policy)
             self.policy.gated()
             self._policy_k = 0
+
+    def _plain_decode(self, reqs: list[Request], admitting: bool) -> None:
+        """This step: the one launched ahead if it is this one, else launched now. Then, where it may,
+        the next step is launched before this step's tokens are read."""
+        ahead = self.overlap.eligible(reqs, admitting)
+        launched = self.overlap.take(reqs)
+        if launched is None:
+            self.runner.stage(reqs)
+            res = self.runner.decode(reqs)
+            self._mark("target")
+            if not ahead:
+                tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
+                committed = [r.advanced([], t, keep_context=False) for r, t in zip(reqs, tokens, strict=True)]
+                record_logprobs(reqs, res.logits, 1, committed)
+                return
+            this, device_tokens = HostTokens.copy(res.greedy), res.greedy
+        else:  # its device span: from the previous step's token copy to its own
+            this, device_tokens = launched.tokens, launched.device_tokens
+            if self.timer:
+                self.timer.span("target", launched.after.ready, this.ready)
+        if ahead:
+            self.overlap.launch(reqs, device_tokens, this)
+        for r, t in zip(reqs, this.tolist(), strict=True):
+            r.advanced([], t, keep_context=False)
 
     # -- the speculative round -------------------------------------------------------------------------
     def speculate(self, reqs: list[Request], draining: bool = False) -> None:

@@ -96,15 +96,20 @@ class ModelRunner:
             return torch.tensor(list(values), dtype=dtype, pin_memory=True).to(self.device, non_blocking=True)
         return torch.tensor(list(values), dtype=dtype, device=self.device)
 
-    def stage(self, reqs: list[Request], limits: Sequence[int] | None = None) -> None:
+    def stage(
+        self, reqs: list[Request], limits: Sequence[int] | None = None, next_tokens: torch.Tensor | None = None
+    ) -> None:
         """Copy the step's per-request inputs to the device in one transfer, padded to the graph
-        bucket with null-block rows; `decode`, `draft` and `verify` of these requests read them."""
+        bucket with null-block rows; `decode`, `draft` and `verify` of these requests read them.
+        next_tokens: stage the decode step after the one already launched instead, its tokens these
+        (that step's greedy tokens, on the device) at one row past each request's committed rows."""
         n = len(reqs)
         pad = self.graphs.rows(n) - n
+        ahead = int(next_tokens is not None)
         fields = [
-            [r.current_token for r in reqs] + [0] * pad,
+            [0 if ahead else r.current_token for r in reqs] + [0] * pad,
             [r.slot for r in reqs] + [self.null_row] * pad,
-            [r.num_kv for r in reqs] + [0] * pad,
+            [r.num_kv + ahead for r in reqs] + [0] * pad,
             (list(limits) if limits is not None else [0] * n) + [0] * pad,
         ]
         if self._staged_copied is not None:
@@ -113,6 +118,8 @@ class ModelRunner:
         self.staged.copy_(self._staged_host, non_blocking=True)
         if self._staged_copied is not None:
             self._staged_copied.record()
+        if next_tokens is not None:  # in stream order: after the launched step wrote them, before the next reads
+            self.staged[STAGED.index("token"), :n].copy_(next_tokens)
         self._staged_for = reqs
 
     def reset(self) -> None:

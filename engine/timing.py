@@ -57,6 +57,7 @@ class PhaseTimer:
         self.cuda = device.type == "cuda"
         self.records: list[StepTiming] = []
         self._marks: list[tuple[str, object]] = []
+        self._spans: list[tuple[str, object, object]] = []
         self._wall = 0.0
 
     def _stamp(self):
@@ -68,7 +69,14 @@ class PhaseTimer:
 
     def start(self) -> None:
         self._marks = [("start", self._stamp())]
+        self._spans: list[tuple[str, object, object]] = []
         self._wall = time.perf_counter()
+
+    def span(self, phase: str, begin: torch.cuda.Event | None, end: torch.cuda.Event | None) -> None:
+        """A phase between two recorded CUDA events, not at this step's marks (a step launched by the
+        step before: engine/decode_overlap.py). Without events (CPU) nothing is recorded."""
+        if begin is not None and end is not None:
+            self._spans.append((phase, begin, end))
 
     def mark(self, phase: str) -> None:
         self._marks.append((phase, self._stamp()))
@@ -80,5 +88,8 @@ class PhaseTimer:
         for (_, before), (phase, after) in zip(self._marks, self._marks[1:], strict=False):
             ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
             timing.phases[phase] = timing.phases.get(phase, 0.0) + ms
+        for phase, begin, end in self._spans:
+            end.synchronize()
+            timing.phases[phase] = timing.phases.get(phase, 0.0) + begin.elapsed_time(end)
         self.records.append(timing)
         return timing

@@ -85,6 +85,7 @@ def test_stop_token_ids_checked_against_the_vocabulary():
         ("seed", -1),
         ("seed", 2**32),
         ("cuda_graphs", "false"),
+        ("decode_overlap", 0),
         ("batch_invariant", 1),
         ("trace", "yes"),
         ("gpu_memory_utilization", "0.9"),

@@ -145,3 +145,18 @@ def test_settings_are_engine_kernels_constants_set_inside_the_arm_only():
 def test_a_bad_setting_is_refused_before_any_engine(tmp_path):
     with pytest.raises(SystemExit, match="--before-set: .*has no NOPE"):
         decode_ab.main(["--out", str(tmp_path), "--device", "cpu", "--before-set", "attention.NOPE=1"])
+
+
+def test_engine_fields_build_each_arms_engine(tmp_path, monkeypatch):
+    """--before-engine decode_overlap=False: the before engine steps one by one, the after one launches
+    ahead; a field that EngineConfig lacks, or a value that is no literal, is refused."""
+    built = []
+    real = decode_ab.make_engine
+    monkeypatch.setattr(decode_ab, "make_engine", lambda *a, **kw: built.append(kw["options"]) or real(*a, **kw))
+    argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "2"]
+    argv += ["--repeats", "1", "--new-tokens", "4", "--prompt-len", "8", "--before-engine", "decode_overlap=False"]
+    assert decode_ab.main(argv) == 0
+    assert built == [{"decode_overlap": False}, {}]
+    for bad in (["--after-engine", "no_such_field=1"], ["--before-engine", "decode_overlap=nope"]):
+        with pytest.raises(SystemExit, match="-engine"):
+            decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *bad])

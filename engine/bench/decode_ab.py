@@ -15,6 +15,9 @@ tuned table (a retune's A/B: the shipped table against a sweep's DIR/tuned/<devi
 `--before-set` / `--after-set NAME=VALUE ...` run that arm as the current dispatch with these
 engine.kernels module constants set (NAME `module.CONSTANT`, VALUE a Python literal), with or
 without its table: e.g. `--after-set attention.SPLIT_TARGET_PROGRAMS_PER_SM=4`.
+`--before-engine` / `--after-engine NAME=VALUE ...` build that arm's engine with these EngineConfig
+fields (the dispatch as the current one unless said otherwise): e.g. `--before-engine
+decode_overlap=False`, the host's work between steps against it under the next step's.
 `--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
 each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
 `--verify-batches B ...` then times the verify forward at B x `--verify-spans` rows under both arms
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import importlib
 import statistics
 from collections.abc import Callable, Iterator, Sequence
@@ -41,9 +45,23 @@ from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
 from engine.bench.steps import profile_arm
 from engine.bench.verify_ab import verify_markdown, verify_rows
+from engine.config import EngineConfig
 from engine.kernels import tuning
 
 ARMS = {"before": unfused_mlp, "after": nullcontext}
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """(field, value) of `FIELD=VALUE` for an EngineConfig field; ValueError if there is no such field
+    or the value is not a Python literal."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in {f.name for f in dataclasses.fields(EngineConfig)}:
+        raise ValueError(f"{text!r}: not FIELD=VALUE for an EngineConfig field")
+    try:
+        return name, ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError) as err:
+        raise ValueError(f"{text!r}: {err}") from None
 
 
 def parse_setting(text: str) -> tuple[object, str, object]:
@@ -187,6 +205,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     for arm in ARMS:
         p.add_argument(
+            f"--{arm}-engine",
+            nargs="+",
+            default=[],
+            metavar="FIELD=VALUE",
+            help=f"the {arm} arm's engine with these EngineConfig fields (e.g. decode_overlap=False)",
+        )
+        p.add_argument(
             f"--{arm}-set",
             nargs="+",
             default=[],
@@ -215,11 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
     if min(args.verify_batches + args.verify_spans + [args.verify_context]) < 1:
         raise SystemExit("need --verify-batches, --verify-spans and --verify-context >= 1")
-    runs = dict(ARMS)
-    for arm, path, sets in (
-        ("before", args.before_tables, args.before_set),
-        ("after", args.after_tables, args.after_set),
+    runs, options = dict(ARMS), {}
+    for arm, path, sets, fields in (
+        ("before", args.before_tables, args.before_set, args.before_engine),
+        ("after", args.after_tables, args.after_set, args.after_engine),
     ):
+        try:
+            options[arm] = dict(parse_option(t) for t in fields)
+        except ValueError as err:
+            raise SystemExit(f"--{arm}-engine: {err}") from None
         try:
             tables = read_tables(path) if path is not None else None
         except ValueError as err:
@@ -230,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"--{arm}-set: {err}") from None
         if tables is not None:
             runs[arm] = partial(tuning.in_force, tables)
-        elif settings:  # the current dispatch, not the default "before" arm
+        elif settings or options[arm]:  # the current dispatch, not the default "before" arm
             runs[arm] = nullcontext
         if settings:
             runs[arm] = partial(arm_context, runs[arm], settings)
@@ -242,7 +271,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     seq_tokens = max(args.prompt_len + args.new_tokens, verify_tokens)  # decode-only engines as before
     max_c = max(args.concurrency + args.profile_kernels + args.verify_batches)
     engines = {
-        arm: make_engine(checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens) for arm in ARMS
+        arm: make_engine(
+            checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, options=options[arm]
+        )
+        for arm in ARMS
     }
     prompts = random_prompts(max_c, args.prompt_len, config["vocab_size"], args.seed)
     rows = interleaved(

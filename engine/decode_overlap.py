@@ -1,0 +1,102 @@
+"""Plain greedy decode with the host's work under the device's: a one-token step launches the step
+after it before it reads its own tokens, so the device runs step t + 1 while the host commits step
+t's tokens, reports, schedules and stages (otherwise 0.1-0.3 ms a step with the device idle: the
+decode doc's host share).
+
+The step launched ahead takes its tokens from the device (step t's argmax), its positions one past
+step t's, and the same block-table rows. The next one-token round uses it only if it is exactly the
+step that round would run: the same requests, in the same order, each at the committed rows the
+launch assumed. Anything else drops it (a request ended on a stop token, was aborted or preempted,
+a prefill came between): its only effect then is the K/V it wrote one row past each request's
+committed rows, which the step that runs instead writes again, or which sits in blocks given back
+only after the stream has run it. So every token is the one the step-by-step path produces.
+
+A step is launched ahead only where nothing the host is about to learn could change it: every
+request greedy and without logprobs, none at its last token, each holding the KV block of the next
+row, and no request waiting for admission (the next step would be its prefill).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.request import Request
+from engine.runner import ModelRunner
+
+
+@dataclass
+class HostTokens:
+    """A step's greedy tokens on their way to the host: `host` is complete once `ready` has passed."""
+
+    host: torch.Tensor
+    ready: torch.cuda.Event | None  # None on CPU: the copy is done
+
+    @classmethod
+    def copy(cls, tokens: torch.Tensor) -> HostTokens:
+        if tokens.device.type != "cuda":
+            return cls(tokens.clone(), None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event(enable_timing=True)
+        ready.record()
+        return cls(host, ready)
+
+    def tolist(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.tolist()
+
+
+@dataclass
+class Launched:
+    """A step launched ahead: its requests, the committed rows each must have when it is used, its
+    tokens (on the device for the launch after it, and on their way to the host), and the previous
+    step's token copy (its `ready` event starts this step's device span)."""
+
+    reqs: list[Request]
+    num_kv: list[int]
+    device_tokens: torch.Tensor
+    tokens: HostTokens
+    after: HostTokens
+
+
+class OverlappedDecode:
+    def __init__(self, runner: ModelRunner, enabled: bool):
+        self.runner, self.enabled = runner, enabled
+        self.launched: Launched | None = None
+        self.launches = self.used = 0  # steps launched ahead, and of them the ones a round used
+
+    def eligible(self, reqs: list[Request], admitting: bool) -> bool:
+        """Whether the step after this one (of these requests, about to be committed) can launch now."""
+        if not self.enabled or admitting:
+            return False
+        rows = self.runner.block_size
+        return all(
+            r.params.greedy and r.params.logprobs is None and r.remaining >= 2 and len(r.blocks) * rows >= r.num_kv + 2
+            for r in reqs
+        )
+
+    def take(self, reqs: list[Request]) -> Launched | None:
+        """The step launched ahead if it is this round's step, else None; either way it is no longer held."""
+        launched, self.launched = self.launched, None
+        if launched is None or len(launched.reqs) != len(reqs):
+            return None
+        pairs = zip(reqs, launched.reqs, launched.num_kv, strict=True)
+        if any(a is not b or a.finished or a.num_kv != kv for a, b, kv in pairs):
+            return None
+        self.used += 1
+        return launched
+
+    def launch(self, reqs: list[Request], device_tokens: torch.Tensor, before: HostTokens) -> None:
+        """Launch the step after the one whose greedy tokens are `device_tokens` (its copy to the host,
+        `before`, already queued: this step's graph overwrites them)."""
+        self.runner.stage(reqs, next_tokens=device_tokens)
+        res = self.runner.decode(reqs)
+        num_kv = [r.num_kv + 1 for r in reqs]
+        self.launched = Launched(reqs, num_kv, res.greedy, HostTokens.copy(res.greedy), before)
+        self.launches += 1
+
+    def drop(self) -> None:
+        self.launched = None

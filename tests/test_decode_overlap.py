@@ -1,0 +1,164 @@
+"""Plain decode with its next step launched ahead (engine/decode_overlap.py): every request's tokens,
+finish reason and logprobs are those of the step-by-step engine (EngineConfig.decode_overlap=False),
+whatever happens between steps: a stop token, a request admitted or aborted mid-decode, a sampled or
+logprob request in the batch, a block boundary, preemption. The steps launched ahead are counted, so
+a test also fails if none was launched or none was used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.timing import PhaseTimer
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [3, 4]]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, pinned copies)")
+
+
+def make(tiny_target, overlap: bool, **options) -> Engine:
+    cfg = dict(model=str(tiny_target), device="cpu", max_num_seqs=4, kv_block_size=4) | options
+    return Engine(EngineConfig(decode_overlap=overlap, **cfg))
+
+
+def run(engine: Engine, script) -> dict:
+    """script(engine, step_no) may add or abort requests between steps; the final outputs by id."""
+    done, n = {}, 0
+    while engine.has_unfinished() or n == 0:
+        script(engine, n)
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = (out.token_ids, out.finish_reason, out.logprobs)
+        n += 1
+    return done
+
+
+def both(tiny_target, script, **options) -> tuple[dict, Engine]:
+    off = run(make(tiny_target, False, **options), script)
+    engine = make(tiny_target, True, **options)
+    on = run(engine, script)
+    assert on == off
+    return on, engine
+
+
+def submit_at(schedule: dict[int, list[tuple[list[int], SamplingParams]]]):
+    def script(engine: Engine, n: int) -> None:
+        for prompt, params in schedule.get(n, []):
+            engine.add_request(prompt, params)
+
+    return script
+
+
+def test_plain_decode_of_uneven_lengths_matches_and_uses_the_launched_steps(tiny_target, one_thread):
+    lengths = [3, 10, 17, 12]
+    script = submit_at(
+        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths, strict=True)]}
+    )
+    out, engine = both(tiny_target, script)
+    assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
+    ov = engine.rounds.overlap
+    assert ov.used > 0 and ov.launches >= ov.used and ov.launched is None
+
+
+def test_a_stop_token_mid_batch_drops_the_launched_step(tiny_target, one_thread):
+    free_run = run(
+        make(tiny_target, False, kv_block_size=16),
+        submit_at({0: [(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True))]}),
+    )
+    ((tokens, _, _),) = free_run.values()
+    stop = tokens[6]  # a token this request produces mid-run: its first occurrence ends it there
+    params = SamplingParams(max_tokens=20, stop_token_ids=[stop], ignore_eos=True)
+    other = SamplingParams(max_tokens=20, ignore_eos=True)
+    # 16-row blocks: every step of these runs can launch its successor (4-row blocks stop one in four)
+    out, engine = both(tiny_target, submit_at({0: [(PROMPTS[0], params), (PROMPTS[1], other)]}), kv_block_size=16)
+    assert {reason for _, reason, _ in out.values()} == {"stop", "length"}
+    assert engine.rounds.overlap.launches > engine.rounds.overlap.used  # the step after the stop was dropped
+
+
+def test_requests_admitted_and_aborted_mid_decode(tiny_target, one_thread):
+    long = SamplingParams(max_tokens=15, ignore_eos=True)
+    ids = []
+
+    def script(engine: Engine, n: int) -> None:
+        if n == 0:
+            ids.extend(engine.add_request(p, long) for p in PROMPTS[:2])
+        if n == 5:
+            engine.add_request(PROMPTS[2], long)  # a prefill between two decode steps
+        if n == 8:
+            engine.abort(ids[0])
+
+    out, engine = both(tiny_target, script)
+    assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
+    assert engine.rounds.overlap.used > 0
+
+
+def test_a_batch_of_the_same_size_but_other_requests_drops_the_launched_step(tiny_target, one_thread):
+    """One request aborted and another admitted between two steps: the next decode batch has as many
+    rows as the launched one, but not its requests."""
+    long = SamplingParams(max_tokens=12, ignore_eos=True)
+    ids = []
+
+    def script(engine: Engine, n: int) -> None:
+        if n == 0:
+            ids.extend(engine.add_request(p, long) for p in PROMPTS[:2])
+        if n == 4:
+            engine.abort(ids[0])
+            engine.add_request(PROMPTS[2], long)
+
+    out, engine = both(tiny_target, script, kv_block_size=16)
+    assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
+    assert engine.rounds.overlap.launches > engine.rounds.overlap.used > 0
+
+
+def test_sampled_and_logprob_requests_run_step_by_step(tiny_target, one_thread):
+    greedy = SamplingParams(max_tokens=8, ignore_eos=True)
+    sampled = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=3)
+    scored = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=2)
+    for odd in (sampled, scored):
+        out, engine = both(tiny_target, submit_at({0: [(PROMPTS[0], greedy), (PROMPTS[1], odd)]}))
+        assert engine.rounds.overlap.launches == 0
+    assert any(lp for _, _, lp in out.values())
+
+
+def test_preemption_under_a_small_pool(tiny_target, one_thread):
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    out, engine = both(tiny_target, submit_at({0: [(p, params) for p in PROMPTS]}), num_kv_blocks=22)
+    assert engine.preemptions > 0 and all(len(t) == 24 for t, _, _ in out.values())
+    assert engine.rounds.overlap.used > 0
+
+
+@pytest.mark.parametrize("num_kv", [6, 7])
+def test_no_step_is_launched_past_the_blocks_held(tiny_target, one_thread, num_kv):
+    """A step launched ahead writes one row past the committed ones: that row's block must be held."""
+    engine = make(tiny_target, True)
+    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True))
+    req = engine._requests[rid]
+    req.num_kv, req.blocks, req.output_ids = num_kv, [1, 2], [1]  # 8 rows held, 4 to a block
+    assert engine.rounds.overlap.eligible([req], admitting=False) is (num_kv + 2 <= 8)
+    assert not engine.rounds.overlap.eligible([req], admitting=True)
+
+
+def test_the_bench_timer_runs_over_launched_steps(tiny_target, one_thread):
+    engine = make(tiny_target, True)
+    engine.timer = PhaseTimer(engine.device)
+    engine.generate(PROMPTS[:2], SamplingParams(max_tokens=9, ignore_eos=True))
+    assert engine.rounds.overlap.used > 0
+    assert len(engine.timer.records) == 9 and all(r.total > 0 for r in engine.timer.records)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_graph_replays_launched_ahead_match_step_by_step(tiny_target, dtype):
+    """On the triton backend with CUDA graphs: the launched step's tokens come from the graph's argmax
+    on the device, through the staged buffer, while the host reads the step before."""
+    opts = dict(device="cuda", backend="triton", dtype=dtype, max_num_seqs=17, kv_block_size=16)
+    lengths = [3, 30, 17, 12, 25]
+    script = submit_at(
+        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS * 2, lengths, strict=False)]}
+    )
+    out, engine = both(tiny_target, script, **opts)
+    assert engine.runner.graphs.captured and engine.rounds.overlap.used > 20
+    engine.timer = PhaseTimer(engine.device)
+    engine.generate(PROMPTS[:3], SamplingParams(max_tokens=20, ignore_eos=True))
+    decode = [r for r in engine.timer.records if r.plan == "Decode"]
+    assert len(decode) == 19 and all(r.phases["target"] > 0 for r in decode)
