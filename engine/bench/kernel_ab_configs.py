@@ -67,6 +67,12 @@ TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (64, 128, 3, 4, 4),
     (64, 64, 3, 4, 6),
     (64, 64, 6, 4, 5),
+    # Deeper pipelines at 120 programs (more weight bytes in flight per SM), and 128-row weight tiles
+    # on six splits (half the activation re-reads per weight byte).
+    (64, 128, 3, 4, 5),
+    (64, 64, 3, 4, 8),
+    (128, 64, 6, 8, 4),
+    (128, 128, 6, 8, 3),
 ]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
