@@ -83,8 +83,10 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-# Software pipeline depth of the key and value tile loads (Triton's num_stages).
+# Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for
+# flash-decoding splits (decode with NUM_SPLITS > 1, the narrow key tile).
 NUM_STAGES = 2
+SPLIT_STAGES = 2
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
@@ -207,7 +209,7 @@ def paged_attention(
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
         EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
         num_warps=4,
-        num_stages=NUM_STAGES,
+        num_stages=SPLIT_STAGES if splits > 1 else NUM_STAGES,
         **launch,
     )
     if splits > 1:
