@@ -198,3 +198,24 @@ def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatc
         torch.cuda.synchronize()
         outs += [run().clone(), out.clone()]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_split_decodes_of_two_or_more_sequences_pipeline_deeper():
+    assert attention.attention_stages(8, 1, 2) == attention.SPLIT_STAGES == 3
+    assert attention.attention_stages(1, 1, 4) == attention.NUM_STAGES == 2  # one sequence: measured slower
+    assert attention.attention_stages(64, 1, 1) == attention.NUM_STAGES  # no splits: the wide tile
+    assert attention.attention_stages(8, 4, 2) == attention.NUM_STAGES  # verify spans: not measured
+
+
+@gpu
+def test_gpu_split_decode_pipeline_depth_changes_no_output(monkeypatch):
+    """Eight sequences of split decode (SPLIT_STAGES) give the same bits at two and three stages."""
+    torch.manual_seed(19)
+    g = QWEN3_4B
+    spans, ctxs = [1] * 8, [2047, 900, 15, 0, 1500, 256, 33, 1024]
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
+    outs = []
+    for stages in (2, 3):
+        monkeypatch.setattr(attention, "SPLIT_STAGES", stages)
+        outs.append(attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True))
+    assert torch.equal(outs[0], outs[1])

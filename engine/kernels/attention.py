@@ -83,10 +83,12 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-# Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for
-# flash-decoding splits (decode with NUM_SPLITS > 1, the narrow key tile).
+# Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for the
+# flash-decoding splits of a decode of two or more sequences. On the H200 (decode_ab at 64973ba, 4B
+# geometry) three stages there ran a step 1.017 at c=8 and 1.019 at c=16, and 0.994 at c=1 (so one
+# sequence keeps NUM_STAGES); at c=64 (no splits, the wide tile) three stages for every launch ran 0.973.
 NUM_STAGES = 2
-SPLIT_STAGES = 2
+SPLIT_STAGES = 3
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
@@ -127,6 +129,11 @@ def attention_config(
     if splits == 1 and span == 1:  # a full grid without splitting: wider key tiles, fewer loop trips
         block_n = DECODE_WIDE_BLOCK_N
     return block_q, block_m, block_n, splits
+
+
+def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
+    """The attention kernel's num_stages: SPLIT_STAGES for a split decode of two or more sequences."""
+    return SPLIT_STAGES if splits > 1 and max_query_len == 1 and num_seqs > 1 else NUM_STAGES
 
 
 def early_lines(head_dim: int, k_cache: torch.Tensor, launch: dict) -> int:
@@ -209,7 +216,7 @@ def paged_attention(
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
         EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
         num_warps=4,
-        num_stages=SPLIT_STAGES if splits > 1 else NUM_STAGES,
+        num_stages=attention_stages(num_seqs, max_query_len, splits),
         **launch,
     )
     if splits > 1:
