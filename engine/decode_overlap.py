@@ -1,15 +1,16 @@
-"""Plain greedy decode with the host's work under the device's: a one-token step launches the step
-after it before it reads its own tokens, so the device runs step t + 1 while the host commits step
-t's tokens, reports, schedules and stages (otherwise 0.1-0.3 ms a step with the device idle: the
-decode doc's host share).
+"""One-token steps with the host's work under the device's: a plain decode step, or a gated round
+under the static policy, launches the step after it before it reads its own tokens, so the device
+runs step t + 1 while the host commits step t's tokens, reports, schedules and stages (otherwise
+0.1-0.3 ms a step with the device idle: the decode doc's host share).
 
 The step launched ahead takes its tokens from the device (step t's argmax), its positions one past
 step t's, and the same block-table rows. The next one-token round uses it only if it is exactly the
-step that round would run: the same requests, in the same order, each at the committed rows the
-launch assumed. Anything else drops it (a request ended on a stop token, was aborted or preempted,
-a prefill came between): its only effect then is the K/V it wrote one row past each request's
-committed rows, which the step that runs instead writes again, or which sits in blocks given back
-only after the stream has run it. So every token is the one the step-by-step path produces.
+step that round would run: of the same kind (plain or gated), the same requests, in the same order,
+each at the committed rows the launch assumed. Anything else drops it (a request ended on a stop
+token, was aborted or preempted, a prefill came between): its only effect then is the K/V (and,
+with a drafter, the context rows) it wrote one row past each request's committed rows, which the
+step that runs instead writes again, or which sits in blocks given back only after the stream has
+run it. So every token is the one the step-by-step path produces.
 
 A step is launched ahead only where nothing the host is about to learn could change it: every
 request greedy and without logprobs, none at its last token, each holding the KV block of the next
@@ -57,6 +58,7 @@ class Launched:
 
     reqs: list[Request]
     num_kv: list[int]
+    gated: bool
     device_tokens: torch.Tensor
     tokens: HostTokens
     after: HostTokens
@@ -78,10 +80,10 @@ class OverlappedDecode:
             for r in reqs
         )
 
-    def take(self, reqs: list[Request]) -> Launched | None:
+    def take(self, reqs: list[Request], gated: bool) -> Launched | None:
         """The step launched ahead if it is this round's step, else None; either way it is no longer held."""
         launched, self.launched = self.launched, None
-        if launched is None or len(launched.reqs) != len(reqs):
+        if launched is None or launched.gated != gated or len(launched.reqs) != len(reqs):
             return None
         pairs = zip(reqs, launched.reqs, launched.num_kv, strict=True)
         if any(a is not b or a.finished or a.num_kv != kv for a, b, kv in pairs):
@@ -89,13 +91,13 @@ class OverlappedDecode:
         self.used += 1
         return launched
 
-    def launch(self, reqs: list[Request], device_tokens: torch.Tensor, before: HostTokens) -> None:
+    def launch(self, reqs: list[Request], device_tokens: torch.Tensor, before: HostTokens, gated: bool) -> None:
         """Launch the step after the one whose greedy tokens are `device_tokens` (its copy to the host,
         `before`, already queued: this step's graph overwrites them)."""
         self.runner.stage(reqs, next_tokens=device_tokens)
         res = self.runner.decode(reqs)
         num_kv = [r.num_kv + 1 for r in reqs]
-        self.launched = Launched(reqs, num_kv, res.greedy, HostTokens.copy(res.greedy), before)
+        self.launched = Launched(reqs, num_kv, gated, res.greedy, HostTokens.copy(res.greedy), before)
         self.launches += 1
 
     def drop(self) -> None:

@@ -164,22 +164,14 @@ class Rounds:
     # -- the one-token round ---------------------------------------------------------------------------
     def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None, admitting: bool = True) -> None:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
-        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). A plain
-        decode may launch the next step before it reads its tokens (engine/decode_overlap.py);
-        admitting: a request waits for admission, so none is launched ahead."""
+        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). Under the
+        static policy the step may launch the next one before it reads its tokens
+        (engine/decode_overlap.py); admitting: a request waits for admission, so none is launched ahead."""
+        committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:
-            self._plain_decode(reqs, admitting)
             self.hedger.pause()
             self._policy_k = None
             return
-        self.runner.stage(reqs)
-        res = self.runner.decode(reqs)
-        if draining is not None:
-            self.ahead.after_gated(self.policy, reqs, self.levers, draining)
-        self._mark("target")
-        tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
-        committed = [r.advanced([], token, keep_context=True) for r, token in zip(reqs, tokens, strict=True)]
-        record_logprobs(reqs, res.logits, 1, committed)
         s = self.stats
         s.rounds += len(reqs)
         s.gated_rounds += len(reqs)
@@ -193,29 +185,30 @@ class Rounds:
             self.policy.gated()
             self._policy_k = 0
 
-    def _plain_decode(self, reqs: list[Request], admitting: bool) -> None:
-        """This step: the one launched ahead if it is this one, else launched now. Then, where it may,
-        the next step is launched before this step's tokens are read."""
-        ahead = self.overlap.eligible(reqs, admitting)
-        launched = self.overlap.take(reqs)
+    def _one_step(self, reqs: list[Request], gated: bool, draining: bool | None, admitting: bool) -> list[int]:
+        """This step (the one launched ahead if it is this one, else launched now), then, where it may,
+        the next one launched before this one's tokens are read; the tokens each request committed."""
+        ahead = self.overlap.eligible(reqs, admitting) and not (gated and self.policy)
+        launched = self.overlap.take(reqs, gated)
         if launched is None:
             self.runner.stage(reqs)
             res = self.runner.decode(reqs)
+            if draining is not None:
+                self.ahead.after_gated(self.policy, reqs, self.levers, draining)
             self._mark("target")
             if not ahead:
                 tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
-                committed = [r.advanced([], t, keep_context=False) for r, t in zip(reqs, tokens, strict=True)]
+                committed = [r.advanced([], t, keep_context=gated) for r, t in zip(reqs, tokens, strict=True)]
                 record_logprobs(reqs, res.logits, 1, committed)
-                return
+                return committed
             this, device_tokens = HostTokens.copy(res.greedy), res.greedy
         else:  # its device span: from the previous step's token copy to its own
             this, device_tokens = launched.tokens, launched.device_tokens
             if self.timer:
                 self.timer.span("target", launched.after.ready, this.ready)
         if ahead:
-            self.overlap.launch(reqs, device_tokens, this)
-        for r, t in zip(reqs, this.tolist(), strict=True):
-            r.advanced([], t, keep_context=False)
+            self.overlap.launch(reqs, device_tokens, this, gated)
+        return [r.advanced([], t, keep_context=gated) for r, t in zip(reqs, this.tolist(), strict=True)]
 
     # -- the speculative round -------------------------------------------------------------------------
     def speculate(self, reqs: list[Request], draining: bool = False) -> None:

@@ -127,6 +127,41 @@ def test_preemption_under_a_small_pool(tiny_target, one_thread):
     assert engine.rounds.overlap.used > 0
 
 
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_gated_rounds_launch_ahead_and_count_as_step_by_step(tiny_target, tiny_drafter, one_thread, max_batch):
+    """With a drafter and the load gate: gated rounds (the batch at or above max_batch) launch their next
+    step too, keep the capture, and count and trace as one by one; max_batch 3 mixes in speculative rounds
+    as the batch shrinks (a gated step launched before the shrink is dropped)."""
+    lengths = [6, 14, 9, 20]
+    opts = dict(draft_model=str(tiny_drafter), levers={"max_batch": max_batch}, kv_block_size=16)
+    script = submit_at(
+        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths, strict=True)]}
+    )
+    off_engine = make(tiny_target, False, **opts)
+    off = run(off_engine, script)
+    out, engine = both(tiny_target, script, **opts)
+    assert out == off and engine.stats == off_engine.stats and engine.stats.gated_rounds > 0
+    assert engine.rounds.overlap.used > 0
+    if max_batch == 3:
+        assert engine.stats.rounds > engine.stats.gated_rounds  # speculative rounds ran too
+
+
+def test_gated_rounds_under_the_adaptive_policy_run_step_by_step(tiny_target, tiny_drafter, one_thread):
+    """The adaptive policy picks each round's K after the last one's tokens: nothing is launched ahead."""
+    from engine.costs import CostTable
+
+    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + s} for b in (1, 2, 4) for s in range(1, 9)]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 0.5} for b in (1, 2, 4)]
+    opts = dict(
+        draft_model=str(tiny_drafter),
+        levers={"policy": "adaptive", "max_batch": 1},
+        cost_table=CostTable.from_rows(rows),
+    )
+    script = submit_at({0: [(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS[:2]]})
+    out, engine = both(tiny_target, script, **opts)
+    assert engine.stats.gated_rounds > 0 and engine.rounds.overlap.launches == 0
+
+
 @pytest.mark.parametrize("num_kv", [6, 7])
 def test_no_step_is_launched_past_the_blocks_held(tiny_target, one_thread, num_kv):
     """A step launched ahead writes one row past the committed ones: that row's block must be held."""
