@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from engine.bench import decode_ab, verify_ab
+from engine.bench import ab_arms, decode_ab, verify_ab
 from engine.kernels import mlp
 
 
@@ -33,7 +33,7 @@ def test_arms_alternate_with_a_rotating_start_under_their_own_dispatch():
 def test_the_before_arm_runs_the_previous_dispatch():
     inside = []
     rows = decode_ab.interleaved(
-        decode_ab.ARMS, [1], 1, lambda arm, c: inside.append((arm, mlp.GLU_MAX_ROWS)) or {"tok_s": 1.0}
+        ab_arms.ARMS, [1], 1, lambda arm, c: inside.append((arm, mlp.GLU_MAX_ROWS)) or {"tok_s": 1.0}
     )
     on = mlp.GLU_MAX_ROWS
     assert on > 0 and inside == [("before", 0), ("after", on)] * 2 and len(rows) == 2
@@ -126,11 +126,11 @@ def test_bad_verify_values_are_refused_before_any_weights_are_built(tmp_path):
 def test_settings_are_engine_kernels_constants_set_inside_the_arm_only():
     from engine.kernels import attention
 
-    setting = decode_ab.parse_setting("attention.SPLIT_TARGET_PROGRAMS_PER_SM = 4")
+    setting = ab_arms.parse_setting("attention.SPLIT_TARGET_PROGRAMS_PER_SM = 4")
     assert setting == (attention, "SPLIT_TARGET_PROGRAMS_PER_SM", 4)
     shipped, glu = attention.SPLIT_TARGET_PROGRAMS_PER_SM, mlp.GLU_MAX_ROWS
     seen = []
-    runs = {"before": decode_ab.ARMS["before"], "after": partial(decode_ab.arm_context, nullcontext, [setting])}
+    runs = {"before": ab_arms.ARMS["before"], "after": partial(ab_arms.arm_context, nullcontext, [setting])}
     decode_ab.interleaved(
         runs, [1], 1, lambda arm, c: seen.append((arm, attention.SPLIT_TARGET_PROGRAMS_PER_SM)) or {"tok_s": 1.0}
     )
@@ -139,7 +139,7 @@ def test_settings_are_engine_kernels_constants_set_inside_the_arm_only():
     assert restored == (shipped, glu)
     for bad in ("attention.SPLIT_TARGET_PROGRAMS_PER_SM", "nosuch.X=1", "attention.NOPE=1", "attention.EARLY_KV=on"):
         with pytest.raises(ValueError):
-            decode_ab.parse_setting(bad)
+            ab_arms.parse_setting(bad)
 
 
 def test_a_bad_setting_is_refused_before_any_engine(tmp_path):
@@ -160,3 +160,19 @@ def test_engine_fields_build_each_arms_engine(tmp_path, monkeypatch):
     for bad in (["--after-engine", "no_such_field=1"], ["--before-engine", "decode_overlap=nope"]):
         with pytest.raises(SystemExit, match="-engine"):
             decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *bad])
+
+
+def test_known_pair_arms_run_gated_rounds_with_a_drafter(tmp_path, monkeypatch):
+    """--known-pair: both engines get the geometry's DFlash drafter and its block headroom; with
+    levers max_batch 1 every decode-side round is a gated one-token round, which engine_run times."""
+    engines = []
+    real = decode_ab.make_engine
+    monkeypatch.setattr(decode_ab, "make_engine", lambda *a, **kw: engines.append((a, kw)) or real(*a, **kw))
+    argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "2", "--repeats", "1"]
+    argv += ["--new-tokens", "5", "--prompt-len", "8", "--known-pair"]
+    gate = "levers={'max_batch': 1}"
+    assert decode_ab.main([*argv, "--before-engine", gate, "decode_overlap=False", "--after-engine", gate]) == 0
+    assert all(a[1] is not None and kw["headroom"] > 0 for a, kw in engines)
+    with (tmp_path / "decode_ab.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert all(int(r["decode_steps"]) == 4 and float(r["step_ms"]) > 0 for r in rows)  # the gated rounds

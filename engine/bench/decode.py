@@ -50,7 +50,7 @@ def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int
     host's time between steps included, and a step launched ahead counted once); host_step_ms the
     median host time of a step from its start until its tokens are on the host."""
     res = closed_loop(engine, prompts[:c], c, c, new_tokens)
-    decode = [s for s in res.steps if s.plan == Plan.DECODE.value]
+    decode = [s for s in res.steps if s.plan in (Plan.DECODE.value, Plan.GATED.value)]  # the one-token steps
     prefill_ms = sum(s.total for s in res.steps if s.plan == Plan.PREFILL.value)
     if not decode:  # a one-token run has no decode step
         period_ms = host_ms = target_ms = None

@@ -18,6 +18,9 @@ without its table: e.g. `--after-set attention.SPLIT_TARGET_PROGRAMS_PER_SM=4`.
 `--before-engine` / `--after-engine NAME=VALUE ...` build that arm's engine with these EngineConfig
 fields (the dispatch as the current one unless said otherwise): e.g. `--before-engine
 decode_overlap=False`, the host's work between steps against it under the next step's.
+`--known-pair` runs both arms on the known-continuation target and the geometry's random DFlash
+drafter (engine/bench/known_pair.py), for arms with a drafter: e.g. both with `levers={'max_batch': 1}`
+(every round a gated one-token round) and one with `decode_overlap=False`.
 `--profile-kernels C ...` then profiles one closed loop per arm at each C (torch.profiler, steps.py):
 each kernel's calls and device µs per step, both arms side by side, in kernels.csv and the Markdown.
 `--verify-batches B ...` then times the verify forward at B x `--verify-spans` rows under both arms
@@ -27,68 +30,21 @@ each kernel's calls and device µs per step, both arms side by side, in kernels.
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
-import importlib
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 
+from engine.bench.ab_arms import ARMS, arms_from_args
 from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode import engine_run
 from engine.bench.geometry import GEOMETRIES, target_config
-from engine.bench.kernel_ab import read_tables, setting, unfused_mlp
+from engine.bench.known_pair import known_pair
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import as_checkpoint, build_hf_model
 from engine.bench.report import markdown_table, write_csv, write_json
 from engine.bench.steps import profile_arm
 from engine.bench.verify_ab import verify_markdown, verify_rows
-from engine.config import EngineConfig
-from engine.kernels import tuning
-
-ARMS = {"before": unfused_mlp, "after": nullcontext}
-
-
-def parse_option(text: str) -> tuple[str, object]:
-    """(field, value) of `FIELD=VALUE` for an EngineConfig field; ValueError if there is no such field
-    or the value is not a Python literal."""
-    name, sep, value = text.partition("=")
-    name = name.strip()
-    if not sep or name not in {f.name for f in dataclasses.fields(EngineConfig)}:
-        raise ValueError(f"{text!r}: not FIELD=VALUE for an EngineConfig field")
-    try:
-        return name, ast.literal_eval(value.strip())
-    except (ValueError, SyntaxError) as err:
-        raise ValueError(f"{text!r}: {err}") from None
-
-
-def parse_setting(text: str) -> tuple[object, str, object]:
-    """(module, constant, value) of `module.CONSTANT=VALUE` under engine.kernels; ValueError if the
-    module or the constant does not exist or the value is not a Python literal."""
-    name, sep, value = text.partition("=")
-    module_name, _, attr = name.strip().rpartition(".")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{text!r}: not module.CONSTANT=VALUE")
-    try:
-        module = importlib.import_module(f"engine.kernels.{module_name}")
-        parsed = ast.literal_eval(value.strip())
-    except (ImportError, ValueError, SyntaxError) as err:
-        raise ValueError(f"{text!r}: {err}") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"{text!r}: engine.kernels.{module_name} has no {attr}")
-    return module, attr, parsed
-
-
-@contextmanager
-def arm_context(base: Callable[[], AbstractContextManager], settings: Sequence[tuple]) -> Iterator[None]:
-    """base() with each (module, constant, value) set inside, every one restored after."""
-    with ExitStack() as stack:
-        stack.enter_context(base())
-        for module, attr, value in settings:
-            stack.enter_context(setting(module, attr, value))
-        yield
+from engine.models.config import DFlashConfig
 
 
 def interleaved(runs: dict, concurrency: Sequence[int], repeats: int, run) -> list[dict]:
@@ -221,6 +177,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile-kernels", type=int, nargs="*", default=[], metavar="C", help="per-kernel profile at these c"
     )
+    p.add_argument(
+        "--known-pair",
+        action="store_true",
+        help="the known-continuation target and a random DFlash drafter of the geometry (arms with a drafter)",
+    )
     p.add_argument("--verify-batches", type=int, nargs="*", default=[], metavar="B", help="verify forward at these")
     p.add_argument("--verify-spans", type=int, nargs="+", default=[1, 4, 8, 16], metavar="S")
     p.add_argument("--verify-context", type=int, default=256, help="cached tokens per request for the verify")
@@ -240,39 +201,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
     if min(args.verify_batches + args.verify_spans + [args.verify_context]) < 1:
         raise SystemExit("need --verify-batches, --verify-spans and --verify-context >= 1")
-    runs, options = dict(ARMS), {}
-    for arm, path, sets, fields in (
-        ("before", args.before_tables, args.before_set, args.before_engine),
-        ("after", args.after_tables, args.after_set, args.after_engine),
-    ):
-        try:
-            options[arm] = dict(parse_option(t) for t in fields)
-        except ValueError as err:
-            raise SystemExit(f"--{arm}-engine: {err}") from None
-        try:
-            tables = read_tables(path) if path is not None else None
-        except ValueError as err:
-            raise SystemExit(f"--{arm}-tables: {err}") from None
-        try:
-            settings = [parse_setting(t) for t in sets]
-        except ValueError as err:
-            raise SystemExit(f"--{arm}-set: {err}") from None
-        if tables is not None:
-            runs[arm] = partial(tuning.in_force, tables)
-        elif settings or options[arm]:  # the current dispatch, not the default "before" arm
-            runs[arm] = nullcontext
-        if settings:
-            runs[arm] = partial(arm_context, runs[arm], settings)
+    runs, options = arms_from_args(args)
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     config = target_config(args.geometry)
-    checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
+    if args.known_pair:
+        checkpoint, drafter = known_pair(args.geometry, device, dtype, args.seed)
+        headroom = DFlashConfig.from_dict(drafter.config).drafts_per_round + 1
+    else:
+        checkpoint = as_checkpoint(build_hf_model(config, device, dtype, args.std, args.seed), config, "random")
+        drafter, headroom = None, 0
     verify_tokens = args.verify_context + max(args.verify_spans) if args.verify_batches else 0
     seq_tokens = max(args.prompt_len + args.new_tokens, verify_tokens)  # decode-only engines as before
     max_c = max(args.concurrency + args.profile_kernels + args.verify_batches)
     engines = {
         arm: make_engine(
-            checkpoint, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, options=options[arm]
+            checkpoint,
+            drafter,
+            args,
+            device,
+            max_num_seqs=max_c,
+            seq_tokens=seq_tokens,
+            headroom=headroom,
+            options=options[arm],
         )
         for arm in ARMS
     }
