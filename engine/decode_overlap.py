@@ -14,7 +14,8 @@ run it. So every token is the one the step-by-step path produces.
 
 A step is launched ahead only where nothing the host is about to learn could change it: every
 request greedy and without logprobs, none at its last token, each holding the KV block of the next
-row, and no request waiting for admission (the next step would be its prefill).
+row, and no request that could be admitted first (one waiting while a slot is free: the next step would
+be its prefill).
 """
 
 from __future__ import annotations

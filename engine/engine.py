@@ -250,7 +250,9 @@ class Engine:
         elif step.plan is Plan.SPECULATIVE:
             self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
         else:
-            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=bool(self.scheduler.waiting))
+            # a request could be admitted before the next step only if one waits and a slot is free
+            admitting = bool(self.scheduler.waiting) and self.scheduler.num_free_slots > 0
+            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=admitting)
         if self.timer:
             self.timer.finish(step.plan.value, len(step.reqs))
 

@@ -166,7 +166,7 @@ class Rounds:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
         draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). Under the
         static policy the step may launch the next one before it reads its tokens
-        (engine/decode_overlap.py); admitting: a request waits for admission, so none is launched ahead."""
+        (engine/decode_overlap.py); admitting: a request could be admitted first, so none is launched ahead."""
         committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:
             self.hedger.pause()

@@ -110,6 +110,23 @@ def test_a_batch_of_the_same_size_but_other_requests_drops_the_launched_step(tin
     assert engine.rounds.overlap.launches > engine.rounds.overlap.used > 0
 
 
+def test_a_queue_behind_a_full_batch_still_launches_ahead(tiny_target, one_thread):
+    """Requests waiting for a slot while every slot runs: the next step cannot be their prefill until a
+    request ends, so steps launch ahead; each admission (after a request's last token) drops nothing."""
+    lengths = [5, 9, 7, 6]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    submit, queued = submit_at({0: list(zip(PROMPTS, params, strict=True))}), []
+
+    def script(engine: Engine, n: int) -> None:
+        submit(engine, n)
+        queued.append((len(engine.scheduler.waiting), engine.rounds.overlap.launches))
+
+    out, engine = both(tiny_target, script, max_num_seqs=2, kv_block_size=16)
+    assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
+    assert any(waiting and launches for waiting, launches in queued)  # launched with the queue waiting
+    assert engine.rounds.overlap.used == engine.rounds.overlap.launches > 0
+
+
 def test_sampled_and_logprob_requests_run_step_by_step(tiny_target, one_thread):
     greedy = SamplingParams(max_tokens=8, ignore_eos=True)
     sampled = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=3)
