@@ -75,19 +75,24 @@ def test_a_stop_token_mid_batch_drops_the_launched_step(tiny_target, one_thread)
     assert engine.rounds.overlap.launches > engine.rounds.overlap.used  # the step after the stop was dropped
 
 
-def test_requests_admitted_and_aborted_mid_decode(tiny_target, one_thread):
-    long = SamplingParams(max_tokens=15, ignore_eos=True)
-    ids = []
+def admit_and_abort(max_tokens: int, admit_at: int, abort_at: int):
+    """Two requests from the start, a third admitted before step admit_at, the first aborted before
+    step abort_at."""
+    long, ids = SamplingParams(max_tokens=max_tokens, ignore_eos=True), []
 
     def script(engine: Engine, n: int) -> None:
         if n == 0:
             ids.extend(engine.add_request(p, long) for p in PROMPTS[:2])
-        if n == 5:
-            engine.add_request(PROMPTS[2], long)  # a prefill between two decode steps
-        if n == 8:
+        if n == admit_at:
+            engine.add_request(PROMPTS[2], long)
+        if n == abort_at:
             engine.abort(ids[0])
 
-    out, engine = both(tiny_target, script)
+    return script
+
+
+def test_requests_admitted_and_aborted_mid_decode(tiny_target, one_thread):
+    out, engine = both(tiny_target, admit_and_abort(15, admit_at=5, abort_at=8))  # a prefill between two steps
     assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
     assert engine.rounds.overlap.used > 0
 
@@ -95,17 +100,7 @@ def test_requests_admitted_and_aborted_mid_decode(tiny_target, one_thread):
 def test_a_batch_of_the_same_size_but_other_requests_drops_the_launched_step(tiny_target, one_thread):
     """One request aborted and another admitted between two steps: the next decode batch has as many
     rows as the launched one, but not its requests."""
-    long = SamplingParams(max_tokens=12, ignore_eos=True)
-    ids = []
-
-    def script(engine: Engine, n: int) -> None:
-        if n == 0:
-            ids.extend(engine.add_request(p, long) for p in PROMPTS[:2])
-        if n == 4:
-            engine.abort(ids[0])
-            engine.add_request(PROMPTS[2], long)
-
-    out, engine = both(tiny_target, script, kv_block_size=16)
+    out, engine = both(tiny_target, admit_and_abort(12, admit_at=4, abort_at=4), kv_block_size=16)
     assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
     assert engine.rounds.overlap.launches > engine.rounds.overlap.used > 0
 
