@@ -250,9 +250,7 @@ class Engine:
         elif step.plan is Plan.SPECULATIVE:
             self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
         else:
-            # a request could be admitted before the next step only if one waits and a slot is free
-            admitting = bool(self.scheduler.waiting) and self.scheduler.num_free_slots > 0
-            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=admitting)
+            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=self.scheduler.may_admit)
         if self.timer:
             self.timer.finish(step.plan.value, len(step.reqs))
 

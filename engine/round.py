@@ -164,9 +164,8 @@ class Rounds:
     # -- the one-token round ---------------------------------------------------------------------------
     def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None, admitting: bool = True) -> None:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
-        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). Under the
-        static policy the step may launch the next one before it reads its tokens
-        (engine/decode_overlap.py); admitting: a request could be admitted first, so none is launched ahead."""
+        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). admitting:
+        the next step could be a prefill, so none is launched ahead (engine/decode_overlap.py)."""
         committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:
             self.hedger.pause()

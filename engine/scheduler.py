@@ -113,6 +113,11 @@ class Scheduler:
     def num_free_slots(self) -> int:
         return len(self._free_slots)
 
+    @property
+    def may_admit(self) -> bool:
+        """Whether the next step could be a prefill: a request waits and a slot is free."""
+        return bool(self.waiting) and bool(self._free_slots)
+
     def describe(self) -> str:
         free, cap = self.blocks.num_free, self.blocks.capacity
         return f"{len(self.waiting)} waiting, {len(self.running)} running, {free} of {cap} KV blocks free"

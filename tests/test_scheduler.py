@@ -89,6 +89,10 @@ def test_max_num_seqs_limits_admission():
     for r in s.running:
         r.prefilled(1, context_stored=False)
     assert s.schedule().plan is Plan.DECODE and len(s.waiting) == 1
+    assert not s.may_admit  # one waits, but every slot runs: the next step cannot be its prefill
+    s.release(s.running[0])
+    assert s.may_admit
+    assert s.schedule().plan is Plan.PREFILL and not s.waiting and not s.may_admit
 
 
 def test_gate_and_not_ready_from_request_state():
