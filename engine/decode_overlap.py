@@ -13,13 +13,15 @@ step that runs instead writes again, or which sits in blocks given back only aft
 run it. So every token is the one the step-by-step path produces.
 
 A step is launched ahead only where nothing the host is about to learn could change it: every
-request greedy and without logprobs, none at its last token, each holding the KV block of the next
-row, and no request that could be admitted first (one waiting while a slot is free: the next step would
-be its prefill).
+request greedy and without logprobs, none at its last token, and no request that could be admitted
+first (one waiting while a slot is free: the next step would be its prefill). Each request must hold
+the KV block of the row it writes; at a block boundary that block is taken then (the scheduler's
+growth one step early) where the free pool has it, so those steps launch ahead too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,21 +67,35 @@ class Launched:
     after: HostTokens
 
 
+# The next row's block taken at launch where a request lacks it; False: no launch at a block boundary
+# (the engine before, for the A/B benches).
+GROW_AHEAD = True
+# The scheduler's take_ahead: the blocks of one more row for these requests, or None where the pool is short.
+TakeBlocks = Callable[[list[Request]], list[Request] | None]
+
+
 class OverlappedDecode:
-    def __init__(self, runner: ModelRunner, enabled: bool):
-        self.runner, self.enabled = runner, enabled
+    def __init__(self, runner: ModelRunner, enabled: bool, take_blocks: TakeBlocks | None = None):
+        self.runner, self.enabled, self.take_blocks = runner, enabled, take_blocks
         self.launched: Launched | None = None
         self.launches = self.used = 0  # steps launched ahead, and of them the ones a round used
 
     def eligible(self, reqs: list[Request], admitting: bool) -> bool:
-        """Whether the step after this one (of these requests, about to be committed) can launch now."""
+        """Whether the step after this one (of these requests, about to be committed) can launch now.
+        Where a request lacks the block of the row that step writes, it takes it here (GROW_AHEAD)."""
         if not self.enabled or admitting:
             return False
+        if not all(r.params.greedy and r.params.logprobs is None and r.remaining >= 2 for r in reqs):
+            return False
         rows = self.runner.block_size
-        return all(
-            r.params.greedy and r.params.logprobs is None and r.remaining >= 2 and len(r.blocks) * rows >= r.num_kv + 2
-            for r in reqs
-        )
+        short = [r for r in reqs if len(r.blocks) * rows < r.num_kv + 2]
+        if not short:
+            return True
+        grown = self.take_blocks(short) if GROW_AHEAD and self.take_blocks else None
+        if grown is None:
+            return False
+        self.runner.assign_blocks(grown)  # in stream order, before the step that writes there
+        return True
 
     def take(self, reqs: list[Request], gated: bool) -> Launched | None:
         """The step launched ahead if it is this round's step, else None; either way it is no longer held."""

@@ -57,9 +57,6 @@ class Engine:
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        self.rounds = Rounds(
-            self.runner, self.drafts_per_round, hedger, Levers(), trace, cost_table, overlap=config.decode_overlap
-        )
         # No request comes until the running ones finish (generate(), a bench's last wave): engine/drain.py
         self.no_more_requests = False
         self.scheduler = Scheduler(
@@ -72,6 +69,16 @@ class Engine:
             max_model_len=self.max_model_len,
             vocab_size=self.target_cfg.geometry.vocab_size,
             round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
+        )
+        self.rounds = Rounds(
+            self.runner,
+            self.drafts_per_round,
+            hedger,
+            Levers(),
+            trace,
+            cost_table,
+            overlap=config.decode_overlap,
+            take_blocks=self.scheduler.take_ahead,
         )
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0

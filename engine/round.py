@@ -21,7 +21,7 @@ from functools import partial
 import torch
 
 from engine.costs import CostTable
-from engine.decode_overlap import HostTokens, OverlappedDecode
+from engine.decode_overlap import HostTokens, OverlappedDecode, TakeBlocks
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
@@ -104,6 +104,7 @@ class Rounds:
         trace: bool,
         cost_table: CostTable | None = None,
         overlap: bool = True,
+        take_blocks: TakeBlocks | None = None,
     ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
         self.cost_table, self._span_policy = cost_table, None
@@ -113,7 +114,7 @@ class Rounds:
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
         self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
         self.ahead = PolicyAhead()  # the policy's host work while the device runs a round
-        self.overlap = OverlappedDecode(runner, overlap)  # plain decode's next step launched ahead
+        self.overlap = OverlappedDecode(runner, overlap, take_blocks)  # plain decode's next step launched ahead
         self.configure(levers)
 
     def configure(self, levers: Levers) -> None:
@@ -187,7 +188,7 @@ class Rounds:
     def _one_step(self, reqs: list[Request], gated: bool, draining: bool | None, admitting: bool) -> list[int]:
         """This step (the one launched ahead if it is this one, else launched now), then, where it may,
         the next one launched before this one's tokens are read; the tokens each request committed."""
-        ahead = self.overlap.eligible(reqs, admitting) and not (gated and self.policy)
+        ahead = not (gated and self.policy) and self.overlap.eligible(reqs, admitting)
         launched = self.overlap.take(reqs, gated)
         if launched is None:
             self.runner.stage(reqs)

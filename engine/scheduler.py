@@ -138,6 +138,19 @@ class Scheduler:
             if self._grow(decode, self.round_rows if plan is Plan.SPECULATIVE else 1, grown):
                 return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
 
+    def take_ahead(self, reqs: list[Request]) -> list[Request] | None:
+        """The blocks of one more one-token step past the next, taken now for a step launched ahead
+        (engine/decode_overlap.py): the requests that grew, or None where the free pool is short (then
+        nothing is taken, and the next schedule grows or preempts as it would have)."""
+        needs = [self._shortfall(r, 2) for r in reqs]
+        if sum(needs) > self.blocks.num_free:
+            return None
+        grown = [r for r, need in zip(reqs, needs, strict=True) if need]
+        for req, need in zip(reqs, needs, strict=True):
+            if need:
+                req.grew(self.blocks.allocate(need))
+        return grown
+
     def _shortfall(self, req: Request, rows: int) -> int:
         """Blocks `req` still needs for a step writing `rows` rows past its K/V (after its prefill)."""
         kv = req.num_kv or len(req.prefill_ids)

@@ -137,7 +137,11 @@ def test_settings_are_engine_kernels_constants_set_inside_the_arm_only():
     assert set(seen) == {("before", shipped), ("after", 4)}
     restored = (attention.SPLIT_TARGET_PROGRAMS_PER_SM, mlp.GLU_MAX_ROWS)
     assert restored == (shipped, glu)
-    for bad in ("attention.SPLIT_TARGET_PROGRAMS_PER_SM", "nosuch.X=1", "attention.NOPE=1", "attention.EARLY_KV=on"):
+    from engine import decode_overlap
+
+    assert ab_arms.parse_setting("decode_overlap.GROW_AHEAD=False") == (decode_overlap, "GROW_AHEAD", False)
+    bad_ones = ("attention.SPLIT_TARGET_PROGRAMS_PER_SM", "nosuch.X=1", "attention.NOPE=1", "attention.EARLY_KV=on")
+    for bad in (*bad_ones, "decode_overlap.NOPE=1"):
         with pytest.raises(ValueError):
             ab_arms.parse_setting(bad)
 

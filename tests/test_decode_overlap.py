@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams
+from engine import Engine, EngineConfig, SamplingParams, decode_overlap
 from engine.timing import PhaseTimer
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [3, 4]]
@@ -174,15 +174,32 @@ def test_gated_rounds_under_the_adaptive_policy_run_step_by_step(tiny_target, ti
     assert engine.stats.gated_rounds > 0 and engine.rounds.overlap.launches == 0
 
 
-@pytest.mark.parametrize("num_kv", [6, 7])
-def test_no_step_is_launched_past_the_blocks_held(tiny_target, one_thread, num_kv):
-    """A step launched ahead writes one row past the committed ones: that row's block must be held."""
+@pytest.mark.parametrize("grow", [True, False])
+def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_thread, monkeypatch, grow):
+    """A step launched ahead writes one row past the committed ones: that row's block is taken at its
+    launch (GROW_AHEAD) and written to the device's table, or the step is not launched ahead. A dry
+    pool takes nothing and launches nothing."""
+    monkeypatch.setattr(decode_overlap, "GROW_AHEAD", grow)
     engine = make(tiny_target, True)
     rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True))
-    req = engine._requests[rid]
-    req.num_kv, req.blocks, req.output_ids = num_kv, [1, 2], [1]  # 8 rows held, 4 to a block
-    assert engine.rounds.overlap.eligible([req], admitting=False) is (num_kv + 2 <= 8)
-    assert not engine.rounds.overlap.eligible([req], admitting=True)
+    engine.step()  # the prefill: 4 rows, one 4-row block
+    req, ov = engine._requests[rid], engine.rounds.overlap
+    req.num_kv = 3  # this step writes row 3, the one launched after it row 4: the next block
+    assert not ov.eligible([req], admitting=True) and len(req.blocks) == 1
+    assert ov.eligible([req], admitting=False) is grow and len(req.blocks) == 1 + grow
+    assert engine.runner.block_tables[req.slot, : len(req.blocks)].tolist() == req.blocks
+    engine.blocks.allocate(engine.blocks.num_free)
+    req.num_kv = 4 * len(req.blocks) - 1
+    assert not ov.eligible([req], admitting=False) and len(req.blocks) == 1 + grow
+
+
+def test_every_step_but_the_last_launches_its_successor(tiny_target, one_thread):
+    """One request on 4-row blocks crosses a boundary every fourth step: each of its decode steps but
+    the first is one launched ahead, and the tokens are the step-by-step engine's."""
+    params = SamplingParams(max_tokens=14, ignore_eos=True)
+    out, engine = both(tiny_target, submit_at({0: [(PROMPTS[1], params)]}))
+    ((tokens, _, _),) = out.values()
+    assert len(tokens) == 14 and engine.rounds.overlap.used == engine.rounds.overlap.launches == 12
 
 
 def test_the_bench_timer_runs_over_launched_steps(tiny_target, one_thread):

@@ -95,6 +95,22 @@ def test_max_num_seqs_limits_admission():
     assert s.schedule().plan is Plan.PREFILL and not s.waiting and not s.may_admit
 
 
+def test_take_ahead_grows_for_the_row_after_the_next_or_takes_nothing():
+    """A step launched ahead writes row num_kv + 1: its blocks are taken now, for all or for none."""
+    s = _scheduler(num_blocks=6, block_size=4)  # 5 usable blocks
+    a, b = _req(0, 3, 8), _req(1, 4, 8)
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    a.prefilled(1, context_stored=False)  # num_kv 3: rows 3 and 4 span a boundary
+    b.prefilled(1, context_stored=False)  # num_kv 4: rows 4 and 5 lie in its second block
+    assert s.schedule().grown == [b] and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [1, 2, 2]
+    assert s.take_ahead([a, b]) == [a] and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
+    assert s.take_ahead([a, b]) == []  # both hold rows num_kv and num_kv + 1 now
+    a.num_kv = b.num_kv = 7  # rows 7 and 8: a third block each, one free
+    assert s.take_ahead([a, b]) is None and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
+
+
 def test_gate_and_not_ready_from_request_state():
     s = _scheduler(num_blocks=40, drafter=True, max_batch=3)
     for i in range(3):

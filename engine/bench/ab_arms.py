@@ -33,20 +33,26 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 def parse_setting(text: str) -> tuple[object, str, object]:
-    """(module, constant, value) of `module.CONSTANT=VALUE` under engine.kernels; ValueError if the
-    module or the constant does not exist or the value is not a Python literal."""
+    """(module, constant, value) of `module.CONSTANT=VALUE`, the module under engine.kernels or else
+    under engine (e.g. decode_overlap.GROW_AHEAD); ValueError if the module or the constant does not
+    exist or the value is not a Python literal."""
     name, sep, value = text.partition("=")
     module_name, _, attr = name.strip().rpartition(".")
     if not sep or not module_name or not attr:
         raise ValueError(f"{text!r}: not module.CONSTANT=VALUE")
     try:
-        module = importlib.import_module(f"engine.kernels.{module_name}")
         parsed = ast.literal_eval(value.strip())
-    except (ImportError, ValueError, SyntaxError) as err:
+    except (ValueError, SyntaxError) as err:
         raise ValueError(f"{text!r}: {err}") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"{text!r}: engine.kernels.{module_name} has no {attr}")
-    return module, attr, parsed
+    for package in ("engine.kernels", "engine"):
+        try:
+            module = importlib.import_module(f"{package}.{module_name}")
+        except ImportError:
+            continue
+        if not hasattr(module, attr):
+            raise ValueError(f"{text!r}: {package}.{module_name} has no {attr}")
+        return module, attr, parsed
+    raise ValueError(f"{text!r}: no module {module_name} under engine.kernels or engine")
 
 
 @contextmanager

@@ -13,8 +13,9 @@ step and device ms, and the median (min … max) of the paired ratio after / bef
 `--before-tables JSON` / `--after-tables JSON` run that arm as the current dispatch under another
 tuned table (a retune's A/B: the shipped table against a sweep's DIR/tuned/<device>.json).
 `--before-set` / `--after-set NAME=VALUE ...` run that arm as the current dispatch with these
-engine.kernels module constants set (NAME `module.CONSTANT`, VALUE a Python literal), with or
-without its table: e.g. `--after-set attention.SPLIT_TARGET_PROGRAMS_PER_SM=4`.
+module constants set (NAME `module.CONSTANT` of engine.kernels or else of engine, VALUE a Python
+literal), with or without its table: e.g. `--after-set attention.SPLIT_TARGET_PROGRAMS_PER_SM=4`,
+`--before-set decode_overlap.GROW_AHEAD=False`.
 `--before-engine` / `--after-engine NAME=VALUE ...` build that arm's engine with these EngineConfig
 fields (the dispatch as the current one unless said otherwise): e.g. `--before-engine
 decode_overlap=False`, the host's work between steps against it under the next step's.
