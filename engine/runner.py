@@ -151,14 +151,10 @@ class ModelRunner:
 
     # -- device-side index math (graph-safe) --------------------------------------------------------
     def _span_meta(self, rows: torch.Tensor, num_kv: torch.Tensor, span: int, causal: bool):
-        n = rows.shape[0]
-        positions = num_kv[:, None] + torch.arange(span, device=self.device)[None, :]
-        tables = self.block_tables.index_select(0, rows)
-        blocks = tables.gather(1, positions // self.block_size).long()
-        slots = (blocks * self.block_size + positions % self.block_size).reshape(-1)
-        qsl = torch.arange(n + 1, dtype=torch.int32, device=self.device) * span
-        meta = AttnMeta(slots, tables, (num_kv + span).to(torch.int32), qsl, span, causal)
-        return positions.reshape(-1), meta
+        positions, slots, tables, seq_lens, qsl = self.ops.span_meta(
+            self.block_tables, rows, num_kv, span, self.block_size
+        )
+        return positions, AttnMeta(slots, tables, seq_lens, qsl, span, causal)
 
     # -- target ------------------------------------------------------------------------------------
     def prefill(self, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:

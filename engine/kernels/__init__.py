@@ -17,6 +17,7 @@ from engine.kernels.norm import add_rms_norm_ref, rms_norm_ref
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store_ref
 from engine.kernels.sampling import accept_prefix_ref, argmax_ref
+from engine.kernels.span_meta import span_meta_ref
 
 BACKENDS = ("torch", "triton")
 
@@ -40,6 +41,7 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         ),
         argmax=argmax_ref,
         accept_prefix=accept_prefix_ref,
+        span_meta=span_meta_ref,
     )
 
 

@@ -25,3 +25,4 @@ class Ops:
     mlp_to_residual: Callable
     argmax: Callable
     accept_prefix: Callable
+    span_meta: Callable  # a uniform span step's positions, slots and attention bounds (span_meta.py)

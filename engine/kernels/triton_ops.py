@@ -19,6 +19,7 @@ from engine.kernels.norm import add_rms_norm, rms_norm
 from engine.kernels.ops import Ops
 from engine.kernels.rope import qk_norm_rope_store
 from engine.kernels.sampling import accept_prefix, argmax
+from engine.kernels.span_meta import span_meta
 
 
 def triton_ops(batch_invariant: bool = False) -> Ops:
@@ -45,4 +46,5 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         ),
         argmax=argmax,
         accept_prefix=accept_prefix,
+        span_meta=span_meta,
     )
