@@ -9,8 +9,6 @@ import torch
 
 from engine.kernels._triton import jit, next_pow2
 
-tl = None  # triton.language, bound by _triton.bind at the first launch
-
 SpanMeta = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # False: the triton backend runs the reference's torch ops too (the dispatch before, for the A/B benches).
 FUSED = True
@@ -28,6 +26,10 @@ def span_meta_ref(
     slots = (blocks * block_size + positions % block_size).reshape(-1)
     qsl = torch.arange(n + 1, dtype=torch.int32, device=num_kv.device) * span
     return positions.reshape(-1), slots, tables, (num_kv + span).to(torch.int32), qsl
+
+
+# --- Triton ---------------------------------------------------------------------------------
+tl = None  # triton.language, bound by _triton.bind at the first launch
 
 
 @jit
