@@ -219,3 +219,55 @@ def test_gpu_split_decode_pipeline_depth_changes_no_output(monkeypatch):
         monkeypatch.setattr(attention, "SPLIT_STAGES", stages)
         outs.append(attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True))
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("items", [1, 2, 4])
+@pytest.mark.parametrize(
+    "spans,ctxs,hq,hkv",
+    [
+        ([1, 1, 1, 1, 1], [60, 15, 0, 130, 31], 4, 2),  # ragged lengths, a first token, 10 items
+        ([1, 0, 1], [33, 5, 64], 8, 2),  # a sequence without a query: no tiles, its rows untouched
+        ([1] * 3, [7, 70, 16], 4, 1),  # fewer items than a program holds at 4
+    ],
+)
+def test_decode_items_kernel_matches_the_reference_and_the_one_item_kernel(
+    dtype, items, spans, ctxs, hq, hkv, monkeypatch
+):
+    """A decode without splits, several (sequence, kv head) items to a program: the reference's output,
+    and bit for bit the one-item kernel's (the same tiles in the same order)."""
+    torch.manual_seed(20)
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, hq, hkv, 32, dtype, page=4)
+    run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, 32**-0.5, True, num_splits=1)
+    monkeypatch.setattr(attention, "DECODE_ITEMS", items)
+    out = run()
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, 32**-0.5, True)
+    assert rel_err(out, ref) < ATTN_TOL[dtype]
+    monkeypatch.setattr(attention, "DECODE_ITEMS", 1)
+    assert torch.equal(out, run())
+
+
+def test_decode_items_serve_unsplit_decodes_only():
+    assert attention.decode_items(1, 1, False) == attention.DECODE_ITEMS
+    assert attention.decode_items(1, 4, False) == 1  # split decode: the splits' kernel and reduce
+    assert attention.decode_items(4, 1, False) == 1  # verify spans and prefill
+    assert attention.decode_items(1, 1, True) == 1  # batch-invariant mode: one config for every batch
+
+
+@gpu
+@pytest.mark.parametrize("items", [2, 4])
+def test_gpu_decode_items_are_the_one_item_kernel_bit_for_bit(items, monkeypatch):
+    """The 4B heads at c=64 in bf16, eagerly and replayed from a graph under PDL."""
+    torch.manual_seed(21)
+    g = QWEN3_4B
+    spans, ctxs = [1] * 64, [191 + 7 * (i % 9) for i in range(63)] + [0]
+    q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
+    run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True)
+    assert attention.attention_config(64, g["hkv"], g["hq"] // g["hkv"], 1, bt.shape[1] * 16, q.device, False)[3] == 1
+    monkeypatch.setattr(attention, "DECODE_ITEMS", 1)
+    one = run().clone()
+    monkeypatch.setattr(attention, "DECODE_ITEMS", items)
+    graph, out = capture_graph(run)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(run(), one) and torch.equal(out, one)
