@@ -12,7 +12,6 @@ import math
 import torch
 
 from engine.kernels._triton import cdiv, next_pow2, pdl
-from engine.kernels.attention_items import paged_decode_items_kernel
 from engine.kernels.attention_kernels import paged_attn_kernel, paged_attn_reduce_kernel
 
 
@@ -96,10 +95,6 @@ EARLY_KV = True
 # Under PDL the bounds (query_start_loc, seq_lens; the reduce: the row count) are read once, before
 # the wait, and used after it; False: read again after the wait (the dispatch before, for the A/Bs).
 EARLY_BOUNDS = True
-# (sequence, kv head) items a program runs for a decode without splits (attention_items.py); 1: one
-# each, the one-item kernel. DECODE_ITEMS_STAGES: its pipeline depth.
-DECODE_ITEMS = 2
-DECODE_ITEMS_STAGES = 2
 
 
 def _num_sms(device: torch.device) -> int:
@@ -139,12 +134,6 @@ def attention_config(
 def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
     """The attention kernel's num_stages: SPLIT_STAGES for a split decode of two or more sequences."""
     return SPLIT_STAGES if splits > 1 and max_query_len == 1 and num_seqs > 1 else NUM_STAGES
-
-
-def decode_items(max_query_len: int, splits: int, batch_invariant: bool) -> int:
-    """Items a program of the decode runs: DECODE_ITEMS for a decode without splits, else 1 (the
-    one-item kernel)."""
-    return DECODE_ITEMS if max_query_len == 1 and splits == 1 and not batch_invariant else 1
 
 
 def early_lines(head_dim: int, k_cache: torch.Tensor, launch: dict) -> int:
@@ -189,12 +178,8 @@ def paged_attention(
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out
-    launch = pdl(q.device)
-    items = decode_items(max_query_len, splits, batch_invariant)
-    if items > 1:
-        _decode_items(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale, block_m, block_n, items)
-        return out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
+    launch = pdl(q.device)
     paged_attn_kernel[grid](
         q,
         k_cache,
@@ -251,42 +236,3 @@ def paged_attention(
             **launch,
         )
     return out
-
-
-def _decode_items(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, scale, block_m, block_n, items):
-    """paged_attention's decode on the items kernel, `items` (sequence, kv head) pairs a program."""
-    num_kv_heads, head_dim = k_cache.shape[2], q.shape[2]
-    num_items = seq_lens.shape[0] * num_kv_heads
-    paged_decode_items_kernel[(cdiv(num_items, items),)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        query_start_loc,
-        out,
-        num_items,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
-        block_tables.stride(0),
-        scale * math.log2(math.e),
-        HKV=num_kv_heads,
-        G=q.shape[1] // num_kv_heads,
-        D=head_dim,
-        PAGE=k_cache.shape[1],
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        ITEMS=items,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
-        num_stages=DECODE_ITEMS_STAGES,
-        **pdl(q.device),
-    )
