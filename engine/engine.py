@@ -255,7 +255,8 @@ class Engine:
         if step.plan is Plan.PREFILL:
             self._prefill(step.reqs)
         elif step.plan is Plan.SPECULATIVE:
-            self.rounds.speculate(step.reqs, draining=self.no_more_requests and not self.scheduler.waiting)
+            draining = self.no_more_requests and not self.scheduler.waiting
+            self.rounds.speculate(step.reqs, draining=draining, admitting=self.scheduler.may_admit)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=self.scheduler.may_admit)
         if self.timer:

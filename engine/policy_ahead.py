@@ -63,6 +63,11 @@ class PolicyAhead:
         self.flush(policy)
         return None
 
+    def gates(self, reqs: list[Request]) -> bool:
+        """Whether the plan made for the next round is a gated round of exactly these requests."""
+        a = self.ahead
+        return a is not None and a.exact and a.decision.k == 0 and a.reqs == reqs
+
     def observed(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
         """A speculative round's outcome, fed to the policy at the next launch (or decision in turn)."""
         self._unobserved = (limits, accepted)

@@ -188,13 +188,16 @@ class Rounds:
     def _one_step(self, reqs: list[Request], gated: bool, draining: bool | None, admitting: bool) -> list[int]:
         """This step (the one launched ahead if it is this one, else launched now), then, where it may,
         the next one launched before this one's tokens are read; the tokens each request committed."""
-        ahead = not (gated and self.policy) and self.overlap.eligible(reqs, admitting)
         launched = self.overlap.take(reqs, gated)
         if launched is None:
             self.runner.stage(reqs)
             res = self.runner.decode(reqs)
-            if draining is not None:
-                self.ahead.after_gated(self.policy, reqs, self.levers, draining)
+        if draining is not None:  # the adaptive policy plans the next round while this one runs
+            self.ahead.after_gated(self.policy, reqs, self.levers, draining)
+        # Under the adaptive policy a gated round launches its successor where that plan gates them again.
+        next_gated = not (gated and self.policy) or (draining is not None and self.ahead.gates(reqs))
+        ahead = next_gated and self.overlap.eligible(reqs, admitting)
+        if launched is None:
             self._mark("target")
             if not ahead:
                 tokens = sample_requests(res.logits, res.greedy, reqs, 1).tolist()
@@ -211,8 +214,9 @@ class Rounds:
         return [r.advanced([], t, keep_context=gated) for r, t in zip(reqs, this.tolist(), strict=True)]
 
     # -- the speculative round -------------------------------------------------------------------------
-    def speculate(self, reqs: list[Request], draining: bool = False) -> None:
-        """draining: no request waits for a slot, so the adaptive policy values K over the wave."""
+    def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
+        """draining: no request waits for a slot, so the adaptive policy values K over the wave.
+        admitting: as one_token's, for the gated round the policy may choose."""
         runner, lv = self.runner, self.levers
         if self.policy is None:
             k = round_drafts(self.per_round, lv.max_drafts)
@@ -224,7 +228,7 @@ class Rounds:
                     len(reqs), lv.max_drafts, lv.max_batch, remaining if draining else None, max(remaining) - 1
                 )
             if k == 0:
-                self.one_token(reqs, gated=True, draining=draining)
+                self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
                 return
         limits = [draft_limit(k, r.remaining) for r in reqs]
         self._store_pending_context(reqs)

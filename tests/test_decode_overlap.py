@@ -158,8 +158,9 @@ def test_gated_rounds_launch_ahead_and_count_as_step_by_step(tiny_target, tiny_d
         assert engine.stats.rounds > engine.stats.gated_rounds  # speculative rounds ran too
 
 
-def test_gated_rounds_under_the_adaptive_policy_run_step_by_step(tiny_target, tiny_drafter, one_thread):
-    """The adaptive policy picks each round's K after the last one's tokens: nothing is launched ahead."""
+def test_rounds_the_scheduler_gates_under_the_adaptive_policy_run_step_by_step(tiny_target, tiny_drafter, one_thread):
+    """MAX_BATCH gates these rounds, not the policy, which plans nothing ahead for them: nothing is
+    launched ahead."""
     from engine.costs import CostTable
 
     rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + s} for b in (1, 2, 4) for s in range(1, 9)]
@@ -172,6 +173,27 @@ def test_gated_rounds_under_the_adaptive_policy_run_step_by_step(tiny_target, ti
     script = submit_at({0: [(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS[:2]]})
     out, engine = both(tiny_target, script, **opts)
     assert engine.stats.gated_rounds > 0 and engine.rounds.overlap.launches == 0
+
+
+def test_rounds_the_adaptive_policy_gates_launch_their_successor_where_its_plan_gates_again(
+    tiny_target, tiny_drafter, one_thread
+):
+    """Verifying costs far more than a one-token round in this table, so the policy gates: each gated
+    round's plan for the next round is made while it runs, and where it gates the same requests again
+    that round is launched ahead. Tokens and statistics are the step-by-step engine's."""
+    from engine.costs import CostTable
+
+    rows = [
+        {"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 50.0 * (s - 1)} for b in (1, 2, 4) for s in range(1, 9)
+    ]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 30.0} for b in (1, 2, 4)]
+    opts = dict(draft_model=str(tiny_drafter), levers={"policy": "adaptive"}, cost_table=CostTable.from_rows(rows))
+    lengths = [12, 20, 7]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    out, engine = both(tiny_target, submit_at({0: list(zip(PROMPTS, params, strict=False))}), **opts)
+    ov = engine.rounds.overlap
+    assert engine.stats.gated_rounds > 0 and ov.used > 0 and ov.launches >= ov.used
+    assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
 
 
 @pytest.mark.parametrize("grow", [True, False])
