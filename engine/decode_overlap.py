@@ -1,5 +1,6 @@
-"""One-token steps with the host's work under the device's: a plain decode step, or a gated round
-under the static policy, launches the step after it before it reads its own tokens, so the device
+"""One-token steps with the host's work under the device's: a plain decode step, a gated round under
+the static policy, or one the adaptive policy chose where its plan for the next round gates the same
+requests again, launches the step after it before it reads its own tokens, so the device
 runs step t + 1 while the host commits step t's tokens, reports, schedules and stages (otherwise
 0.1-0.3 ms a step with the device idle: the decode doc's host share).
 
