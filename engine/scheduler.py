@@ -142,13 +142,19 @@ class Scheduler:
         """The blocks of one more one-token step past the next, taken now for a step launched ahead
         (engine/decode_overlap.py): the requests that grew, or None where the free pool is short (then
         nothing is taken, and the next schedule grows or preempts as it would have)."""
-        needs = [self._shortfall(r, 2) for r in reqs]
+        return self._grow_from_free(reqs, 2)
+
+    def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
+        """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the
+        requests that grew, else None (nothing taken)."""
+        needs = [self._shortfall(r, rows) for r in reqs]
         if sum(needs) > self.blocks.num_free:
             return None
-        grown = [r for r, need in zip(reqs, needs, strict=True) if need]
+        grown = []
         for req, need in zip(reqs, needs, strict=True):
             if need:
                 req.grew(self.blocks.allocate(need))
+                grown.append(req)
         return grown
 
     def _shortfall(self, req: Request, rows: int) -> int:
@@ -182,12 +188,9 @@ class Scheduler:
     def _grow(self, decode: list[Request], rows: int, grown: list[Request]) -> bool:
         """Blocks for a step writing `rows` rows per request, oldest first, preempting the youngest
         running request while the pool is short. False: someone was preempted (re-plan the step)."""
-        needs = [self._shortfall(r, rows) for r in decode]
-        if sum(needs) <= self.blocks.num_free:  # the common case: no preemption, no ordering
-            for req, need in zip(decode, needs, strict=True):
-                if need:
-                    req.grew(self.blocks.allocate(need))
-                    grown.append(req)
+        fits = self._grow_from_free(decode, rows)
+        if fits is not None:  # the common case: no preemption, no ordering
+            grown.extend(fits)
             return True
         clean = True
         for req in sorted(decode, key=lambda r: r.index):

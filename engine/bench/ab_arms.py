@@ -47,7 +47,9 @@ def parse_setting(text: str) -> tuple[object, str, object]:
     for package in ("engine.kernels", "engine"):
         try:
             module = importlib.import_module(f"{package}.{module_name}")
-        except ImportError:
+        except ModuleNotFoundError as err:
+            if err.name != f"{package}.{module_name}":  # the module exists and failed to import
+                raise ValueError(f"{text!r}: {err}") from None
             continue
         if not hasattr(module, attr):
             raise ValueError(f"{text!r}: {package}.{module_name} has no {attr}")
