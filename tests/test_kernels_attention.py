@@ -182,7 +182,7 @@ def test_gpu_attention_graph_replay(spans, causal):
     ],
 )
 def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatch):
-    """The first key tiles pulled into L2 before the PDL wait are a hint, and the bounds read before it
+    """The first key tile pulled into L2 before the PDL wait is a hint, and the bounds read before it
     are those read after it: eagerly and replayed from a graph, the output is bit-identical to the
     wait-first launch."""
     torch.manual_seed(18)
@@ -190,11 +190,9 @@ def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatc
     q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
     run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
     outs = []
-    arms = ((False, False, 1), (True, False, 1), (False, True, 1), (True, True, 1), (True, True, 4))
-    for early, bounds, tiles in arms:
+    for early, bounds in ((False, False), (True, False), (False, True), (True, True)):
         monkeypatch.setattr(attention, "EARLY_KV", early)
         monkeypatch.setattr(attention, "EARLY_BOUNDS", bounds)
-        monkeypatch.setattr(attention, "EARLY_TILES", tiles)
         graph, out = capture_graph(run)
         graph.replay()
         torch.cuda.synchronize()

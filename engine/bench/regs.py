@@ -48,17 +48,11 @@ def ptxas_path() -> Path:
 
 
 def compile_ptx(
-    block_n: int,
-    warps: int,
-    stages: int,
-    splits: int,
-    early_lines: int = 2,
-    early_bounds: bool = True,
-    early_tiles: int = 1,
+    block_n: int, warps: int, stages: int, splits: int, early_lines: int = 2, early_bounds: bool = True
 ) -> tuple[str, int]:
     """(PTX, shared bytes) of decode attention at this config, bf16, for sm90 (early_lines: the
-    prefetch before the PDL wait, 2 lines a row as launched at 128 dims, 0 off, of early_tiles key
-    tiles; early_bounds: the bounds read once, before the wait)."""
+    prefetch before the PDL wait, 2 lines a row as launched at 128 dims, 0 off; early_bounds: the
+    bounds read once, before the wait)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -69,7 +63,6 @@ def compile_ptx(
     names = list(inspect.signature(kernel.fn).parameters)
     const = dict(HKV=8, HQ=32, G=4, D=128, PAGE=16, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=splits)
     const |= dict(CAUSAL=True, PRECISION="tf32", EARLY_LINES=early_lines, EARLY_BOUNDS=early_bounds, PDL=True)
-    const |= dict(EARLY_TILES=early_tiles)
     pointers = {n: POINTERS.get(n, "*bf16") for n in names if n.endswith("_ptr") or n in ("k_cache", "v_cache")}
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers or jit_divisible(n)}

@@ -89,10 +89,9 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # sequence keeps NUM_STAGES); at c=64 (no splits, the wide tile) three stages for every launch ran 0.973.
 NUM_STAGES = 2
 SPLIT_STAGES = 3
-# Under PDL each program pulls its first EARLY_TILES key tiles' cached rows into L2 before its wait
+# Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
-EARLY_TILES = 1
 # Under PDL the bounds (query_start_loc, seq_lens; the reduce: the row count) are read once, before
 # the wait, and used after it; False: read again after the wait (the dispatch before, for the A/Bs).
 EARLY_BOUNDS = True
@@ -215,7 +214,6 @@ def paged_attention(
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
-        EARLY_TILES=EARLY_TILES,
         EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
         num_warps=4,
         num_stages=attention_stages(num_seqs, max_query_len, splits),

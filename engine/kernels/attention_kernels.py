@@ -1,12 +1,12 @@
 """The Triton kernels of paged attention (attention.py holds the reference, the configs and the
 wrapper): the tiled online-softmax kernel and the reduce that combines flash-decoding splits.
 
-With EARLY_LINES > 0 the attention program pulls its first EARLY_TILES key tiles' K and V rows into
-L2 before its PDL wait. Rows below the span's first query were cached by earlier launches, and the kernel
+With EARLY_LINES > 0 the attention program pulls its first key tile's K and V rows into L2 before
+its PDL wait. Rows below the span's first query were cached by earlier launches, and the kernel
 before this one (QK-norm + RoPE + store) writes only the span's own rows; the bounds it reads
 there (seq_lens, query_start_loc, the block table) were written before that kernel started. So
-under PDL the tiles stream while the kernel before drains, and the first loop trips read them
-from L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
+under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
+L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
 kernel computes with (the kernel before writes none of them), so the span's start, length and
 cached rows are not read a second time after it; without it they are. The splits' reduce reads its
 row count so too."""
@@ -53,7 +53,6 @@ def paged_attn_kernel(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
-    EARLY_TILES: tl.constexpr,
     EARLY_BOUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -67,15 +66,13 @@ def paged_attn_kernel(
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
         seq_len = tl.load(seq_lens_ptr + b)
-    if EARLY_LINES > 0:  # the first EARLY_TILES tiles' cached rows into L2
+    if EARLY_LINES > 0:  # the first tile's cached rows into L2
         lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
-        cached = tl.minimum(hi, seq_len - q_len) * (q_tile < q_len)
+        n = lo + tl.arange(0, BLOCK_N)
+        blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
         line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
-        for start in range(lo, tl.minimum(cached, lo + EARLY_TILES * BLOCK_N), BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            blk, off = _pages(bt_row, n, n < cached, PAGE)
-            _prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
-            _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
+        _prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
+        _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
