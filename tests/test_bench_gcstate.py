@@ -86,7 +86,7 @@ def test_the_sweep_runs_every_closed_loop_on_a_frozen_heap(monkeypatch, thawed):
         return LoadResult(wall_s=1.0, requests=n, output_tokens=n * new_tokens, max_in_flight=c, gc_ms=0.5, gc_full=1)
 
     class Levers:
-        rounds = argparse.Namespace(policy=None)
+        rounds = argparse.Namespace(policy=None, overlap=argparse.Namespace(used=0))
 
         def set_levers(self, **_):
             pass

@@ -63,6 +63,8 @@ def test_outputs_and_complete_rows(swept):
         assert int(r["output_tokens"]) == 2 * c * NEW  # fixed length, EOS ignored
         assert int(r["max_in_flight"]) == c
         assert {r["round"] for r in rows} == {"1", "2"}
+        if r["arm"].startswith("plain"):  # every decode step but each wave's last launched its successor
+            assert int(r["launched_ahead"]) == int(r["decode_steps"]) - 2, r
     assert meta["commit"] == git_commit()  # PEGASPEC_COMMIT on a device copy, else the full hash or None
     assert meta["command"].startswith("python -m engine.bench.sweep")
     md = (out / "sweep.md").read_text()
@@ -203,7 +205,7 @@ def test_rounds_take_successive_prompt_windows_shared_by_their_arms(monkeypatch)
         return LoadResult(wall_s=1.0, requests=n, output_tokens=n * new_tokens, max_in_flight=c)
 
     class Levers:
-        rounds = argparse.Namespace(policy=None)
+        rounds = argparse.Namespace(policy=None, overlap=argparse.Namespace(used=0))
 
         def set_levers(self, **_):
             pass

@@ -70,6 +70,7 @@ def round_row(
     host_terms: str = "",
     probes: Counter | None = None,
     residuals: str = "",
+    launched_ahead: int | None = None,
 ) -> dict:
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
@@ -93,6 +94,7 @@ def round_row(
         "gated_steps": plans.get(Plan.GATED.value, 0),
         "request_rounds": s.rounds,
         "gated_rounds": s.gated_rounds,
+        "launched_ahead": launched_ahead,  # one-token steps launched before the step before was read, used
         "committed_tokens": s.committed_tokens,
         "drafts_verified": s.draft_tokens_verified,
         "drafts_accepted": s.draft_tokens_accepted,
@@ -164,7 +166,7 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
                 engine = engine_for(arm, engines)
                 if before_arm:
                     before_arm(arm)
-                before, probed = policy_choices(engine), policy_probes(engine)
+                before, probed, ahead = policy_choices(engine), policy_probes(engine), engine.rounds.overlap.used
                 with host_residuals(engine) as walls:
                     res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
                 bar.update(1)
@@ -172,7 +174,8 @@ def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_
                     chosen, probes = policy_choices(engine) - before, policy_probes(engine) - probed
                     host = policy_host(engine) if chosen else ""
                     residuals = residual_summary(walls) if chosen else ""
-                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes, residuals))
+                    ahead = engine.rounds.overlap.used - ahead
+                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes, residuals, ahead))
                     seq += 1
             if r:
                 slowest = max(slowest, time.perf_counter() - t0)
