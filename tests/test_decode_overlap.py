@@ -248,3 +248,21 @@ def test_gpu_graph_replays_launched_ahead_match_step_by_step(tiny_target, dtype)
     engine.generate(PROMPTS[:3], SamplingParams(max_tokens=20, ignore_eos=True))
     decode = [r for r in engine.timer.records if r.plan == "Decode"]
     assert len(decode) == 19 and all(r.phases["target"] > 0 for r in decode)
+
+
+@gpu
+def test_gpu_block_rows_are_assigned_without_waiting_for_the_stream(tiny_target):
+    """A step at a block boundary assigns its new block while the step launched ahead runs: the copy
+    is queued behind it, and the host goes on (a pageable copy waited for the stream to drain)."""
+    from types import SimpleNamespace
+
+    engine = make(tiny_target, True, device="cuda", max_num_seqs=4, kv_block_size=16)
+    reqs = [SimpleNamespace(slot=i, blocks=[7 + i, 3, 11 + i][: 1 + i % 3]) for i in range(4)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(500_000_000)  # ~0.25 s of device time queued ahead of the copy
+    engine.runner.assign_blocks(reqs)
+    assert not torch.cuda.current_stream().query()  # the host is back while the stream still runs
+    torch.cuda.synchronize()
+    for r in reqs:
+        row = engine.runner.block_tables[r.slot].tolist()
+        assert row[: len(r.blocks)] == r.blocks and not any(row[len(r.blocks) :])
