@@ -16,27 +16,28 @@ def _bucket(batch: int) -> int:
 
 class HostTerm:
     """The ms a round costs beyond the table's device time, per kind (gated or speculative) and batch
-    bucket (the power of two at or above the batch): the median of the latest `window` rounds'
-    measured wall minus the table's time for it. On a small model the speculative round's host work
-    (settling, the scheduler, the trace) outweighs its device time, so a table of graph replays alone
-    speculates at a loss. A step that captured a graph never arrives here (the engine drops its wall:
-    on the H200 4B study a bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated
-    `code` at c=64, where speculation wins by 26 %, ec1e906), nor does the first round of each (K,
-    batch). A term starts as the least of its first three walls, each capped at the device time: host
-    time only ever runs long (a collection, an allocation), and a kind the policy seldom chooses is
-    learnt from few walls (at 98faeda the gated term at 128 started at 2.1 ms, nearly three times its
-    later 0.74, and the `code` arm verified 4 drafts there, 9.5 % under the gate). Later walls join a
-    window whose median is the term: a burst of slow walls shorter than half the window moves it no
-    further than the spread of the walls before, and a lasting change (a host-bound round that dwarfs
-    its device time) is learnt in half a window. An EMA did not hold: at df8eaef three gated walls at
-    batch 128 ran up to 13.8 ms over the table (their median 3.7, against 0.4 over the 58 of the round
-    before), the EMA took the term to 2.1 ms, and the `code` c=128 arm then verified 4-8 drafts in
-    every round, 20 % under plain. A kind never seen at a bucket is not read off other buckets: that misled the policy both ways on the H200 (scaled by batch, one
-    request's term made a gated round of 16 look 16 times dearer and kept the small pair speculating
-    at a loss, 03985b1; on the line through buckets 16 and 32, an unseen speculative term at 64 gated
-    the 4B `code` arm at c=64, where speculation wins by 26 %, db862e5). An unseen gated term counts
-    0; an unseen speculative one counts the gated term of its bucket, since its host work is a
-    superset (counted 0, the f4464a4 rounds looked level with the gated round on a 4 ms gated term)."""
+    bucket (the power of two at or above the batch): the median of the latest `window` rounds' measured
+    wall minus the table's time for it. On a small model the speculative round's host work (settling,
+    the scheduler, the trace) outweighs its device time, so a table of graph replays alone speculates at
+    a loss. A step that captured a graph never arrives here (the engine drops its wall: on the H200 4B
+    study a bucket's captures of batches 40, 48 and 56 taught a 3.2 ms term that gated `code` at c=64,
+    where speculation wins by 26 %, ec1e906), nor does the first round of each (K, batch). A term starts
+    as the least of its first three walls, each capped at the device time: host time only ever runs long
+    (a collection, an allocation), and a kind the policy seldom chooses is learnt from few walls (at
+    98faeda the gated term at 128 started at 2.1 ms, nearly three times its later 0.74, and the `code`
+    arm verified 4 drafts there, 9.5 % under the gate). Later walls join a window whose median is the
+    term: a burst of slow walls shorter than half the window moves it no further than the spread of the
+    walls before, and a lasting change (a host-bound round that dwarfs its device time) is learnt in
+    half a window. An EMA did not hold: at df8eaef three gated walls at batch 128 ran up to 13.8 ms over
+    the table (their median 3.7, against 0.4 over the 58 of the round before), the EMA took the term to
+    2.1 ms, and the `code` c=128 arm then verified 4-8 drafts in every round, 20 % under plain. A kind
+    never seen at a bucket is not read off other buckets: that misled the policy both ways on the H200
+    (scaled by batch, one request's term made a gated round of 16 look 16 times dearer and kept the
+    small pair speculating at a loss, 03985b1; on the line through buckets 16 and 32, an unseen
+    speculative term at 64 gated the 4B `code` arm at c=64, where speculation wins by 26 %, db862e5). An
+    unseen gated term counts 0; an unseen speculative one counts the gated term of its bucket, since its
+    host work is a superset (counted 0, the f4464a4 rounds looked level with the gated round on a 4 ms
+    gated term)."""
 
     def __init__(self, window: int = WINDOW):
         self.window = window

@@ -29,6 +29,9 @@ from engine.prefill import staged_buffers
 from engine.request import Request
 
 STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
+# Block-table rows copied from pinned memory without a host wait (assign_blocks); False: a pageable copy,
+# which waits for the stream (the engine before, for the A/B benches).
+PINNED_BLOCK_ROWS = True
 # The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -139,12 +142,12 @@ class ModelRunner:
         ahead (engine/decode_overlap.py), and once requests drift apart some request grows in almost
         every step (on the H200 the 4B study's adaptive `chat` c=64 arm, its requests desynchronised by
         one 8-draft probe, ran 15 % under plain with 53 of 62 steps launched ahead)."""
-        cuda = self.device.type == "cuda"
-        rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32, pin_memory=cuda)
+        pinned = self.device.type == "cuda" and PINNED_BLOCK_ROWS
+        rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32, pin_memory=pinned)
         for i, r in enumerate(reqs):
             rows[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
         self.block_tables.index_copy_(
-            0, self.to_device([r.slot for r in reqs]), rows.to(self.device, non_blocking=True)
+            0, self.to_device([r.slot for r in reqs]), rows.to(self.device, non_blocking=pinned)
         )
 
     def set_table_rows(self, first: int, tables: torch.Tensor) -> None:

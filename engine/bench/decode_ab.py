@@ -19,6 +19,8 @@ literal), with or without its table: e.g. `--after-set attention.SPLIT_TARGET_PR
 `--before-engine` / `--after-engine NAME=VALUE ...` build that arm's engine with these EngineConfig
 fields (the dispatch as the current one unless said otherwise): e.g. `--before-engine
 decode_overlap=False`, the host's work between steps against it under the next step's.
+`--stagger N` shortens prompt i by i mod N tokens, so the batch's requests cross KV block boundaries at
+N different steps (with N = the block size some request grows in every step, as in serving).
 `--known-pair` runs both arms on the known-continuation target and the geometry's random DFlash
 drafter (engine/bench/known_pair.py), for arms with a drafter: e.g. both with `levers={'max_batch': 1}`
 (every round a gated one-token round) and one with `decode_overlap=False`.
@@ -145,6 +147,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument(
+        "--stagger",
+        type=int,
+        default=0,
+        metavar="N",
+        help="prompt i holds prompt-len - (i mod N) tokens: the batch's requests cross KV block boundaries "
+        "at N different steps, as requests that arrived apart do (0: every prompt prompt-len long)",
+    )
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=6, help="paired repeats per concurrency (each arm once)")
     p.add_argument("--geometry", default="4b", choices=GEOMETRIES)
@@ -198,8 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         or min(args.concurrency + args.profile_kernels) < 1
         or args.new_tokens < 2
         or args.prompt_len < 1
+        or not 0 <= args.stagger < args.prompt_len
     ):
-        raise SystemExit("need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1 and --new-tokens >= 2")
+        raise SystemExit(
+            "need --repeats, --concurrency, --profile-kernels and --prompt-len >= 1, --new-tokens >= 2 and "
+            "0 <= --stagger < --prompt-len"
+        )
     if min(args.verify_batches + args.verify_spans + [args.verify_context]) < 1:
         raise SystemExit("need --verify-batches, --verify-spans and --verify-context >= 1")
     runs, options = arms_from_args(args)
@@ -229,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for arm in ARMS
     }
     prompts = random_prompts(max_c, args.prompt_len, config["vocab_size"], args.seed)
+    prompts = [p[: len(p) - i % args.stagger] for i, p in enumerate(prompts)] if args.stagger else prompts
     rows = interleaved(
         runs, args.concurrency, args.repeats, lambda arm, c: engine_run(engines[arm], prompts, c, args.new_tokens)
     )
