@@ -54,7 +54,7 @@ def test_paired_ratio_is_within_a_repeat():
 
 def test_runs_end_to_end_on_the_tiny_geometry(tmp_path, capsys):
     argv = ["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", "--concurrency", "1", "2"]
-    assert decode_ab.main([*argv, "--repeats", "2", "--new-tokens", "4", "--prompt-len", "8"]) == 0
+    assert decode_ab.main([*argv, "--repeats", "2", "--new-tokens", "4", "--prompt-len", "8", "--stagger", "4"]) == 0
     with (tmp_path / "decode_ab.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 2 * 2 and {r["arm"] for r in rows} == {"before", "after"}
@@ -62,7 +62,8 @@ def test_runs_end_to_end_on_the_tiny_geometry(tmp_path, capsys):
 
 
 def test_bad_values_are_refused_before_any_weights_are_built(tmp_path):
-    for flags in (["--repeats", "0"], ["--concurrency", "0"], ["--new-tokens", "1"], ["--prompt-len", "0"]):
+    bad = (["--repeats", "0"], ["--concurrency", "0"], ["--new-tokens", "1"], ["--prompt-len", "0"])
+    for flags in (*bad, ["--stagger", "-1"], ["--prompt-len", "8", "--stagger", "8"]):
         with pytest.raises(SystemExit, match="need --repeats"):
             decode_ab.main(["--out", str(tmp_path), "--geometry", "tiny", "--device", "cpu", *flags])
 
