@@ -17,7 +17,8 @@ A step is launched ahead only where nothing the host is about to learn could cha
 request greedy and without logprobs, none at its last token, and no request that could be admitted
 first (one waiting while a slot is free: the next step would be its prefill). Each request must hold
 the KV block of the row it writes; at a block boundary that block is taken then (the scheduler's
-growth one step early) where the free pool has it, so those steps launch ahead too.
+growth one step early) where the free pool has it, so those steps launch ahead too, its block-table
+row copied from pinned memory so the host does not wait for the step already running (runner.py).
 """
 
 from __future__ import annotations
