@@ -22,7 +22,7 @@ names = list(inspect.signature(kernel.fn).parameters)
 types = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cs_ptr": "*fp32", "eps": "fp32"}
 out = []
 for early in (False, True):
-    const = dict(HQ=32, HKV=8, D=128, HB=8, HAS_Q=True, EARLY_INPUTS=early, PDL=True)
+    const = dict(HQ=32, HKV=8, D=128, HB=8, HAS_Q=True, SPLITS=0, EARLY_INPUTS=early, PDL=True)
     sig = {n: "constexpr" if n in const else types.get(n, "*bf16" if n.endswith("_ptr") else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}
     src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)

@@ -28,6 +28,7 @@ def torch_ops(batch_invariant: bool = False) -> Ops:
         rms_norm=rms_norm_ref,
         add_rms_norm=add_rms_norm_ref,
         add_rms_norm_linear=add_rms_norm_linear_batch_invariant_ref if batch_invariant else add_rms_norm_linear_ref,
+        add_rms_norm_qkv=add_rms_norm_linear_batch_invariant_ref if batch_invariant else add_rms_norm_linear_ref,
         qk_norm_rope_store=qk_norm_rope_store_ref,
         paged_attention=partial(paged_attention_ref, batch_invariant=batch_invariant),
         linear=linear_batch_invariant_ref if batch_invariant else linear_ref,

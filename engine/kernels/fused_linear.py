@@ -25,6 +25,10 @@ from engine.kernels.norm import add_rms_norm, add_rms_norm_ref
 from engine.kernels.split_sum import SplitSum
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 
+# Rows up to which a split-K q|k|v hands its partials to QK-norm + RoPE + store (add_rms_norm_qkv)
+# instead of a reduce launch; 0: the reduce (the A/B's before). Only a tuned entry with split_k > 1 splits.
+QKV_DEFER_MAX_ROWS = 64
+
 
 def silu_mul_linear_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """down(silu(gate) * up): x [.., 2I] = [gate | up], weight [N, I]."""
@@ -123,11 +127,17 @@ def silu_mul_linear_batch_invariant(x: torch.Tensor, weight: torch.Tensor) -> to
 
 
 def add_rms_norm_linear(
-    x: torch.Tensor | SplitSum, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor | SplitSum,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    defer_rows: int = 0,
+) -> tuple[torch.Tensor | SplitSum, torch.Tensor]:
     """Triton `add_rms_norm_linear_ref`: the NORM-prologue kernel where add_rms_norm_linear_config
     has a config, else add_rms_norm + `linear`. x may be a SplitSum (from the `_to_residual`
-    projections): the prologue sums it where it runs on the early-weights GEMV."""
+    projections): the prologue sums it where it runs on the early-weights GEMV. defer_rows: a split-K
+    product of up to that many rows comes back as its partials (SplitSum), unsummed."""
     n, k = weight.shape
     cfg = dispatch_config(add_rms_norm_linear_config, residual, weight, k)
     if (
@@ -138,10 +148,18 @@ def add_rms_norm_linear(
         or norm_weight.stride(-1) != 1
     ):
         normed, summed = add_rms_norm(x, residual, norm_weight, eps)
-        return linear(normed, weight), summed
+        return linear(normed, weight, defer=defer_rows > 0, defer_rows=defer_rows), summed
     rows = x if isinstance(x, SplitSum) else as_rows(x)
     y, summed = add_rms_norm_linear_with_config(rows, as_rows(residual), norm_weight, eps, weight, cfg)
     return y.view(*x.shape[:-1], n), summed.view(x.shape)
+
+
+def add_rms_norm_qkv(
+    x: torch.Tensor | SplitSum, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor
+) -> tuple[torch.Tensor | SplitSum, torch.Tensor]:
+    """add_rms_norm_linear for q|k|v: its consumer (rope.qk_norm_rope_store) sums split-K partials
+    itself, so up to QKV_DEFER_MAX_ROWS rows a split-K q|k|v launches no reduce."""
+    return add_rms_norm_linear(x, residual, norm_weight, eps, weight, defer_rows=QKV_DEFER_MAX_ROWS)
 
 
 def add_rms_norm_linear_batch_invariant(

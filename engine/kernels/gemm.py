@@ -190,11 +190,13 @@ def launch(
     out: torch.Tensor | None = None,
     glu: bool = False,
     tma: bool = True,
+    defer_rows: int | None = None,
 ) -> torch.Tensor | SplitSum:
     """norm: None, or (residual rows, norm weight, summed rows (written), eps) for the NORM prologue
     (split_k 1 only); x may then be a SplitSum, summed in the prologue on the early-weights GEMV (and
-    by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows comes back as a
-    SplitSum, with no reduce launched. out: the [M, N] result's buffer (contiguous), instead of a new one.
+    by its reduce elsewhere). defer: a split-K result of up to DEFER_MAX_ROWS rows (defer_rows where
+    given: a consumer that sums partials at any row count) comes back as a SplitSum, with no reduce
+    launched. out: the [M, N] result's buffer (contiguous), instead of a new one.
     glu: weight is [2N, K] = [gate | up] and y = silu(x @ gate^T) * (x @ up^T), [M, N] (tl.dot path,
     split_k 1, no prologue). tma: False keeps the call off the TMA GEMM whatever cfg says (batch-invariant
     mode: one kernel at every row count)."""
@@ -204,7 +206,7 @@ def launch(
         n //= 2
     m = x.shape[0]
     split = cfg.split_k > 1
-    deferred = split and defer and m <= DEFER_MAX_ROWS
+    deferred = split and defer and m <= (DEFER_MAX_ROWS if defer_rows is None else defer_rows)
     kind = "deferred" if deferred else "norm" if norm is not None else "swiglu" if swiglu else "plain"
     gemv = cfg.block_m == 1 and kind in EARLY_WEIGHTS
     planes = 0

@@ -77,12 +77,13 @@ def linear_with_config(
     defer: bool = False,
     out: torch.Tensor | None = None,
     tma: bool = True,
+    defer_rows: int | None = None,
 ) -> torch.Tensor | SplitSum:
     """y = x @ W^T with an explicit Triton config; x: [M, K] unit-stride rows, W: [N, K] contiguous.
-    defer: a one-row split-K y may come back as its partials (split_sum.SplitSum). out: y's [M, N] buffer.
-    tma: see gemm.launch."""
+    defer: a one-row split-K y may come back as its partials (split_sum.SplitSum); defer_rows: up to
+    that many rows instead. out: y's [M, N] buffer. tma: see gemm.launch."""
     assert x.shape[1] == weight.shape[1], (x.shape, weight.shape)
-    return launch(x, weight, cfg, defer=defer, out=out, tma=tma)
+    return launch(x, weight, cfg, defer=defer, out=out, tma=tma, defer_rows=defer_rows)
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -106,17 +107,23 @@ def dispatch_config(config_for, x: torch.Tensor, weight: torch.Tensor, row_width
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, defer: bool = False, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    defer: bool = False,
+    out: torch.Tensor | None = None,
+    defer_rows: int | None = None,
 ) -> torch.Tensor | SplitSum:
     """Triton skinny-M projection where it beats cuBLAS (see skinny_config), F.linear elsewhere.
     defer (Ops.linear_to_residual: a product only added to the residual stream): one split-K row of
-    [M, K] rows comes back unsummed (split_sum.SplitSum), for the next add + RMSNorm prologue to sum.
+    [M, K] rows comes back unsummed (split_sum.SplitSum), for the next add + RMSNorm prologue to sum;
+    defer_rows: up to that many rows, for a consumer that sums any (rope.qk_norm_rope_store).
     out: a contiguous buffer of the result's shape, written and returned (never with defer)."""
     cfg = dispatch_config(skinny_config, x, weight, weight.shape[1])
     if cfg is None:
         return linear_ref(x, weight, out)
     rows = None if out is None else out.view(-1, weight.shape[0])
-    y = linear_with_config(as_rows(x), weight, cfg, defer=defer and x.dim() == 2 and out is None, out=rows)
+    defer = defer and x.dim() == 2 and out is None
+    y = linear_with_config(as_rows(x), weight, cfg, defer=defer, out=rows, defer_rows=defer_rows)
     return y if isinstance(y, SplitSum) else y.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -12,6 +12,9 @@ class Ops:
     rms_norm: Callable
     add_rms_norm: Callable
     add_rms_norm_linear: Callable  # (linear(add_rms_norm(x, residual)), x + residual): norm into the projection
+    # add_rms_norm_linear for q|k|v: the first result may be a split_sum.SplitSum, which qk_norm_rope_store
+    # takes (as [.., heads, head_dim] column views of its partials).
+    add_rms_norm_qkv: Callable
     qk_norm_rope_store: Callable
     paged_attention: Callable
     linear: Callable

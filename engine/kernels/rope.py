@@ -1,4 +1,6 @@
-"""QK-norm + rotary embedding + paged KV store."""
+"""QK-norm + rotary embedding + paged KV store. The Triton kernel also takes q|k|v as the fp32
+partials of a split-K projection (split_sum.SplitSum): it sums them in split order and rounds them
+as the reduce kernel would, so that reduce's launch goes away and every result stays bit-identical."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import torch
 
 from engine.kernels._triton import cdiv, jit, next_pow2, pdl
 from engine.kernels.norm import rms_norm_ref
+from engine.kernels.split_sum import SplitSum
 
 
 def rope_cos_sin(max_positions: int, head_dim: int, theta: float, device: torch.device | str) -> torch.Tensor:
@@ -80,14 +83,40 @@ def _norm_weights(w_ptr, D: tl.constexpr):
 
 
 @jit
-def _norm_rope_heads(row_ptr, stride_h, heads, hmask, w, wp, cos, sin, eps, OUT_TY: tl.constexpr, D: tl.constexpr):
-    """RMSNorm + rotate-half RoPE of [HEADS, D] rows (w, wp: _norm_weights); rounds where the
-    reference rounds."""
+def _rows(ptrs, mask, stride_s, SPLITS: tl.constexpr, ROUND_TY: tl.constexpr):
+    """The values at ptrs as fp32; with SPLITS > 0 the sum of that many fp32 partial planes stride_s
+    apart, in plane order, rounded to ROUND_TY (split_sum's reduce: the same adds, the same rounding)."""
+    if SPLITS == 0:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    acc = tl.zeros(ptrs.shape, tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(ptrs + s * stride_s, mask=mask, other=0.0)
+    return acc.to(ROUND_TY).to(tl.float32)
+
+
+@jit
+def _norm_rope_heads(
+    row_ptr,
+    stride_h,
+    stride_s,
+    heads,
+    hmask,
+    w,
+    wp,
+    cos,
+    sin,
+    eps,
+    OUT_TY: tl.constexpr,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    """RMSNorm + rotate-half RoPE of [HEADS, D] rows (w, wp: _norm_weights; SPLITS, stride_s: _rows);
+    rounds where the reference rounds."""
     d = tl.arange(0, D)
     partner = (d + D // 2) % D
     ptrs = row_ptr + heads[:, None] * stride_h
-    x = tl.load(ptrs + d[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
-    xp = tl.load(ptrs + partner[None, :], mask=hmask[:, None], other=0.0).to(tl.float32)
+    x = _rows(ptrs + d[None, :], hmask[:, None], stride_s, SPLITS, OUT_TY)
+    xp = _rows(ptrs + partner[None, :], hmask[:, None], stride_s, SPLITS, OUT_TY)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
     n = (w * (x * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
     npart = (wp * (xp * rstd).to(OUT_TY).to(tl.float32)).to(OUT_TY).to(tl.float32)
@@ -123,6 +152,7 @@ def _qk_norm_rope_store_kernel(
     stride_vcb,
     stride_vco,
     stride_vch,
+    stride_s,
     block_size,
     eps,
     HQ: tl.constexpr,
@@ -130,6 +160,7 @@ def _qk_norm_rope_store_kernel(
     D: tl.constexpr,
     HB: tl.constexpr,
     HAS_Q: tl.constexpr,
+    SPLITS: tl.constexpr,
     EARLY_INPUTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -156,26 +187,32 @@ def _qk_norm_rope_store_kernel(
         if slot >= 0:
             kc_ty = kc_ptr.dtype.element_ty
             k_row = k_ptr + t * stride_kt
-            k = _norm_rope_heads(k_row, stride_kh, heads, hmask, kw, kwp, cos, sin, eps, kc_ty, D)
+            k = _norm_rope_heads(k_row, stride_kh, stride_s, heads, hmask, kw, kwp, cos, sin, eps, kc_ty, D, SPLITS)
             blk = slot // block_size
             off = slot % block_size
             kdst = kc_ptr + blk * stride_kcb + off * stride_kco + heads[:, None] * stride_kch + d[None, :]
             tl.store(kdst, k, mask=hmask[:, None])
-            v = tl.load(v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :], mask=hmask[:, None])
+            vc_ty = vc_ptr.dtype.element_ty
+            v_rows = v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :]
+            if SPLITS == 0:
+                v = tl.load(v_rows, mask=hmask[:, None])
+            else:
+                v = _rows(v_rows, hmask[:, None], stride_s, SPLITS, vc_ty)
             vdst = vc_ptr + blk * stride_vcb + off * stride_vco + heads[:, None] * stride_vch + d[None, :]
-            tl.store(vdst, v.to(vc_ptr.dtype.element_ty), mask=hmask[:, None])
+            tl.store(vdst, v.to(vc_ty), mask=hmask[:, None])
     elif HAS_Q:
         heads = (j - n_kv_progs) * HB + tl.arange(0, HB)
         hmask = heads < HQ
         qo_ty = qo_ptr.dtype.element_ty
-        q = _norm_rope_heads(q_ptr + t * stride_qt, stride_qh, heads, hmask, qw, qwp, cos, sin, eps, qo_ty, D)
+        q_row = q_ptr + t * stride_qt
+        q = _norm_rope_heads(q_row, stride_qh, stride_s, heads, hmask, qw, qwp, cos, sin, eps, qo_ty, D, SPLITS)
         tl.store(qo_ptr + t * (HQ * D) + heads[:, None] * D + d[None, :], q, mask=hmask[:, None])
 
 
 def qk_norm_rope_store(
-    q: torch.Tensor | None,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    q: torch.Tensor | SplitSum | None,
+    k: torch.Tensor | SplitSum,
+    v: torch.Tensor | SplitSum,
     positions: torch.Tensor,
     slot_mapping: torch.Tensor,
     q_norm_weight: torch.Tensor | None,
@@ -187,13 +224,23 @@ def qk_norm_rope_store(
 ) -> torch.Tensor | None:
     """Triton `qk_norm_rope_store_ref` in one launch: grid (T, kv-head groups + q-head groups).
 
-    q/k/v may be strided head views into a fused projection (the last dim must be unit-stride).
+    q/k/v may be strided head views into a fused projection (the last dim must be unit-stride), or
+    SplitSums of such views of one split-K projection's partials (layers.heads), of the caches' dtype.
     """
+    splits, stride_s, dtype = 0, 0, None
+    if isinstance(k, SplitSum):
+        assert isinstance(v, SplitSum) and (q is None or isinstance(q, SplitSum)), "q, k, v: all SplitSums or none"
+        assert k.dtype == v.dtype == k_cache.dtype == v_cache.dtype, "partials round to the caches' dtype"
+        splits, stride_s, dtype = k.parts.shape[0], k.parts.stride(0), k.dtype
+        assert all(x.parts.stride(0) == stride_s for x in (q, v) if x is not None), "one projection's partials"
+        q, k, v = (None if x is None else x.parts[0] for x in (q, k, v))
     num_tokens, num_kv_heads, head_dim = k.shape
     assert head_dim == next_pow2(head_dim) and head_dim >= 2, "head_dim must be a power of two"
     q_out = None
     if q is not None:
-        q_out = torch.empty(q.shape, dtype=torch.promote_types(q.dtype, q_norm_weight.dtype), device=q.device)
+        q_dtype = torch.promote_types(dtype or q.dtype, q_norm_weight.dtype)
+        assert not splits or q_dtype == dtype, "partials round to the caches' dtype: so must q"
+        q_out = torch.empty(q.shape, dtype=q_dtype, device=q.device)
     if num_tokens == 0:
         return q_out
     num_q_heads = q.shape[1] if q is not None else 0
@@ -228,6 +275,7 @@ def qk_norm_rope_store(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        stride_s,
         k_cache.shape[1],
         eps,
         HQ=num_q_heads,
@@ -235,6 +283,7 @@ def qk_norm_rope_store(
         D=head_dim,
         HB=hb,
         HAS_Q=q is not None,
+        SPLITS=splits,
         EARLY_INPUTS=EARLY_INPUTS,
         num_warps=4,
         **pdl(k.device),

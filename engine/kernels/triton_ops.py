@@ -10,6 +10,7 @@ from engine.kernels.attention import paged_attention
 from engine.kernels.fused_linear import (
     add_rms_norm_linear,
     add_rms_norm_linear_batch_invariant,
+    add_rms_norm_qkv,
     silu_mul_linear,
     silu_mul_linear_batch_invariant,
 )
@@ -31,6 +32,7 @@ def triton_ops(batch_invariant: bool = False) -> Ops:
         rms_norm=rms_norm,
         add_rms_norm=add_rms_norm,
         add_rms_norm_linear=add_rms_norm_linear_batch_invariant if batch_invariant else add_rms_norm_linear,
+        add_rms_norm_qkv=add_rms_norm_linear_batch_invariant if batch_invariant else add_rms_norm_qkv,
         qk_norm_rope_store=qk_norm_rope_store,
         paged_attention=partial(paged_attention, batch_invariant=batch_invariant),
         linear=linear_batch_invariant if batch_invariant else linear,

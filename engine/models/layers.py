@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels import Ops
+from engine.kernels.split_sum import SplitSum
 from engine.loader import take
 from engine.models.config import Geometry
 
@@ -64,6 +65,14 @@ class LayerWeights:
         )
 
 
+def heads(x: torch.Tensor | SplitSum, lo: int, hi: int, head_dim: int) -> torch.Tensor | SplitSum:
+    """Columns lo:hi of a [rows, N] projection as [rows, heads, head_dim] views; of a SplitSum, the
+    same views of each of its partials."""
+    if isinstance(x, SplitSum):
+        return SplitSum(x.parts[..., lo:hi].unflatten(-1, (-1, head_dim)), x.dtype)
+    return x[:, lo:hi].unflatten(-1, (-1, head_dim))
+
+
 def decoder_layer(
     ops: Ops,
     g: Geometry,
@@ -85,10 +94,10 @@ def decoder_layer(
         residual = h
         qkv = ops.linear(ops.rms_norm(h, w.input_norm, eps), w.qkv)
     else:  # the add + norm may run inside the projection (see kernels.md, add_rms_norm_linear)
-        qkv, residual = ops.add_rms_norm_linear(h, residual, w.input_norm, eps, w.qkv)
-    q = qkv[:, : g.q_size].view(rows, g.num_heads, g.head_dim)
-    k = qkv[:, g.q_size : g.q_size + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
-    v = qkv[:, g.q_size + g.kv_size :].view(rows, g.num_kv_heads, g.head_dim)
+        qkv, residual = ops.add_rms_norm_qkv(h, residual, w.input_norm, eps, w.qkv)
+    q = heads(qkv, 0, g.q_size, g.head_dim)
+    k = heads(qkv, g.q_size, g.q_size + g.kv_size, g.head_dim)
+    v = heads(qkv, g.q_size + g.kv_size, g.q_size + 2 * g.kv_size, g.head_dim)
     q = ops.qk_norm_rope_store(
         q, k, v, positions, meta.slot_mapping, w.q_norm, w.k_norm, cos_sin, k_cache, v_cache, eps
     )
