@@ -20,9 +20,10 @@ from engine.logprobs import record_logprobs
 from engine.policy import resolve_table
 from engine.policy_graphs import capture_policy_graphs
 from engine.request import Finish, Request, RequestFailure, RequestOutput
-from engine.round import Rounds, SpecStats
+from engine.round import Rounds
 from engine.sampler import sample_requests
 from engine.scheduler import Plan, Scheduler, Step
+from engine.spec_stats import SpecStats
 from engine.startup import build_runner, load_models, max_model_len, resolve_device
 from engine.stopping import StopStrings
 from engine.timing import PhaseTimer

@@ -15,7 +15,6 @@ choice for the round; k = 0 runs the gated one-token round instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -30,38 +29,9 @@ from engine.policy_ahead import PolicyAhead, ahead_key
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
+from engine.spec_stats import RoundOutcome, SpecStats
 from engine.timing import PhaseTimer
 from engine.trace import log_hedge, log_round
-
-
-@dataclass
-class SpecStats:
-    """Counters of the speculative path; rounds count request-rounds (one per request per verify)."""
-
-    rounds: int = 0
-    gated_rounds: int = 0
-    draft_forwards: int = 0
-    drafts: int = 0
-    draft_tokens_verified: int = 0
-    draft_tokens_accepted: int = 0
-    committed_tokens: int = 0
-    accepted_by_position: list[int] = field(default_factory=list)
-    hedged_rounds: int = 0  # request-rounds that verified at least one chain
-    hedge_chains: int = 0  # chains verified
-    hedge_wins: int = 0  # request-rounds a chain won
-
-    @property
-    def tokens_per_round(self) -> float:
-        """Mean committed tokens per speculating (non-gated) request-round."""
-        spec = self.rounds - self.gated_rounds
-        return (self.committed_tokens - self.gated_rounds) / spec if spec else 0.0
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    verified_draft: int
-    accepted_draft: int
-    committed: int
 
 
 def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
@@ -172,10 +142,7 @@ class Rounds:
             self.hedger.pause()
             self._policy_k = None
             return
-        s = self.stats
-        s.rounds += len(reqs)
-        s.gated_rounds += len(reqs)
-        s.committed_tokens += sum(committed)
+        self.stats.count_gated(committed)
         if self.trace:
             for r, done in zip(reqs, committed, strict=True):
                 log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
@@ -262,7 +229,7 @@ class Rounds:
                 if i in hedges:
                     log_hedge(r.id, *hedges[i])
         wins = sum(h[1] != 0 for h in hedges.values())
-        self._count(outcomes, len(plan), len(hedges), wins)
+        self.stats.count_round(outcomes, len(plan), len(hedges), wins, self.per_round)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
 
     def _store_pending_context(self, reqs: list[Request]) -> None:
@@ -287,20 +254,3 @@ class Rounds:
         k = drafts.shape[1]
         targets = sample_requests(res.logits, res.greedy, groups, 1 + k).view(len(groups), 1 + k)
         return self.accept(drafts, targets, self.runner.to_device(limits)).tolist()
-
-    def _count(self, outcomes: list[RoundOutcome], chains: int, hedged: int, wins: int) -> None:
-        s = self.stats
-        s.rounds += len(outcomes)
-        s.drafts += len(outcomes)
-        s.draft_forwards += 1
-        s.committed_tokens += sum(o.committed for o in outcomes)
-        s.hedged_rounds += hedged
-        s.hedge_chains += chains
-        s.hedge_wins += wins
-        s.draft_tokens_verified += sum(o.verified_draft for o in outcomes)
-        s.draft_tokens_accepted += sum(o.accepted_draft for o in outcomes)
-        by_pos = s.accepted_by_position
-        by_pos += [0] * (self.per_round - len(by_pos))
-        for o in outcomes:  # by_pos[p]: request-rounds that accepted more than p drafts
-            for pos in range(o.accepted_draft):
-                by_pos[pos] += 1
