@@ -31,7 +31,8 @@ pytest.importorskip("triton", reason="triton is not installed: the triton backen
 
 import numpy as np  # noqa: E402
 
-from engine.kernels import activation, linear, norm, tuning  # noqa: E402
+from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG  # noqa: E402
+from engine.kernels import activation, fused_linear, gemm, linear, norm, tuning  # noqa: E402
 from engine.kernels.tuning import TunedTables  # noqa: E402
 from engine.models.config import Geometry  # noqa: E402
 from engine.models.layers import AttnMeta, LayerWeights  # noqa: E402
@@ -147,6 +148,21 @@ def layer_inputs(g: Geometry, batch: int, ctx: int, dtype: torch.dtype, page: in
     x, residual = randn(batch, h, dtype=dtype), randn(batch, h, dtype=dtype)
     positions = torch.full((batch,), ctx, dtype=torch.int64, device=DEV)
     return w, meta, cache, x, residual, positions
+
+
+def small_geometry() -> Geometry:
+    """The Qwen3-4B config shrunk to hidden 64, MLP 128, 4 q heads and 2 kv heads of 16."""
+    small = dict(QWEN3_4B_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=4)
+    return Geometry.from_dict(dict(small, num_key_value_heads=2, head_dim=16), "test")
+
+
+def record_launches(monkeypatch) -> list:
+    """Every gemm.launch result from here on, as the kernels' modules call it (a SplitSum: deferred)."""
+    results, real = [], gemm.launch
+    monkeypatch.setattr(gemm, "launch", lambda *a, **kw: results.append(real(*a, **kw)) or results[-1])
+    for module in (linear, fused_linear):
+        monkeypatch.setattr(module, "launch", gemm.launch)
+    return results
 
 
 def compile_in_child(code: str, *args: str):

@@ -5,11 +5,13 @@ policy: tests/kernel_helpers.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG
-from engine.kernels import fused_linear, gemm, get_ops, linear, rope
+from engine.kernels import fused_linear, gemm, get_ops, linear, rope, tuning
 from engine.kernels.rope import rope_cos_sin
 from engine.kernels.split_sum import SplitSum, reduce_parts
 from engine.kernels.tuning import SkinnyConfig, TunedTables
@@ -23,6 +25,8 @@ from tests.kernel_helpers import (
     layer_inputs,
     poison_empty,  # noqa: F401 (autouse: every torch.empty is poisoned)
     randn,
+    record_launches,
+    small_geometry,
     use_tables,
 )
 
@@ -85,24 +89,10 @@ def test_defer_rows_hands_back_partials_at_more_rows_than_the_one_row_bound():
     assert isinstance(linear.linear_with_config(x, w, cfg, defer=True, defer_rows=4), torch.Tensor)
 
 
-def small_geometry() -> Geometry:
-    small = dict(QWEN3_4B_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=HQ)
-    return Geometry.from_dict(dict(small, num_key_value_heads=HKV, head_dim=D), "test")
-
-
 def layer(ops, g, w, meta, cache, x, residual, positions, cos_sin):
     kc, vc = cache.clone(), cache.clone()
     h, res = decoder_layer(ops, g, w, x, residual, positions, meta, kc, vc, cos_sin)
     return h, res, kc, vc
-
-
-def count_deferred(monkeypatch) -> list:
-    """Every gemm.launch result, as the kernels' modules call it."""
-    results, real = [], gemm.launch
-    monkeypatch.setattr(gemm, "launch", lambda *a, **kw: results.append(real(*a, **kw)) or results[-1])
-    for module in (linear, fused_linear):
-        monkeypatch.setattr(module, "launch", gemm.launch)
-    return results
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -116,7 +106,7 @@ def test_a_decoder_layer_defers_the_qkv_reduce_and_stays_bit_identical(monkeypat
     use_tables(monkeypatch, TunedTables(device="test", linear={qkv_shape: {4: SkinnyConfig(16, 32, 32, 2, 4, 2)}}))
     w, meta, cache, x, residual, positions = layer_inputs(g, 3, ctx=40, dtype=dtype)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(256, g.head_dim, g.rope_theta, DEV)
-    launched = count_deferred(monkeypatch)
+    launched = record_launches(monkeypatch)
     after = layer(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     assert sum(isinstance(y, SplitSum) for y in launched) == 1
     monkeypatch.setattr(fused_linear, "QKV_DEFER_MAX_ROWS", 0)
@@ -135,15 +125,13 @@ def test_gpu_4b_layer_defers_qkv_in_a_graph(monkeypatch, rows):
     torch.manual_seed(74)
     g = Geometry.from_dict(QWEN3_4B_CONFIG, "test")
     qkv_shape = (g.q_size + 2 * g.kv_size, g.hidden_size)
-    entry = SkinnyConfig(min(rows, 64) if rows > 16 else 16, 64, 64, 2, 4, 5, 1)
-    from engine.kernels import tuning
-
     shipped = tuning.tables_for(torch.device("cuda"))
-    table = {**shipped.linear, qkv_shape: {**shipped.linear.get(qkv_shape, {}), rows: entry}}
-    use_tables(monkeypatch, TunedTables(**{**shipped.__dict__, "linear": table}))
+    entry = {rows: SkinnyConfig(max(16, rows), 64, 64, 2, 4, 5, 1)}  # the split-2 TMA entry, as shipped
+    qkv_entries = {**shipped.linear[qkv_shape], **entry}
+    use_tables(monkeypatch, replace(shipped, linear={**shipped.linear, qkv_shape: qkv_entries}))
     w, meta, cache, x, residual, positions = layer_inputs(g, rows, ctx=200, dtype=torch.bfloat16)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(4096, g.head_dim, g.rope_theta, "cuda")
-    launched = count_deferred(monkeypatch)
+    launched = record_launches(monkeypatch)
     eager = layer(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     assert any(isinstance(y, SplitSum) and y.parts.shape[1:] == (rows, qkv_shape[0]) for y in launched)
     monkeypatch.setattr(fused_linear, "QKV_DEFER_MAX_ROWS", 0)

@@ -28,7 +28,9 @@ from tests.kernel_helpers import (
     norm_linear_ref,
     poison_empty,  # noqa: F401 (autouse: every torch.empty is poisoned)
     randn,
+    record_launches,
     rel_err,
+    small_geometry,
     use_tables,
 )
 
@@ -141,11 +143,6 @@ def test_a_split_sum_of_another_dtype_is_summed_first(monkeypatch):
     assert s.dtype == torch.float32 and torch.equal(s, s0) and torch.equal(normed, normed0)
 
 
-def small_geometry() -> Geometry:
-    small = dict(QWEN3_4B_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=4)
-    return Geometry.from_dict(dict(small, num_key_value_heads=2, head_dim=16), "test")
-
-
 def two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin):
     """Two decoder layers on one set of weights and caches: the second consumes the first's
     mlp_out as the engine does (a SplitSum where the first deferred its down's reduce)."""
@@ -176,11 +173,7 @@ def test_decoder_layers_defer_both_reduces_and_stay_bit_identical(monkeypatch, r
     use_tables(monkeypatch, tables)
     w, meta, cache, x, residual, positions = layer_inputs(g, rows, ctx=40, dtype=torch.float16)
     ops, cos_sin = get_ops("triton"), rope_cos_sin(256, g.head_dim, g.rope_theta, DEV)
-    deferred = []
-    real_launch = gemm.launch
-    monkeypatch.setattr(gemm, "launch", lambda *a, **kw: deferred.append(real_launch(*a, **kw)) or deferred[-1])
-    for module in (linear, fused_linear):
-        monkeypatch.setattr(module, "launch", gemm.launch)
+    deferred = record_launches(monkeypatch)
     after = two_layers(ops, g, w, meta, cache, x, residual, positions, cos_sin)
     assert sum(isinstance(y, SplitSum) for y in deferred) == 4  # o and down in each layer
     monkeypatch.setattr(gemm, "DEFER_MAX_ROWS", 0)
