@@ -149,26 +149,3 @@ def test_tma_swiglu_epilogue_bf16_at_the_4b_gate_up(tma_on, m):
     out = mlp.swiglu_linear_with_config(x, gate_up, SkinnyConfig(min(m, 64), 64, 64, 1, 4, 4, 1))
     pair = activation.silu_and_mul(linear.linear_ref(x, gate_up))
     assert out.device.type == DEV and rel_err(out, pair) < TOL[torch.bfloat16]
-
-
-@gpu
-@pytest.mark.parametrize("glu", [False, True])
-def test_gpu_early_weight_lines_change_no_output(tma_on, monkeypatch, glu):
-    """The weight lines pulled into L2 before the PDL wait (EARLY_TILES) are a hint: the same bits
-    with and without them, for a split-K and a SwiGLU projection, eagerly and from a graph."""
-    torch.manual_seed(41)
-    inter, h = QWEN3_4B["inter"], QWEN3_4B["hidden"]
-    if glu:
-        x, w = randn(64, h, dtype=torch.bfloat16), randn(2 * inter, h, dtype=torch.bfloat16, scale=0.05)
-        run = lambda: mlp.swiglu_linear_with_config(x, w, SkinnyConfig(64, 128, 64, 1, 4, 4, 1))  # noqa: E731
-    else:
-        x, w = randn(64, inter, dtype=torch.bfloat16), randn(h, inter, dtype=torch.bfloat16, scale=0.05)
-        run = lambda: linear.linear_with_config(x, w, SkinnyConfig(64, 64, 128, 3, 4, 4, 1))  # noqa: E731
-    outs = []
-    for tiles in (0, gemm_tma.EARLY_TILES or 4):
-        monkeypatch.setattr(gemm_tma, "EARLY_TILES", tiles)
-        graph, replayed = capture_graph(run)
-        graph.replay()
-        torch.cuda.synchronize()
-        outs += [run().clone(), replayed.clone()]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -1,7 +1,6 @@
 """The TMA GEMM compiled for sm90 without a GPU (in a child process, where TRITON_INTERPRET is off): its
 tiles come in by TMA (cp.async.bulk.tensor), after the PDL wait, and feed the warpgroup MMA; the
-next kernel launches early except after the SwiGLU epilogue, as with gemm._linear_kernel. Before the
-wait it pulls its first weight lines into L2 (EARLY_LINES), one prefetch per line, and loads nothing."""
+next kernel launches early except after the SwiGLU epilogue, as with gemm._linear_kernel."""
 
 from __future__ import annotations
 
@@ -21,14 +20,13 @@ from triton.compiler import ASTSource
 from engine.kernels import _triton, gemm_tma
 
 out = []
-for bm, bn, bk, warps, stages, glu, split, early in json.loads(sys.argv[1]):
-    names = ["x_desc", "w_desc", "w_ptr", "y_ptr", "M", "N", "K", "stride_wn", "stride_ym", "k_per_split"]
-    types = [f"tensordesc<bf16[{bm}, {bk}]>", f"tensordesc<bf16[{bn}, {bk}]>", "*bf16"]
-    types += ["*fp32" if split else "*bf16"] + ["i32"] * 6
-    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, PRECISION="tf32", EARLY_LINES=early, LINE=64,
-                 PDL=True, GLU=glu)
+for bm, bn, bk, warps, stages, glu, split in json.loads(sys.argv[1]):
+    names = ["x_desc", "w_desc", "y_ptr", "M", "N", "K", "stride_ym", "k_per_split"]
+    types = [f"tensordesc<bf16[{bm}, {bk}]>", f"tensordesc<bf16[{bn}, {bk}]>", "*fp32" if split else "*bf16"]
+    types += ["i32"] * 5
+    const = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, PRECISION="tf32", PDL=True, GLU=glu)
     sig = {**dict(zip(names, types)), **{c: "constexpr" for c in const}}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in (2, 3, 5, 6, 7, 8, 9)}
+    attrs = {(2,): [["tt.divisibility", 16]]}
     kernel = _triton.bind(gemm_tma.__dict__)["_linear_tma_kernel"]
     src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
@@ -38,27 +36,19 @@ for bm, bn, bk, warps, stages, glu, split, early in json.loads(sys.argv[1]):
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     first_tma = next(i for i, line in enumerate(lines) if "cp.async.bulk.tensor" in line)
     launches = sum("griddepcontrol.launch_dependents" in line for line in lines)
-    early = [line.strip() for line in lines[:wait] if "prefetch.global.L2" in line or "ld.global" in line]
-    out.append([tma, wgmma, wait < first_tma, launches, early])
+    out.append([tma, wgmma, wait < first_tma, launches])
 print(json.dumps(out))
 """
-CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GLU, SPLIT, EARLY_LINES
-    (64, 64, 64, 4, 4, False, False, 0),
-    (64, 64, 64, 4, 4, True, False, 0),
-    (16, 64, 128, 4, 3, False, True, 0),
-    (64, 64, 128, 4, 4, False, True, 8),  # the H200 table's 64-row o and down, four tiles early
-    (64, 128, 64, 4, 4, True, False, 4),  # its 64-row gate|up: the gate's and the up's rows
+CONFIGS = [  # BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, GLU, SPLIT
+    (64, 64, 64, 4, 4, False, False),
+    (64, 64, 64, 4, 4, True, False),
+    (16, 64, 128, 4, 3, False, True),
 ]
 
 
 def test_tiles_come_by_tma_after_the_wait_into_the_warpgroup_mma():
-    (plain, glu, split, early, early_glu) = compile_in_child(CHILD, json.dumps(CONFIGS))
-    for copies, wgmma, wait_first, _, _ in (plain, glu, split, early, early_glu):
+    (plain, glu, split) = compile_in_child(CHILD, json.dumps(CONFIGS))
+    for copies, wgmma, wait_first, _ in (plain, glu, split):
         assert copies >= 2 and wgmma > 0 and wait_first
     assert glu[0] > plain[0]  # the up half's tiles too
     assert plain[3] == split[3] == 1 and glu[3] == 0  # the down projection launches at the epilogue's exit
-    assert plain[4] == glu[4] == split[4] == []  # EARLY_LINES 0: nothing touched before the wait
-    # one prefetch per 128-byte line of the early tiles, spread over the 128 threads, and no load
-    for (_, bn, _, warps, _, is_glu, _, lines), (*_, before) in zip(CONFIGS[3:], (early, early_glu), strict=True):
-        assert len(before) == bn * lines * (2 if is_glu else 1) // (32 * warps), before
-        assert all("prefetch.global.L2" in line for line in before), before

@@ -14,7 +14,6 @@ row count so too."""
 from __future__ import annotations
 
 from engine.kernels._triton import jit
-from engine.kernels.l2 import prefetch_l2
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
@@ -72,8 +71,8 @@ def paged_attn_kernel(
         n = lo + tl.arange(0, BLOCK_N)
         blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
         line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
-        prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
-        prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
+        _prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
+        _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -166,6 +165,14 @@ def _kv_range(
 def _pages(bt_row, n, ok, PAGE: tl.constexpr):
     """(block, offset in it) of key rows n; rows not ok get block 0, an address inside the cache."""
     return tl.load(bt_row + n // PAGE, mask=ok, other=0).to(tl.int64), n % PAGE
+
+
+@jit
+def _prefetch_l2(ptrs):
+    """Pull the lines at ptrs into L2 without waiting for them (nothing comes back)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @jit

@@ -6,11 +6,7 @@ One thread of a program issues each tile's copy, so the weight stream costs no p
 arithmetic and no registers, and the pipeliner keeps num_stages tiles in flight on mbarriers. The
 product is computed swapped, W_tile @ x_tile^T: the weight tile (BLOCK_N, a multiple of 64) is the
 MMA's M side, so the warpgroup MMA serves 16-64 rows of x. Same results as gemm._linear_kernel's
-tl.dot path: fp32 accumulation over the same K tiles, split-K partials summed by split_sum.
-
-Under PDL each program first pulls its first EARLY_TILES weight tiles into L2 (weights are no
-kernel's output), then waits: those bytes stream while the kernel before it drains, and its first
-TMA loads after the wait read L2."""
+tl.dot path: fp32 accumulation over the same K tiles, split-K partials summed by split_sum."""
 
 from __future__ import annotations
 
@@ -18,25 +14,19 @@ import torch
 
 from engine.kernels._triton import cdiv, jit, pdl, sm90
 from engine.kernels.gemm_prologues import _pdl_start, _swiglu
-from engine.kernels.l2 import LINE_BYTES, prefetch_l2
 from engine.kernels.tuning import SkinnyConfig
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
-
-# K tiles of its weights each program pulls into L2 before its PDL wait; 0: the wait first (the A/B's before).
-EARLY_TILES = 4
 
 
 @jit(do_not_specialize=["M"])
 def _linear_tma_kernel(
     x_desc,
     w_desc,
-    w_ptr,
     y_ptr,
     M,
     N,
     K,
-    stride_wn,
     stride_ym,
     k_per_split,
     BLOCK_M: tl.constexpr,
@@ -44,14 +34,12 @@ def _linear_tma_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
-    EARLY_LINES: tl.constexpr,
-    LINE: tl.constexpr,
     PDL: tl.constexpr,
     GLU: tl.constexpr,
 ):
     """y = x @ W^T, or with GLU (W = [gate | up], [2N, K]) y = silu(x @ gate^T) * (x @ up^T) rounded as
-    silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to y_ptr. Tiles past M, N or K read zeros.
-    EARLY_LINES > 0: the first that many LINE-element lines of each weight row go to L2 before the wait."""
+    silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to y_ptr. Tiles past M, N or K read zeros."""
+    _pdl_start(PDL, GLU)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -59,15 +47,6 @@ def _linear_tma_kernel(
     off_m = pid_m * BLOCK_M
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    if EARLY_LINES > 0:
-        rows = off_n + tl.arange(0, BLOCK_N)
-        cols = k_lo + tl.arange(0, EARLY_LINES) * LINE
-        inside = (rows < N)[:, None] & (cols < k_hi)[None, :]
-        at = tl.where(inside, rows.to(tl.int64)[:, None] * stride_wn + cols[None, :], 0)
-        prefetch_l2(w_ptr + at)
-        if GLU:
-            prefetch_l2(w_ptr + tl.where(inside, at + N * stride_wn, 0))
-    _pdl_start(PDL, GLU)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_up = acc
     for k in range(k_lo, k_hi, BLOCK_K):
@@ -112,17 +91,13 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Te
     x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
-    launch_pdl = pdl(x.device)
-    line = LINE_BYTES // weight.element_size()
     _linear_tma_kernel[grid](
         x_desc,
         w_desc,
-        weight,
         y,
         m,
         n,
         k,
-        weight.stride(0),
         y.stride(-2),
         k_per_split,
         BLOCK_M=cfg.block_m,
@@ -130,17 +105,8 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Te
         BLOCK_K=cfg.block_k,
         SPLIT=cfg.split_k > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        EARLY_LINES=early_lines(min(k_per_split, k), cfg.block_k, line) if launch_pdl["PDL"] else 0,
-        LINE=line,
         GLU=glu,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **launch_pdl,
+        **pdl(x.device),
     )
-
-
-def early_lines(k: int, block_k: int, line: int) -> int:
-    """Lines of each weight row in a program's first EARLY_TILES K tiles, within its k elements,
-    rounded down to a power of two (tl.arange); 0 where EARLY_TILES is 0."""
-    elems = min(k, EARLY_TILES * block_k)
-    return 1 << (max(1, elems // line).bit_length() - 1) if EARLY_TILES > 0 else 0
