@@ -37,6 +37,10 @@ def next_pow2(n: int) -> int:
 # next one launch. The kernels that take a PDL constexpr do both first thing, except the GEMV
 # (gemv.py), which issues its first weight tile before the wait.
 PDL = True
+# Launches of more rows than this go without PDL (None: every launch with it). Above the tuned
+# table's rows the projections are cuBLAS's, whose kernels let the next one launch early: its
+# programs then wait on SMs the GEMM's later tiles need.
+PDL_MAX_ROWS: int | None = None
 
 
 @functools.lru_cache(maxsize=8)
@@ -51,10 +55,12 @@ def sm90(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
 
 
-def pdl(device: torch.device) -> dict:
+def pdl(device: torch.device, rows: int = 0) -> dict:
     """Launch options of the PDL-aware kernels: {"PDL": True, "launch_pdl": True} on an sm90+ GPU
-    with PDL on, else {"PDL": False} (the interpreter runs no griddepcontrol)."""
-    on = PDL and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1" and sm90(device)
+    with PDL on for a launch over `rows` token rows, else {"PDL": False} (the interpreter runs no
+    griddepcontrol)."""
+    on = PDL and (PDL_MAX_ROWS is None or rows <= PDL_MAX_ROWS)
+    on = on and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1" and sm90(device)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 

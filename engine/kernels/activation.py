@@ -43,6 +43,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] and inter:
         block = 1024
         _silu_and_mul_kernel[(x2.shape[0], cdiv(inter, block))](
-            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4, **pdl(x2.device)
+            x2, out, x2.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4, **pdl(x2.device, x2.shape[0])
         )
     return out.view(*x.shape[:-1], inter)

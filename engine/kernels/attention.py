@@ -185,7 +185,7 @@ def paged_attention(
     else:
         part_o = part_lse = out
     grid = (num_seqs * num_kv_heads, cdiv(max_query_len, block_q), splits)
-    launch = pdl(q.device)
+    launch = pdl(q.device, num_tokens)
     paged_attn_kernel[grid](
         q,
         k_cache,

@@ -231,7 +231,7 @@ def launch(
     args = (x, weight, y if y is not None else parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n)
     args += (k_per_split, k if swiglu else m * k if planes else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
     meta = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, SWIGLU=swiglu, NORM=norm is not None)
-    meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device))
+    meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device, m))
     if gemv:
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split

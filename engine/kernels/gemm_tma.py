@@ -108,5 +108,5 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Te
         GLU=glu,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl(x.device),
+        **pdl(x.device, m),
     )

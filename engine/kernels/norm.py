@@ -104,7 +104,7 @@ def _norm_launch(x2, r2, weight, out, summed, eps: float, planes: int = 0) -> No
         PLANES=planes,
         BLOCK=block,
         num_warps=num_warps,
-        **pdl(x2.device),
+        **pdl(x2.device, rows),
     )
 
 

@@ -286,6 +286,6 @@ def qk_norm_rope_store(
         SPLITS=splits,
         EARLY_INPUTS=EARLY_INPUTS,
         num_warps=4,
-        **pdl(k.device),
+        **pdl(k.device, num_tokens),
     )
     return q_out

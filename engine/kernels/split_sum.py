@@ -36,7 +36,7 @@ def reduce_parts(parts: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     split_k, m, n = parts.shape
     block = 1024
     _splitk_reduce_kernel[(cdiv(m * n, block),)](
-        parts, y, m, n, y.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4, **pdl(parts.device)
+        parts, y, m, n, y.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4, **pdl(parts.device, m)
     )
     return y
 
