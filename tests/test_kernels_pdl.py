@@ -19,9 +19,11 @@ from tests.kernel_helpers import CUDA, capture_graph, gpu, layer_inputs, rel_err
 def test_pdl_off_on_cpu_and_when_switched_off(monkeypatch):
     assert _triton.pdl(torch.device("cpu")) == {"PDL": False}
     if CUDA:
-        monkeypatch.setattr(_triton, "PDL_MAX_ROWS", 64)
+        assert _triton.PDL_MAX_ROWS == 64  # the H200 table's largest row bucket: cuBLAS above it
         assert _triton.pdl(torch.device("cuda"), 64) == {"PDL": True, "launch_pdl": True}
-        assert _triton.pdl(torch.device("cuda"), 65) == {"PDL": False}  # above the row limit
+        assert _triton.pdl(torch.device("cuda"), 65) == {"PDL": False}
+        monkeypatch.setattr(_triton, "PDL_MAX_ROWS", None)
+        assert _triton.pdl(torch.device("cuda"), 4096) == {"PDL": True, "launch_pdl": True}
         monkeypatch.setattr(_triton, "PDL", False)
         assert _triton.pdl(torch.device("cuda")) == {"PDL": False}
 

@@ -37,10 +37,10 @@ def next_pow2(n: int) -> int:
 # next one launch. The kernels that take a PDL constexpr do both first thing, except the GEMV
 # (gemv.py), which issues its first weight tile before the wait.
 PDL = True
-# Launches of more rows than this go without PDL (None: every launch with it). Above the tuned
-# table's rows the projections are cuBLAS's, whose kernels let the next one launch early: its
-# programs then wait on SMs the GEMM's later tiles need.
-PDL_MAX_ROWS: int | None = None
+# Launches of more token rows than this go without PDL (None: every launch with it). Above the H200
+# table's 64 rows the projections are cuBLAS's, and a PDL kernel after one ran a verify of 16 x 16 rows
+# 1.017x slower (decode_ab at 0b7fa47, 4B geometry; 64 x 4: 1.001, c=64 with its prefill: 1.008).
+PDL_MAX_ROWS: int | None = 64
 
 
 @functools.lru_cache(maxsize=8)
