@@ -219,38 +219,3 @@ def test_gpu_split_decode_pipeline_depth_changes_no_output(monkeypatch):
         monkeypatch.setattr(attention, "SPLIT_STAGES", stages)
         outs.append(attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True))
     assert torch.equal(outs[0], outs[1])
-
-
-@gpu
-@pytest.mark.parametrize("ctx", [191, 2047])
-@pytest.mark.parametrize("o_cfg", [None, (1, 8, 2048, 2, 8, 1)])  # the table's o; a whole split's slab early
-def test_gpu_early_successor_changes_no_output(ctx, o_cfg, monkeypatch):
-    """At one query row the splits' reduce lets o's GEMV (weights loaded before its own wait) launch
-    before the reduce's wait: eagerly and replayed from a graph, attention -> o is bit-identical to
-    the successor launched after the wait."""
-    from engine.kernels import linear
-    from engine.kernels.split_sum import SplitSum
-    from engine.kernels.tuning import SkinnyConfig
-
-    torch.manual_seed(19)
-    g = QWEN3_4B
-    q, kc, vc, bt, seq, qsl, mq = make_paged([1], [ctx], g["hq"], g["hkv"], g["d"], torch.bfloat16)
-    w_o = torch.randn(g["hidden"], g["hq"] * g["d"], device=DEV).mul_(0.02).to(torch.bfloat16)
-
-    def run():
-        rows = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True).view(1, -1)
-        y = (
-            linear.linear(rows, w_o, defer=True)
-            if o_cfg is None
-            else linear.linear_with_config(rows, w_o, SkinnyConfig(*o_cfg), defer=True)
-        )  # deferred, as the layer calls it
-        return y.parts if isinstance(y, SplitSum) else y
-
-    outs = []
-    for early in (False, True):
-        monkeypatch.setattr(attention, "EARLY_SUCCESSOR", early)
-        graph, out = capture_graph(run)
-        graph.replay()
-        torch.cuda.synchronize()
-        outs += [run().clone(), out.clone()]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])

@@ -98,9 +98,6 @@ EARLY_KV = True
 # Under PDL the bounds (query_start_loc, seq_lens; the reduce: the row count) are read once, before
 # the wait, and used after it; False: read again after the wait (the dispatch before, for the A/Bs).
 EARLY_BOUNDS = True
-# At one query row the splits' reduce lets o's GEMV launch before its own wait, while the attention
-# runs (attention_kernels.py); False: after the wait, as every other kernel here.
-EARLY_SUCCESSOR = False
 
 
 def _num_sms(device: torch.device) -> int:
@@ -241,7 +238,6 @@ def paged_attention(
             D=head_dim,
             NUM_SPLITS=splits,
             EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
-            EARLY_SUCCESSOR=EARLY_SUCCESSOR and num_tokens == 1,
             num_warps=4,
             **launch,
         )

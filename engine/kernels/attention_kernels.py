@@ -9,13 +9,7 @@ under PDL the tile streams while the kernel before drains, and the first loop tr
 L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
 kernel computes with (the kernel before writes none of them), so the span's start, length and
 cached rows are not read a second time after it; without it they are. The splits' reduce reads its
-row count so too.
-
-With EARLY_SUCCESSOR the reduce lets the next kernel launch before its own wait: at one query row o's
-GEMV (gemv.py: its weight tiles loaded before its PDL wait) then launches while the attention still
-runs, and streams its weights while the attention half leaves DRAM idle. It reads the reduce's output
-only after its own wait. Every reduce program is resident when it signals, so the early grid cannot
-take slots the reduce needs."""
+row count so too."""
 
 from __future__ import annotations
 
@@ -194,17 +188,13 @@ def paged_attn_reduce_kernel(
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     EARLY_BOUNDS: tl.constexpr,
-    EARLY_SUCCESSOR: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if EARLY_BOUNDS:  # a step input, read before the wait as the attention reads its bounds
         rows = tl.load(qsl_ptr + num_seqs)
-    if PDL:  # wait for the attention's writes; the next kernel launches after the wait, or before it
-        if EARLY_SUCCESSOR:
-            tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if not EARLY_SUCCESSOR:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     if not EARLY_BOUNDS:
         rows = tl.load(qsl_ptr + num_seqs)
     t = tl.program_id(0).to(tl.int64)
