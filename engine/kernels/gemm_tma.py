@@ -6,10 +6,7 @@ One thread of a program issues each tile's copy, so the weight stream costs no p
 arithmetic and no registers, and the pipeliner keeps num_stages tiles in flight on mbarriers. The
 product is computed swapped, W_tile @ x_tile^T: the weight tile (BLOCK_N, a multiple of 64) is the
 MMA's M side, so the warpgroup MMA serves 16-64 rows of x. Same results as gemm._linear_kernel's
-tl.dot path: fp32 accumulation over the same K tiles, split-K partials summed by split_sum.
-
-A config with tma=2 has Triton warp-specialize the K loop (sm90: a producer warp group issues the
-copies, consumer warp groups run the MMA, handing tiles over on mbarriers; 12 warps a program)."""
+tl.dot path: fp32 accumulation over the same K tiles, split-K partials summed by split_sum."""
 
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ def _linear_tma_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     GLU: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):
     """y = x @ W^T, or with GLU (W = [gate | up], [2N, K]) y = silu(x @ gate^T) * (x @ up^T) rounded as
     silu_and_mul rounds; SPLIT: fp32 partials [SPLIT_K, M, N] to y_ptr. Tiles past M, N or K read zeros."""
@@ -53,7 +49,7 @@ def _linear_tma_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     acc_up = acc
-    for k in tl.range(k_lo, k_hi, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+    for k in range(k_lo, k_hi, BLOCK_K):
         x = x_desc.load([off_m, k])
         acc = tl.dot(w_desc.load([off_n, k]), tl.trans(x), acc, input_precision=PRECISION)
         if GLU:
@@ -110,7 +106,6 @@ def launch(x: torch.Tensor, weight: torch.Tensor, cfg: SkinnyConfig, y: torch.Te
         SPLIT=cfg.split_k > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         GLU=glu,
-        WARP_SPECIALIZE=cfg.tma == 2,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl(x.device, m),

@@ -60,7 +60,7 @@ class SkinnyConfig(NamedTuple):
     split_k: int
     num_warps: int
     num_stages: int  # tl.dot path: Triton's pipeline stages; GEMV: >= 2 carries the next weight tile (gemv.py)
-    tma: int = 0  # 1: tiles by TMA (gemm_tma.py) where the call can take it; 2: also warp-specialized; dot path only
+    tma: int = 0  # 1: tiles by TMA (gemm_tma.py) where the call can take it; tl.dot path only
 
 
 Table = Mapping[tuple[int, int], Mapping[int, SkinnyConfig]]
@@ -113,8 +113,8 @@ def check_config(cfg: SkinnyConfig) -> str | None:
         return "num_warps must be 1, 2, 4, 8 or 16"
     if not 1 <= stages <= 8:
         return "num_stages must be in 1..8"
-    if tma not in (0, 1, 2) or (tma and bm == 1):
-        return "tma must be 0, 1 or 2 (1 and 2 on the dot path only)"
+    if tma not in (0, 1) or (tma and bm == 1):
+        return "tma must be 0 or 1 (1 on the dot path only)"
     return None
 
 
