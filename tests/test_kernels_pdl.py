@@ -19,13 +19,22 @@ from tests.kernel_helpers import CUDA, capture_graph, gpu, layer_inputs, rel_err
 def test_pdl_off_on_cpu_and_when_switched_off(monkeypatch):
     assert _triton.pdl(torch.device("cpu")) == {"PDL": False}
     if CUDA:
-        assert _triton.PDL_MAX_ROWS == 64  # the H200 table's largest row bucket: cuBLAS above it
-        assert _triton.pdl(torch.device("cuda"), 64) == {"PDL": True, "launch_pdl": True}
-        assert _triton.pdl(torch.device("cuda"), 65) == {"PDL": False}
-        monkeypatch.setattr(_triton, "PDL_MAX_ROWS", None)
-        assert _triton.pdl(torch.device("cuda"), 4096) == {"PDL": True, "launch_pdl": True}
         monkeypatch.setattr(_triton, "PDL", False)
         assert _triton.pdl(torch.device("cuda")) == {"PDL": False}
+
+
+def test_launches_over_more_rows_than_the_limit_go_without_pdl(monkeypatch):
+    """The row limit on a device that has PDL (sm90 faked, so CI checks the rule without a GPU)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(_triton, "sm90", lambda device: True)
+    cuda, on = torch.device("cuda"), {"PDL": True, "launch_pdl": True}
+    assert _triton.PDL_MAX_ROWS == 64  # the H200 table's largest row bucket: cuBLAS above it
+    assert _triton.pdl(cuda, 0) == _triton.pdl(cuda, 64) == on
+    assert _triton.pdl(cuda, 65) == _triton.pdl(cuda, 8192) == {"PDL": False}
+    monkeypatch.setattr(_triton, "PDL_MAX_ROWS", None)
+    assert _triton.pdl(cuda, 8192) == on
+    monkeypatch.setattr(_triton, "PDL", False)
+    assert _triton.pdl(cuda, 1) == {"PDL": False}
 
 
 @gpu
