@@ -203,7 +203,7 @@ def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatc
 def test_split_decodes_of_two_or_more_sequences_pipeline_deeper():
     assert attention.attention_stages(8, 1, 2) == attention.SPLIT_STAGES == 3
     assert attention.attention_stages(1, 1, 4) == attention.NUM_STAGES == 2  # one sequence: measured slower
-    assert attention.attention_stages(64, 1, 1) == attention.WIDE_STAGES  # no splits: the wide tile
+    assert attention.attention_stages(64, 1, 1) == attention.NUM_STAGES  # no splits: the wide tile
     assert attention.attention_stages(8, 4, 2) == attention.NUM_STAGES  # verify spans: not measured
 
 

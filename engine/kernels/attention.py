@@ -86,12 +86,10 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for the
 # flash-decoding splits of a decode of two or more sequences. On the H200 (decode_ab at 64973ba, 4B
 # geometry) three stages there ran a step 1.017 at c=8 and 1.019 at c=16, and 0.994 at c=1 (so one
-# sequence keeps NUM_STAGES); at c=64 (no splits, the wide tile) three stages for every launch ran 0.973.
+# sequence keeps NUM_STAGES); at c=64 (no splits, the wide tile) three stages for every launch ran 0.973,
+# and one stage there 0.926 (decode_ab at 9850e40).
 NUM_STAGES = 2
 SPLIT_STAGES = 3
-# The unsplit decode of two or more sequences (high batch, the wide tile): its own depth, for the A/B of
-# shared memory per program (two stages of 64-key K and V tiles hold three programs an SM) against overlap.
-WIDE_STAGES = 2
 # Under PDL each program pulls its first key tile's cached rows into L2 before its wait
 # (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
 EARLY_KV = True
@@ -135,11 +133,8 @@ def attention_config(
 
 
 def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
-    """The attention kernel's num_stages: SPLIT_STAGES for a split decode of two or more sequences,
-    WIDE_STAGES for an unsplit one."""
-    if max_query_len == 1 and num_seqs > 1:
-        return SPLIT_STAGES if splits > 1 else WIDE_STAGES
-    return NUM_STAGES
+    """The attention kernel's num_stages: SPLIT_STAGES for a split decode of two or more sequences."""
+    return SPLIT_STAGES if splits > 1 and max_query_len == 1 and num_seqs > 1 else NUM_STAGES
 
 
 def early_lines(head_dim: int, k_cache: torch.Tensor, launch: dict) -> int:
