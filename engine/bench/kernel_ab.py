@@ -26,7 +26,7 @@ dispatches it on this device, in one process (GPU only):
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
 - the one-row projections as dispatched (alone, and the layer's two pairs) with each program streaming
-  several tiles ("persistent 4: norm→gate|up": gemm.GEMV_PROGRAMS_PER_SM at 2, 4, 5): before = one
+  several tiles ("persistent 4: norm→gate|up": gemm.GEMV_PROGRAMS_PER_SM at 2, 4, 6): before = one
   tile a program (0);
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
@@ -195,7 +195,7 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             for cfg in tma_configs(m, glu):
                 yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
     if 1 in ms:
-        for per_sm in (2, 4, 5):
+        for per_sm in (2, 4, 6):
             yield f"persistent {per_sm}: norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
             yield f"persistent {per_sm}: norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
             yield f"persistent {per_sm}: o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
