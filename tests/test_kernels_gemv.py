@@ -36,17 +36,9 @@ GEMV_CASES = [
 ]
 
 
-# Tiles a program of the early-weights GEMV: 1 (the grid of one tile a program), 2 (every program
-# two, or a last one fewer), 3 (with the ragged N cases, a last program of one tile, or none at all).
-PER_PROGRAM = [1, 2, 3]
-
-
-def both_paths(run, monkeypatch, per_program: int | None = None):
-    """run() with the early-weights GEMV (giving each program per_program tiles where given), then
-    with the wait-first one."""
+def both_paths(run, monkeypatch):
+    """run() with the early-weights GEMV, then with the wait-first one."""
     monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)
-    if per_program is not None:
-        monkeypatch.setattr(gemm, "gemv_tiles_per_program", lambda tiles, splits, device: per_program)
     after = run()
     monkeypatch.setattr(gemm, "EARLY_WEIGHTS", frozenset())
     before = run()
@@ -61,11 +53,10 @@ def same(after: torch.Tensor, before: torch.Tensor, dtype: torch.dtype) -> bool:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", GEMV_CASES)
-@pytest.mark.parametrize("per_program", PER_PROGRAM)
-def test_gemv_linear(dtype, n, k, cfg, per_program, monkeypatch):
+def test_gemv_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(40)
     x, w = randn(1, k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
-    out, prev = both_paths(lambda: linear.linear_with_config(x, w, cfg), monkeypatch, per_program)
+    out, prev = both_paths(lambda: linear.linear_with_config(x, w, cfg), monkeypatch)
     assert out.shape == (1, n) and out.dtype == dtype
     assert rel_err(out, linear.linear_ref(x.float(), w.float())) < TOL[dtype]
     assert same(out, prev, dtype)
@@ -73,24 +64,22 @@ def test_gemv_linear(dtype, n, k, cfg, per_program, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", GEMV_CASES)
-@pytest.mark.parametrize("per_program", PER_PROGRAM)
-def test_gemv_silu_mul_linear(dtype, n, k, cfg, per_program, monkeypatch):
+def test_gemv_silu_mul_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(41)
     x, w = randn(1, 2 * k, dtype=dtype, scale=2.0), randn(n, k, dtype=dtype, scale=0.1)
-    out, prev = both_paths(lambda: fused_linear.silu_mul_linear_with_config(x, w, cfg), monkeypatch, per_program)
+    out, prev = both_paths(lambda: fused_linear.silu_mul_linear_with_config(x, w, cfg), monkeypatch)
     assert rel_err(out, fused_ref(x, w)) < TOL[dtype]
     assert same(out, prev, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", [c for c in GEMV_CASES if c[2].split_k == 1])
-@pytest.mark.parametrize("per_program", PER_PROGRAM)
-def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, per_program, monkeypatch):
+def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(42)
     x, r = randn(1, k, dtype=dtype, scale=2.0), randn(1, k, dtype=dtype)
     nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
     (y, summed), (y0, summed0) = both_paths(
-        lambda: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg), monkeypatch, per_program
+        lambda: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg), monkeypatch
     )
     ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
     assert torch.equal(summed, ref_sum) and torch.equal(summed0, ref_sum)
@@ -98,29 +87,14 @@ def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, per_program, monkeypatch):
     assert same(y, y0, dtype)
 
 
-def test_gemv_tiles_per_program(monkeypatch):
-    """One wave of GEMV_PROGRAMS_PER_SM programs an SM, shared by the splits; a grid that fits keeps one
-    tile a program, and 0 turns it off (the interpreter's 4 SMs)."""
-    cpu = torch.device("cpu")
-    monkeypatch.setattr(gemm, "GEMV_PROGRAMS_PER_SM", 0)
-    assert gemm.gemv_tiles_per_program(1216, 1, cpu) == 1
-    monkeypatch.setattr(gemm, "GEMV_PROGRAMS_PER_SM", 6)  # 24 programs
-    assert [gemm.gemv_tiles_per_program(t, 1, cpu) for t in (1, 24, 25, 48, 49)] == [1, 1, 2, 2, 3]
-    assert [gemm.gemv_tiles_per_program(t, 4, cpu) for t in (6, 7, 13)] == [1, 2, 3]
-    assert gemm.gemv_tiles_per_program(100, 32, cpu) == 1  # fewer programs than splits: left alone
-
-
 # --- GPU only -----------------------------------------------------------------------------------
 
 
 @gpu
-@pytest.mark.parametrize("per_sm", [0, 2, 4])
-def test_gpu_gemv_4b_as_dispatched(per_sm, monkeypatch):
+def test_gpu_gemv_4b_as_dispatched(monkeypatch):
     """o (2560 x 4096) and SwiGLU -> down (2560 x 9728) at one row in bf16 as this device dispatches
     them, against the reference and the wait-first path; then replayed from a CUDA graph behind the
-    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs).
-    per_sm: gemm.GEMV_PROGRAMS_PER_SM (2 and 4: o, down and gate|up several tiles a program, q|k|v at 2)."""
-    monkeypatch.setattr(gemm, "GEMV_PROGRAMS_PER_SM", per_sm)
+    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs)."""
     torch.manual_seed(43)
     bf, h, inter, q = torch.bfloat16, QWEN3_4B["hidden"], QWEN3_4B["inter"], QWEN3_4B["hq"] * QWEN3_4B["d"]
     w_o, w_down = randn(h, q, dtype=bf, scale=0.05), randn(h, inter, dtype=bf, scale=0.05)
@@ -143,14 +117,6 @@ def test_gpu_gemv_4b_as_dispatched(per_sm, monkeypatch):
         gu = linear.linear(src, w_gu)
         return a, y, gu, fused_linear.silu_mul_linear(gu, w_down)
 
-    w_qkv = randn((QWEN3_4B["hq"] + 2 * QWEN3_4B["hkv"]) * QWEN3_4B["d"], h, dtype=bf, scale=0.05)
-    for w in (w_qkv, w_gu):  # the NORM prologue at one row: q|k|v's and gate|up's shapes
-        r, nw = randn(1, h, dtype=bf), randn(h, dtype=bf)
-        run = lambda w=w, r=r, nw=nw: fused_linear.add_rms_norm_linear(src, r, nw, 1e-6, w)  # noqa: E731
-        (y, summed), (y0, summed0) = both_paths(run, monkeypatch)
-        ref, ref_sum = norm_linear_ref(src, r, nw, 1e-6, w)
-        assert torch.equal(summed, ref_sum) and torch.equal(summed0, ref_sum)
-        assert rel_err(y, ref) < TOL[bf] and same(y, y0, bf)
     graph, (a, y_o, gu, y_down) = capture_graph(chain)
     for _ in range(3):
         src.copy_(randn(1, h, dtype=bf))

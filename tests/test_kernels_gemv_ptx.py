@@ -20,16 +20,16 @@ from triton.compiler import ASTSource
 from engine.kernels import _triton, gemv
 
 names = ["x_ptr", "w_ptr", "y_ptr", "p_ptr", "M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "k_per_split",
-         "tiles_per", "x_off", "r_ptr", "nw_ptr", "s_ptr", "stride_rm", "stride_sm", "eps"]
+         "x_off", "r_ptr", "nw_ptr", "s_ptr", "stride_rm", "stride_sm", "eps"]
 out = []
 for bn, bk, warps, swiglu, norm, carry, planes, split in json.loads(sys.argv[1]):
     x_type = "*fp32" if planes else "*bf16"  # a SplitSum's fp32 partials where PLANES > 0
-    types = [x_type, "*bf16", "*bf16", "*fp32"] + ["i32"] * 9 + ["*bf16"] * 3 + ["i32", "i32", "fp32"]
+    types = [x_type, "*bf16", "*bf16", "*fp32"] + ["i32"] * 8 + ["*bf16"] * 3 + ["i32", "i32", "fp32"]
     const = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, EVEN_K=not split, SWIGLU=swiglu, NORM=norm, CARRY=carry,
                  PLANES=planes, PDL=True)
     sig = {**dict(zip(names, types)), **{c: "constexpr" for c in const}}
     # what the launcher specializes for 16-aligned pointers and sizes
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in ("M", "tiles_per", "eps")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in ("M", "eps")}
     kernel = _triton.bind(gemv.__dict__)["_gemv_kernel"]
     src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)
     target = GPUTarget("cuda", 90, 32)

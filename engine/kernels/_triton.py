@@ -55,18 +55,6 @@ def sm90(device: torch.device) -> bool:
     return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
 
 
-def num_sms(device: torch.device) -> int:
-    """The device's SM count (the interpreter: 4, small, so tests reach the paths that depend on it)."""
-    if device.type != "cuda":
-        return 4
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def pdl(device: torch.device, rows: int = 0) -> dict:
     """Launch options of the PDL-aware kernels: {"PDL": True, "launch_pdl": True} on an sm90+ GPU
     with PDL on for a launch over `rows` token rows, else {"PDL": False} (the interpreter runs no

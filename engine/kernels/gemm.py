@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.kernels import gemm_tma
-from engine.kernels._triton import cdiv, jit, num_sms, pdl
+from engine.kernels._triton import cdiv, jit, pdl
 from engine.kernels.gemm_prologues import _add_scale, _pdl_start, _prologue_tiles, _swiglu
 from engine.kernels.gemv import _gemv_kernel
 from engine.kernels.split_sum import SplitSum, reduce_parts
@@ -25,10 +25,6 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-# One-row GEMV grids of more tiles a split than GEMV_PROGRAMS_PER_SM x the SMs / the splits give each
-# program several consecutive tiles, its carried weight tile crossing into the next rows (gemv.py): every
-# program resident at once, streaming equal rows, instead of a last partial wave (0: one tile a program).
-GEMV_PROGRAMS_PER_SM = 0
 # Rows up to which launch(defer=True) hands back a SplitSum (0: never; kernel_ab's "before"). One: above
 # it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
 # split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
@@ -184,12 +180,6 @@ def _linear_kernel(
             tl.store(p_ptr + (pid_k * M + rm.to(tl.int64))[:, None] * N + rn[None, :], acc, mask=mask)
 
 
-def gemv_tiles_per_program(tiles: int, splits: int, device: torch.device) -> int:
-    """Consecutive BLOCK_N tiles each program of a one-row GEMV streams (GEMV_PROGRAMS_PER_SM)."""
-    cap = GEMV_PROGRAMS_PER_SM * num_sms(device) // splits
-    return cdiv(tiles, cap) if 0 < cap < tiles else 1
-
-
 def launch(
     x: torch.Tensor | SplitSum,
     weight: torch.Tensor,
@@ -234,29 +224,25 @@ def launch(
     assert norm is None or cfg.split_k == 1, "the NORM prologue needs whole rows: split_k 1"
     # Whole K tiles per split (the split count is a grid dim, not a compile-time constant).
     k_per_split = cdiv(cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    tiles = cdiv(n, cfg.block_n)
-    per_program = gemv_tiles_per_program(tiles, cfg.split_k, x.device) if gemv else 1
-    grid = (cdiv(tiles, per_program), cdiv(m, cfg.block_m), cfg.split_k)
+    grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), cfg.split_k)
     y = None if deferred else out if out is not None else torch.empty(m, n, dtype=dtype, device=x.device)
     parts = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if split else y
     r, nw, summed, eps = norm if norm is not None else (x, x, x, 0.0)
-    y_or_parts = y if y is not None else parts
-    head = (x, weight, y_or_parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n, k_per_split)
-    tail = (k if swiglu else m * k if planes else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
+    args = (x, weight, y if y is not None else parts, parts, m, n, k, x_rows.stride(0), weight.stride(0), n)
+    args += (k_per_split, k if swiglu else m * k if planes else 0, r, nw, summed, r.stride(0), summed.stride(0), eps)
     meta = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=split, SWIGLU=swiglu, NORM=norm is not None)
     meta.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl(x.device, m))
     if gemv:
-        meta.update(num_stages=1, CARRY=cfg.num_stages >= 2 or per_program > 1)  # see gemv.py
+        meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
-        _gemv_kernel[grid](*head, per_program, *tail, EVEN_K=even_k, PLANES=planes, **meta)
+        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
         prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
         _linear_kernel[grid](
-            *head,
-            *tail,
+            *args,
             BLOCK_M=cfg.block_m,
             EVEN_K=k % cfg.block_k == 0,
             PRECISION=precision,

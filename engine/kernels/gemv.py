@@ -80,27 +80,6 @@ def _fma_tile(
     return acc2 + w.to(tl.float32) * x.to(tl.float32)[None, :], ss1
 
 
-@jit
-def _weight_rows(w_ptr, t, stride_wn, N, BLOCK_N: tl.constexpr):
-    """Tile t's rows of W: their pointers and which exist."""
-    rn = t * BLOCK_N + tl.arange(0, BLOCK_N)
-    return w_ptr + rn.to(tl.int64)[:, None] * stride_wn, rn < N
-
-
-@jit
-def _store_tile(acc2, ss1, t, y_row, p_row, N, K, eps, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, NORM: tl.constexpr):
-    """Tile t's rows of y (or of its split's partials): the K tiles' products summed, normalised
-    where the NORM prologue formed x."""
-    rn = t * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc1 = tl.sum(acc2, axis=1)
-    if NORM:
-        acc1 = acc1 * tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
-    if not SPLIT:
-        tl.store(y_row + rn, acc1.to(y_row.dtype.element_ty), mask=rn < N)
-    else:
-        tl.store(p_row + rn, acc1, mask=rn < N)
-
-
 @jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr,
@@ -114,7 +93,6 @@ def _gemv_kernel(
     stride_wn,
     stride_ym,
     k_per_split,
-    tiles_per,
     x_off,
     r_ptr,
     nw_ptr,
@@ -133,21 +111,19 @@ def _gemv_kernel(
     PDL: tl.constexpr,
 ):
     """gemm._linear_kernel's GEMV path (same arguments and results; EVEN_K only without split-K,
-    since an empty split still loads its first tile, masked): grid (programs, M, splits), each
-    program `tiles_per` consecutive BLOCK_N-row tiles of W (the last program fewer) over its split
-    of K. CARRY: two weight tiles in flight (the config's num_stages >= 2, or several tiles a
-    program: the carried tile crosses into the next rows, so the stream never stops), else one
-    (the wait-first path's register footprint; one tile a program). PLANES (NORM only): x is a
-    SplitSum's partials (see _fma_tile)."""
+    since an empty split still loads its first tile, masked): one program per BLOCK_N rows of W
+    and split of K, grid (N tiles, M, splits). CARRY: two weight tiles in flight (the config's
+    num_stages >= 2), else one (the wait-first path's register footprint). PLANES (NORM only): x is
+    a SplitSum's partials (see _fma_tile)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
-    t = pid_n * tiles_per
-    t_end = tl.minimum(t + tiles_per, tl.cdiv(N, BLOCK_N))
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < N
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk0 = tl.arange(0, BLOCK_K)
-    w_rows, n_ok = _weight_rows(w_ptr, t, stride_wn, N, BLOCK_N)
     w = _weight_tile(w_rows, k_lo + rk0, n_ok, k_hi, EVEN_K)  # before the wait: see the module docstring
     if PDL:  # now wait for the previous kernel's writes (x, r), then let the next kernel launch
         tl.extra.cuda.gdc_wait()
@@ -155,32 +131,21 @@ def _gemv_kernel(
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
     r_row = r_ptr + pid_m.to(tl.int64) * stride_rm
     s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
-    y_row = y_ptr + pid_m.to(tl.int64) * stride_ym
-    p_row = p_ptr + (pid_k * M + pid_m).to(tl.int64) * N
+    writer = pid_n == 0
     ss1 = tl.zeros([BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    if CARRY:  # the next tile (of these rows, or at a tile's last K step of the next rows) is in flight
-        k_steps = tl.maximum(tl.cdiv(k_hi - k_lo, BLOCK_K), 1)  # an empty split: one masked step
-        n_iters = (t_end - t) * k_steps
-        k = k_lo
-        for i in range(0, n_iters):
-            tile_done = k + BLOCK_K >= k_lo + k_steps * BLOCK_K
-            k_next = tl.where(tile_done, k_lo, k + BLOCK_K)
-            t_next = tl.where(tile_done, t + 1, t)
-            next_rows, next_ok = _weight_rows(w_ptr, t_next, stride_wn, N, BLOCK_N)
-            w_next = _weight_tile(next_rows, k_next + rk0, next_ok & (i + 1 < n_iters), k_hi, EVEN_K)
+    if CARRY:  # the next tile is in flight while this one is used
+        k_last = k_lo + (tl.maximum(k_hi - k_lo, 1) - 1) // BLOCK_K * BLOCK_K  # an empty split: k_lo
+        for k in range(k_lo, k_last, BLOCK_K):
+            w_next = _weight_tile(w_rows, k + BLOCK_K + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
-                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, t == 0, EVEN_K, SWIGLU, NORM, PLANES
+                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
-            if tile_done:
-                _store_tile(acc2, ss1, t, y_row, p_row, N, K, eps, BLOCK_N, SPLIT, NORM)
-                acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-                ss1 = tl.zeros([BLOCK_K], tl.float32)
             w = w_next
-            k = k_next
-            t = t_next
-    else:  # one tile a program: the first K tile peeled, then load-and-use, as the wait-first loop does
-        writer = t == 0
+        acc2, ss1 = _fma_tile(
+            acc2, ss1, w, k_last + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
+        )
+    else:  # the first tile peeled; then load-and-use per tile, as the wait-first loop does
         acc2, ss1 = _fma_tile(
             acc2, ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
@@ -189,4 +154,10 @@ def _gemv_kernel(
             acc2, ss1 = _fma_tile(
                 acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
-        _store_tile(acc2, ss1, t, y_row, p_row, N, K, eps, BLOCK_N, SPLIT, NORM)
+    acc1 = tl.sum(acc2, axis=1)
+    if NORM:
+        acc1 = acc1 * tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
+    if not SPLIT:
+        tl.store(y_ptr + pid_m.to(tl.int64) * stride_ym + rn, acc1.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.store(p_ptr + (pid_k * M + pid_m).to(tl.int64) * N + rn, acc1, mask=n_ok)
