@@ -36,84 +36,75 @@ GEMV_CASES = [
 ]
 
 
-def both_paths(run, monkeypatch, row_sums: bool = False):
-    """run() with the early-weights GEMV (row_sums: its [BLOCK_N] accumulator), then with the
-    wait-first one."""
+def both_paths(run, monkeypatch):
+    """run() with the early-weights GEMV, then with the wait-first one."""
     monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)
-    monkeypatch.setattr(gemm, "GEMV_ROW_SUMS", gemm.PROLOGUES if row_sums else frozenset())
     after = run()
     monkeypatch.setattr(gemm, "EARLY_WEIGHTS", frozenset())
     before = run()
     return after, before
 
 
-def same(after: torch.Tensor, before: torch.Tensor, dtype: torch.dtype, row_sums: bool = False) -> bool:
+def same(after: torch.Tensor, before: torch.Tensor, dtype: torch.dtype) -> bool:
     """Same products summed in the same order: bit for bit under the interpreter; compiled, the FMA
-    contraction may differ, and with row sums the order of the sum does."""
-    if INTERPRET and not row_sums:
-        return torch.equal(after, before)
-    return rel_err(after, before) < TOL[dtype] / 4
+    contraction may differ."""
+    return torch.equal(after, before) if INTERPRET else rel_err(after, before) < TOL[dtype] / 4
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", GEMV_CASES)
-@pytest.mark.parametrize("row_sums", [False, True])
-def test_gemv_linear(dtype, n, k, cfg, row_sums, monkeypatch):
+def test_gemv_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(40)
     x, w = randn(1, k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
-    out, prev = both_paths(lambda: linear.linear_with_config(x, w, cfg), monkeypatch, row_sums)
+    out, prev = both_paths(lambda: linear.linear_with_config(x, w, cfg), monkeypatch)
     assert out.shape == (1, n) and out.dtype == dtype
     assert rel_err(out, linear.linear_ref(x.float(), w.float())) < TOL[dtype]
-    assert same(out, prev, dtype, row_sums)
+    assert same(out, prev, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", GEMV_CASES)
-@pytest.mark.parametrize("row_sums", [False, True])
-def test_gemv_silu_mul_linear(dtype, n, k, cfg, row_sums, monkeypatch):
+def test_gemv_silu_mul_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(41)
     x, w = randn(1, 2 * k, dtype=dtype, scale=2.0), randn(n, k, dtype=dtype, scale=0.1)
-    out, prev = both_paths(lambda: fused_linear.silu_mul_linear_with_config(x, w, cfg), monkeypatch, row_sums)
+    out, prev = both_paths(lambda: fused_linear.silu_mul_linear_with_config(x, w, cfg), monkeypatch)
     assert rel_err(out, fused_ref(x, w)) < TOL[dtype]
-    assert same(out, prev, dtype, row_sums)
+    assert same(out, prev, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k,cfg", [c for c in GEMV_CASES if c[2].split_k == 1])
-@pytest.mark.parametrize("row_sums", [False, True])
-def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, row_sums, monkeypatch):
+def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, monkeypatch):
     torch.manual_seed(42)
     x, r = randn(1, k, dtype=dtype, scale=2.0), randn(1, k, dtype=dtype)
     nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)
     (y, summed), (y0, summed0) = both_paths(
-        lambda: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg), monkeypatch, row_sums
+        lambda: fused_linear.add_rms_norm_linear_with_config(x, r, nw, 1e-6, w, cfg), monkeypatch
     )
     ref, ref_sum = norm_linear_ref(x, r, nw, 1e-6, w)
     assert torch.equal(summed, ref_sum) and torch.equal(summed0, ref_sum)
     assert rel_err(y, ref) < TOL[dtype]
-    assert same(y, y0, dtype, row_sums)
+    assert same(y, y0, dtype)
 
 
 # --- GPU only -----------------------------------------------------------------------------------
 
 
 @gpu
-@pytest.mark.parametrize("row_sums", [False, True])
-def test_gpu_gemv_4b_as_dispatched(row_sums, monkeypatch):
+def test_gpu_gemv_4b_as_dispatched(monkeypatch):
     """o (2560 x 4096) and SwiGLU -> down (2560 x 9728) at one row in bf16 as this device dispatches
     them, against the reference and the wait-first path; then replayed from a CUDA graph behind the
-    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs).
-    With and without row sums (gemm.GEMV_ROW_SUMS), and the NORM prologue at q|k|v's and gate|up's shapes."""
+    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs)."""
     torch.manual_seed(43)
     bf, h, inter, q = torch.bfloat16, QWEN3_4B["hidden"], QWEN3_4B["inter"], QWEN3_4B["hq"] * QWEN3_4B["d"]
     w_o, w_down = randn(h, q, dtype=bf, scale=0.05), randn(h, inter, dtype=bf, scale=0.05)
     t = tuning.tables_for(w_o.device)
     assert linear.skinny_config(1, h, q, t).block_m == 1 and fused_linear.silu_mul_linear_config(1, h, inter, t)
     x_o, x_gu = randn(1, q, dtype=bf), randn(1, 2 * inter, dtype=bf, scale=2.0)
-    out, prev = both_paths(lambda: linear.linear(x_o, w_o), monkeypatch, row_sums)
-    assert rel_err(out, linear.linear_ref(x_o.float(), w_o.float())) < TOL[bf] and same(out, prev, bf, row_sums)
-    out, prev = both_paths(lambda: fused_linear.silu_mul_linear(x_gu, w_down), monkeypatch, row_sums)
-    assert rel_err(out, fused_ref(x_gu, w_down)) < TOL[bf] and same(out, prev, bf, row_sums)
+    out, prev = both_paths(lambda: linear.linear(x_o, w_o), monkeypatch)
+    assert rel_err(out, linear.linear_ref(x_o.float(), w_o.float())) < TOL[bf] and same(out, prev, bf)
+    out, prev = both_paths(lambda: fused_linear.silu_mul_linear(x_gu, w_down), monkeypatch)
+    assert rel_err(out, fused_ref(x_gu, w_down)) < TOL[bf] and same(out, prev, bf)
     w_in, w_gu, src = (
         randn(q, h, dtype=bf, scale=0.05),
         randn(2 * inter, h, dtype=bf, scale=0.05),
@@ -126,16 +117,6 @@ def test_gpu_gemv_4b_as_dispatched(row_sums, monkeypatch):
         gu = linear.linear(src, w_gu)
         return a, y, gu, fused_linear.silu_mul_linear(gu, w_down)
 
-    w_qkv = randn((QWEN3_4B["hq"] + 2 * QWEN3_4B["hkv"]) * QWEN3_4B["d"], h, dtype=bf, scale=0.05)
-    for w in (w_qkv, w_gu):
-        r, nw = randn(1, h, dtype=bf), randn(h, dtype=bf)
-        run = lambda w=w, r=r, nw=nw: fused_linear.add_rms_norm_linear(src, r, nw, 1e-6, w)  # noqa: E731
-        (y, summed), (y0, summed0) = both_paths(run, monkeypatch, row_sums)
-        ref, ref_sum = norm_linear_ref(src, r, nw, 1e-6, w)
-        assert torch.equal(summed, ref_sum) and torch.equal(summed0, ref_sum)
-        assert rel_err(y, ref) < TOL[bf] and same(y, y0, bf, row_sums)
-    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)  # both_paths left the wait-first path on
-    monkeypatch.setattr(gemm, "GEMV_ROW_SUMS", gemm.PROLOGUES if row_sums else frozenset())
     graph, (a, y_o, gu, y_down) = capture_graph(chain)
     for _ in range(3):
         src.copy_(randn(1, h, dtype=bf))

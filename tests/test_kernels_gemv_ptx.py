@@ -22,11 +22,11 @@ from engine.kernels import _triton, gemv
 names = ["x_ptr", "w_ptr", "y_ptr", "p_ptr", "M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "k_per_split",
          "x_off", "r_ptr", "nw_ptr", "s_ptr", "stride_rm", "stride_sm", "eps"]
 out = []
-for bn, bk, warps, swiglu, norm, carry, planes, split, row_sums in json.loads(sys.argv[1]):
+for bn, bk, warps, swiglu, norm, carry, planes, split in json.loads(sys.argv[1]):
     x_type = "*fp32" if planes else "*bf16"  # a SplitSum's fp32 partials where PLANES > 0
     types = [x_type, "*bf16", "*bf16", "*fp32"] + ["i32"] * 8 + ["*bf16"] * 3 + ["i32", "i32", "fp32"]
     const = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, EVEN_K=not split, SWIGLU=swiglu, NORM=norm, CARRY=carry,
-                 PLANES=planes, ROW_SUMS=row_sums, PDL=True)
+                 PLANES=planes, PDL=True)
     sig = {**dict(zip(names, types)), **{c: "constexpr" for c in const}}
     # what the launcher specializes for 16-aligned pointers and sizes
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in ("M", "eps")}
@@ -42,14 +42,13 @@ print(json.dumps(out))
 """
 
 
-CONFIGS = [  # BLOCK_N, BLOCK_K, warps, SWIGLU, NORM, CARRY, PLANES, SPLIT, ROW_SUMS
-    (8, 512, 4, False, False, True, 0, False, False),
-    (8, 512, 4, True, False, True, 0, False, False),
-    (16, 512, 4, False, True, False, 0, False, False),  # add + RMSNorm -> q|k|v
-    (16, 512, 4, False, True, False, 2, False, False),  # the same, summing down's two split-K planes (SplitSum)
-    (16, 256, 4, False, True, False, 2, False, True),  # add + RMSNorm -> gate|up with row sums
-    (16, 256, 4, False, False, True, 0, True, False),  # the H200 table's one-row o, split 4, deferred (masked K)
-    (8, 512, 4, True, False, False, 0, True, True),  # its SwiGLU -> down, split 2, deferred, row sums
+CONFIGS = [  # BLOCK_N, BLOCK_K, warps, SWIGLU, NORM, CARRY, PLANES, SPLIT
+    (8, 512, 4, False, False, True, 0, False),
+    (8, 512, 4, True, False, True, 0, False),
+    (16, 512, 4, False, True, False, 0, False),  # add + RMSNorm -> q|k|v
+    (16, 512, 4, False, True, False, 2, False),  # the same, summing down's two split-K planes (split_sum.SplitSum)
+    (16, 256, 4, False, False, True, 0, True),  # the H200 table's one-row o, split 4, deferred (masked K)
+    (8, 512, 4, True, False, False, 0, True),  # its SwiGLU -> down, split 2, deferred
 ]
 
 

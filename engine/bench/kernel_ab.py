@@ -25,10 +25,6 @@ dispatches it on this device, in one process (GPU only):
   SwiGLU" with the epilogue, ...): before = as dispatched with the tl.dot kernel's cp.async loads in
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
-- the one-row projections as dispatched (alone, and the layer's two pairs) with the early-weights
-  GEMV's [BLOCK_N] accumulator ("rowsum: norm→gate|up": gemm.GEMV_ROW_SUMS for every kind), and at
-  the configs of ROW_SUM_NORM and ROW_SUM_SPLIT ("rowsum: o [config]"): before = the tile accumulator,
-  as dispatched;
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -69,8 +65,6 @@ from engine.bench.kernel_ab_configs import (
     NORM_CANDIDATES,
     PREFETCH_NORM,
     PREFETCH_SWIGLU,
-    ROW_SUM_NORM,
-    ROW_SUM_SPLIT,
     tma_configs,
 )
 from engine.bench.kernel_fused import fused_winners, with_fused
@@ -118,20 +112,8 @@ def tma_off() -> AbstractContextManager:
     return setting(gemm, "TMA", False)
 
 
-def tile_accumulator() -> AbstractContextManager:
-    """The early-weights GEMV's [BLOCK_N, BLOCK_K] accumulator for every kind (before gemm.GEMV_ROW_SUMS)."""
-    return setting(gemm, "GEMV_ROW_SUMS", frozenset())
-
-
-def after_for(label: str) -> AbstractContextManager:
-    """The row's dispatch under test: as shipped, or ("rowsum:") with row sums for every kind."""
-    return setting(gemm, "GEMV_ROW_SUMS", gemm.PROLOGUES) if label.startswith("rowsum:") else nullcontext()
-
-
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
-    if label.startswith("rowsum:"):
-        return tile_accumulator
     if label.startswith("tma:"):
         return tma_off
     if label.startswith("prefetch:"):
@@ -145,7 +127,7 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
     nbytes, copies, fn, ref, after_fn = case
     row: dict = {"op": label, "M": m}
     for side in ("before", "after"):
-        with switch_for(label)() if side == "before" else after_for(label):
+        with switch_for(label)() if side == "before" else nullcontext():
             fn = fn if side == "before" else after_fn
             err = rel_err(fn(0), ref)
             if not err < 2e-2:
@@ -195,17 +177,6 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             yield f"tma: {name}", m, lambda m=m, n=n, k=k, glu=glu: tma_case(n, k, m, glu)
             for cfg in tma_configs(m, glu):
                 yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
-    if 1 in ms:
-        yield "rowsum: norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
-        yield "rowsum: norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
-        yield "rowsum: o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
-        yield "rowsum: SwiGLU→down → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True)
-        for cfg in ROW_SUM_NORM:
-            yield f"rowsum: norm→q|k|v {list(cfg)}", 1, lambda cfg=cfg: norm_case(qkv_n, h, 1, cfg)
-            yield f"rowsum: norm→gate|up {list(cfg)}", 1, lambda cfg=cfg: norm_case(gu_n, h, 1, cfg)
-        for cfg in ROW_SUM_SPLIT:
-            yield f"rowsum: o {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, q_size, 1, False, cfg)
-            yield f"rowsum: SwiGLU→down {list(cfg)}", 1, lambda cfg=cfg: proj_case(h, inter, 1, True, cfg)
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)

@@ -74,24 +74,6 @@ TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (128, 64, 6, 8, 4),
     (128, 128, 6, 8, 3),
 ]
-# One-row GEMV configs with the [BLOCK_N] accumulator (gemm.GEMV_ROW_SUMS), whose registers leave room
-# for more programs an SM or larger tiles: the NORM prologue's (split_k 1), then o's and down's.
-ROW_SUM_NORM = [
-    SkinnyConfig(1, 16, 256, 1, 4, 1),
-    SkinnyConfig(1, 16, 512, 1, 4, 1),
-    SkinnyConfig(1, 32, 256, 1, 4, 1),
-    SkinnyConfig(1, 32, 128, 1, 4, 1),
-    SkinnyConfig(1, 8, 512, 1, 4, 1),
-    SkinnyConfig(1, 16, 256, 1, 4, 2),
-]
-ROW_SUM_SPLIT = [
-    SkinnyConfig(1, 8, 512, 2, 4, 2),
-    SkinnyConfig(1, 16, 256, 4, 4, 2),
-    SkinnyConfig(1, 16, 256, 2, 4, 1),
-    SkinnyConfig(1, 16, 256, 4, 4, 1),
-    SkinnyConfig(1, 16, 512, 2, 4, 1),
-    SkinnyConfig(1, 32, 256, 2, 4, 1),
-]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
     SkinnyConfig(1, 32, 128, 1, 4, 2),

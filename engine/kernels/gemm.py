@@ -25,10 +25,6 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-# The early-weights GEMV of these kinds sums each K tile's products into a [BLOCK_N] accumulator
-# (gemv._accumulate): the registers of the [BLOCK_N, BLOCK_K] one go to more programs an SM, each with
-# its weight tiles in flight (empty: the tile accumulator everywhere).
-GEMV_ROW_SUMS: frozenset[str] = frozenset()
 # Rows up to which launch(defer=True) hands back a SplitSum (0: never; kernel_ab's "before"). One: above
 # it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
 # split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
@@ -239,7 +235,7 @@ def launch(
     if gemv:
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
-        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, ROW_SUMS=kind in GEMV_ROW_SUMS, **meta)
+        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:

@@ -32,15 +32,8 @@ def _weight_tile(w_rows, rk, n_ok, k_hi, EVEN_K: tl.constexpr):
 
 
 @jit
-def _accumulate(acc, products, ROW_SUMS: tl.constexpr):
-    """acc ([BLOCK_N, BLOCK_K]) += a K tile's products, or with ROW_SUMS acc ([BLOCK_N]) += their row
-    sums: a [BLOCK_N] accumulator frees the registers of a [BLOCK_N, BLOCK_K] one for weight tiles
-    in flight, at the cost of a reduction every K tile (and another summation order)."""
-    return acc + tl.sum(products, axis=1) if ROW_SUMS else acc + products
-
-
-@jit
-def _product_tile(
+def _fma_tile(
+    acc2,
     ss1,
     w,
     rk,
@@ -56,7 +49,7 @@ def _product_tile(
     NORM: tl.constexpr,
     PLANES: tl.constexpr,
 ):
-    """(w * x in fp32, ss1) for one K tile, x formed by the prologue (masked lanes: silu(0) * 0 = 0, and
+    """acc2 += w * x for one K tile, x formed by the prologue (masked lanes: silu(0) * 0 = 0, and
     x = r = 0 adds nothing to the sum of squares); NORM stores x + r from the pid_n == 0 programs.
     x_off: from x to up's columns (SWIGLU) or to the next plane (PLANES > 0: x is the producer's
     fp32 split-K partials, summed in split order from zero and rounded to r's dtype, as
@@ -84,7 +77,7 @@ def _product_tile(
     if NORM:
         tl.store(s_row + rk, s, mask=k_ok & writer)
         ss1 += s.to(tl.float32) * s.to(tl.float32)
-    return w.to(tl.float32) * x.to(tl.float32)[None, :], ss1
+    return acc2 + w.to(tl.float32) * x.to(tl.float32)[None, :], ss1
 
 
 @jit(do_not_specialize=["M"])
@@ -115,7 +108,6 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     CARRY: tl.constexpr,
     PLANES: tl.constexpr,
-    ROW_SUMS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """gemm._linear_kernel's GEMV path (same arguments and results; EVEN_K only without split-K,
@@ -141,32 +133,28 @@ def _gemv_kernel(
     s_row = s_ptr + pid_m.to(tl.int64) * stride_sm
     writer = pid_n == 0
     ss1 = tl.zeros([BLOCK_K], tl.float32)
-    acc2 = tl.zeros([BLOCK_N], tl.float32) if ROW_SUMS else tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     if CARRY:  # the next tile is in flight while this one is used
         k_last = k_lo + (tl.maximum(k_hi - k_lo, 1) - 1) // BLOCK_K * BLOCK_K  # an empty split: k_lo
         for k in range(k_lo, k_last, BLOCK_K):
             w_next = _weight_tile(w_rows, k + BLOCK_K + rk0, n_ok, k_hi, EVEN_K)
-            products, ss1 = _product_tile(
-                ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
+            acc2, ss1 = _fma_tile(
+                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
-            acc2 = _accumulate(acc2, products, ROW_SUMS)
             w = w_next
-        products, ss1 = _product_tile(
-            ss1, w, k_last + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
+        acc2, ss1 = _fma_tile(
+            acc2, ss1, w, k_last + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
-        acc2 = _accumulate(acc2, products, ROW_SUMS)
     else:  # the first tile peeled; then load-and-use per tile, as the wait-first loop does
-        products, ss1 = _product_tile(
-            ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
+        acc2, ss1 = _fma_tile(
+            acc2, ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
-        acc2 = _accumulate(acc2, products, ROW_SUMS)
         for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             w = _weight_tile(w_rows, k + rk0, n_ok, k_hi, EVEN_K)
-            products, ss1 = _product_tile(
-                ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
+            acc2, ss1 = _fma_tile(
+                acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
             )
-            acc2 = _accumulate(acc2, products, ROW_SUMS)
-    acc1 = acc2 if ROW_SUMS else tl.sum(acc2, axis=1)
+    acc1 = tl.sum(acc2, axis=1)
     if NORM:
         acc1 = acc1 * tl.rsqrt(tl.sum(ss1, axis=0) / K + eps)
     if not SPLIT:
