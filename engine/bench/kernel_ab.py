@@ -26,7 +26,7 @@ dispatches it on this device, in one process (GPU only):
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
 - the one-row projections as dispatched (alone, and the layer's two pairs) with the early-weights GEMV
-  keeping K tiles ahead in L2 ("l2 4: norm→gate|up": gemm.GEMV_L2_AHEAD at 1, 2, 4): before = none (0);
+  keeping K tiles ahead in L2 ("l2 4: norm→gate|up": gemm.GEMV_L2_AHEAD at 2, 4, 8): before = none (0);
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -194,7 +194,7 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             for cfg in tma_configs(m, glu):
                 yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
     if 1 in ms:
-        for ahead in (1, 2, 4):
+        for ahead in (2, 4, 8):
             yield f"l2 {ahead}: norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
             yield f"l2 {ahead}: norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
             yield f"l2 {ahead}: o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)

@@ -33,11 +33,12 @@ def _weight_tile(w_rows, rk, n_ok, k_hi, EVEN_K: tl.constexpr):
 
 
 @jit
-def _prefetch_tile(p_rows, k, k_hi, BLOCK_K: tl.constexpr):
-    """Pull the K tile at k of these rows (p_rows: clamped to W's last row) into L2, one prefetch per
-    128 bytes of bf16; nothing for a tile past the split (one branch a program, no dummy addresses)."""
-    if k < k_hi:
-        _prefetch_l2(p_rows + tl.minimum(k + tl.arange(0, BLOCK_K // 64) * 64, k_hi - 1)[None, :])
+def _prefetch_tile(w_rows, w_ptr, k, n_ok, k_hi, BLOCK_K: tl.constexpr):
+    """Pull the K tile at k of these rows into L2, one prefetch per 128 bytes of bf16; rows past N and
+    tiles past the split prefetch W's first line instead (an address that exists)."""
+    lines = k + tl.arange(0, BLOCK_K // 64) * 64
+    ok = n_ok[:, None] & (lines < k_hi)[None, :]
+    _prefetch_l2(tl.where(ok, w_rows + lines[None, :], w_ptr))
 
 
 @jit
@@ -135,9 +136,8 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk0 = tl.arange(0, BLOCK_K)
     w = _weight_tile(w_rows, k_lo + rk0, n_ok, k_hi, EVEN_K)  # before the wait: see the module docstring
-    p_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
     for j in tl.static_range(1, L2_AHEAD + 1):  # the next tiles into L2, kept L2_AHEAD ahead by the loop
-        _prefetch_tile(p_rows, k_lo + j * BLOCK_K, k_hi, BLOCK_K)
+        _prefetch_tile(w_rows, w_ptr, k_lo + j * BLOCK_K, n_ok, k_hi, BLOCK_K)
     if PDL:  # now wait for the previous kernel's writes (x, r), then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -151,7 +151,7 @@ def _gemv_kernel(
         k_last = k_lo + (tl.maximum(k_hi - k_lo, 1) - 1) // BLOCK_K * BLOCK_K  # an empty split: k_lo
         for k in range(k_lo, k_last, BLOCK_K):
             if L2_AHEAD > 0:
-                _prefetch_tile(p_rows, k + (L2_AHEAD + 1) * BLOCK_K, k_hi, BLOCK_K)
+                _prefetch_tile(w_rows, w_ptr, k + (L2_AHEAD + 1) * BLOCK_K, n_ok, k_hi, BLOCK_K)
             w_next = _weight_tile(w_rows, k + BLOCK_K + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
                 acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
@@ -166,7 +166,7 @@ def _gemv_kernel(
         )
         for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             if L2_AHEAD > 0:
-                _prefetch_tile(p_rows, k + L2_AHEAD * BLOCK_K, k_hi, BLOCK_K)
+                _prefetch_tile(w_rows, w_ptr, k + L2_AHEAD * BLOCK_K, n_ok, k_hi, BLOCK_K)
             w = _weight_tile(w_rows, k + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
                 acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
