@@ -91,13 +91,10 @@ def test_gemv_add_rms_norm_linear(dtype, n, k, cfg, monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("l2_ahead", [0, 4])
-def test_gpu_gemv_4b_as_dispatched(l2_ahead, monkeypatch):
+def test_gpu_gemv_4b_as_dispatched(monkeypatch):
     """o (2560 x 4096) and SwiGLU -> down (2560 x 9728) at one row in bf16 as this device dispatches
     them, against the reference and the wait-first path; then replayed from a CUDA graph behind the
-    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs).
-    l2_ahead: gemm.GEMV_L2_AHEAD (prefetches change no result, and stay inside the weights)."""
-    monkeypatch.setattr(gemm, "GEMV_L2_AHEAD", l2_ahead)
+    Triton kernels that write x (with PDL, a read of x before the wait would see the previous inputs)."""
     torch.manual_seed(43)
     bf, h, inter, q = torch.bfloat16, QWEN3_4B["hidden"], QWEN3_4B["inter"], QWEN3_4B["hq"] * QWEN3_4B["d"]
     w_o, w_down = randn(h, q, dtype=bf, scale=0.05), randn(h, inter, dtype=bf, scale=0.05)
@@ -120,7 +117,6 @@ def test_gpu_gemv_4b_as_dispatched(l2_ahead, monkeypatch):
         gu = linear.linear(src, w_gu)
         return a, y, gu, fused_linear.silu_mul_linear(gu, w_down)
 
-    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)  # both_paths left the wait-first path on
     graph, (a, y_o, gu, y_down) = capture_graph(chain)
     for _ in range(3):
         src.copy_(randn(1, h, dtype=bf))

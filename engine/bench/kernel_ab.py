@@ -25,8 +25,6 @@ dispatches it on this device, in one process (GPU only):
   SwiGLU" with the epilogue, ...): before = as dispatched with the tl.dot kernel's cp.async loads in
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
-- the one-row projections as dispatched (alone, and the layer's two pairs) with the early-weights GEMV
-  keeping K tiles ahead in L2 ("l2 4: norm→gate|up": gemm.GEMV_L2_AHEAD at 2, 4, 8): before = none (0);
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -114,22 +112,8 @@ def tma_off() -> AbstractContextManager:
     return setting(gemm, "TMA", False)
 
 
-def no_l2_ahead() -> AbstractContextManager:
-    """The one-row GEMV without weight tiles pulled into L2 ahead of its loads (before gemm.GEMV_L2_AHEAD)."""
-    return setting(gemm, "GEMV_L2_AHEAD", 0)
-
-
-def after_for(label: str) -> AbstractContextManager:
-    """The row's dispatch under test: as shipped, or the K tiles ahead in L2 its label names ("l2 N:")."""
-    if label.startswith("l2 "):
-        return setting(gemm, "GEMV_L2_AHEAD", int(label.split()[1].rstrip(":")))
-    return nullcontext()
-
-
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
-    if label.startswith("l2 "):
-        return no_l2_ahead
     if label.startswith("tma:"):
         return tma_off
     if label.startswith("prefetch:"):
@@ -143,7 +127,7 @@ def measure(label: str, m: int, case, timer: Timer, bw_gbps: float) -> dict:
     nbytes, copies, fn, ref, after_fn = case
     row: dict = {"op": label, "M": m}
     for side in ("before", "after"):
-        with switch_for(label)() if side == "before" else after_for(label):
+        with switch_for(label)() if side == "before" else nullcontext():
             fn = fn if side == "before" else after_fn
             err = rel_err(fn(0), ref)
             if not err < 2e-2:
@@ -193,12 +177,6 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             yield f"tma: {name}", m, lambda m=m, n=n, k=k, glu=glu: tma_case(n, k, m, glu)
             for cfg in tma_configs(m, glu):
                 yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
-    if 1 in ms:
-        for ahead in (2, 4, 8):
-            yield f"l2 {ahead}: norm→q|k|v", 1, lambda: norm_case(qkv_n, h, 1)
-            yield f"l2 {ahead}: norm→gate|up", 1, lambda: norm_case(gu_n, h, 1)
-            yield f"l2 {ahead}: o → norm→gate|up", 1, lambda: pair_case((h, q_size), gu_n, False)
-            yield f"l2 {ahead}: SwiGLU→down → norm→q|k|v", 1, lambda: pair_case((h, inter), qkv_n, True)
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)

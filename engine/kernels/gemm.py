@@ -25,9 +25,6 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-# Under PDL the early-weights GEMV keeps this many K tiles of its rows ahead of its loads in L2
-# (prefetch.global.L2; the first ones before the wait): a stream deeper than the registers hold (0: none).
-GEMV_L2_AHEAD = 0
 # Rows up to which launch(defer=True) hands back a SplitSum (0: never; kernel_ab's "before"). One: above
 # it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
 # split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
@@ -238,8 +235,7 @@ def launch(
     if gemv:
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
-        l2_ahead = GEMV_L2_AHEAD if meta["PDL"] else 0  # the interpreter has no prefetch
-        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, L2_AHEAD=l2_ahead, **meta)
+        _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
     elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:

@@ -19,7 +19,6 @@ Two things keep bytes in flight that the wait-first GEMV in gemm.py leaves idle:
 from __future__ import annotations
 
 from engine.kernels._triton import jit
-from engine.kernels.attention_kernels import _prefetch_l2
 from engine.kernels.gemm_prologues import _add_scale, _swiglu
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
@@ -30,15 +29,6 @@ def _weight_tile(w_rows, rk, n_ok, k_hi, EVEN_K: tl.constexpr):
     if EVEN_K:
         return tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
     return tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & (rk < k_hi)[None, :], other=0.0)
-
-
-@jit
-def _prefetch_tile(w_rows, w_ptr, k, n_ok, k_hi, BLOCK_K: tl.constexpr):
-    """Pull the K tile at k of these rows into L2, one prefetch per 128 bytes of bf16; rows past N and
-    tiles past the split prefetch W's first line instead (an address that exists)."""
-    lines = k + tl.arange(0, BLOCK_K // 64) * 64
-    ok = n_ok[:, None] & (lines < k_hi)[None, :]
-    _prefetch_l2(tl.where(ok, w_rows + lines[None, :], w_ptr))
 
 
 @jit
@@ -118,7 +108,6 @@ def _gemv_kernel(
     NORM: tl.constexpr,
     CARRY: tl.constexpr,
     PLANES: tl.constexpr,
-    L2_AHEAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """gemm._linear_kernel's GEMV path (same arguments and results; EVEN_K only without split-K,
@@ -136,8 +125,6 @@ def _gemv_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     rk0 = tl.arange(0, BLOCK_K)
     w = _weight_tile(w_rows, k_lo + rk0, n_ok, k_hi, EVEN_K)  # before the wait: see the module docstring
-    for j in tl.static_range(1, L2_AHEAD + 1):  # the next tiles into L2, kept L2_AHEAD ahead by the loop
-        _prefetch_tile(w_rows, w_ptr, k_lo + j * BLOCK_K, n_ok, k_hi, BLOCK_K)
     if PDL:  # now wait for the previous kernel's writes (x, r), then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -150,8 +137,6 @@ def _gemv_kernel(
     if CARRY:  # the next tile is in flight while this one is used
         k_last = k_lo + (tl.maximum(k_hi - k_lo, 1) - 1) // BLOCK_K * BLOCK_K  # an empty split: k_lo
         for k in range(k_lo, k_last, BLOCK_K):
-            if L2_AHEAD > 0:
-                _prefetch_tile(w_rows, w_ptr, k + (L2_AHEAD + 1) * BLOCK_K, n_ok, k_hi, BLOCK_K)
             w_next = _weight_tile(w_rows, k + BLOCK_K + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
                 acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
@@ -165,8 +150,6 @@ def _gemv_kernel(
             acc2, ss1, w, k_lo + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
         )
         for k in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-            if L2_AHEAD > 0:
-                _prefetch_tile(w_rows, w_ptr, k + L2_AHEAD * BLOCK_K, n_ok, k_hi, BLOCK_K)
             w = _weight_tile(w_rows, k + rk0, n_ok, k_hi, EVEN_K)
             acc2, ss1 = _fma_tile(
                 acc2, ss1, w, k + rk0, k_hi, x_row, r_row, s_row, nw_ptr, x_off, writer, EVEN_K, SWIGLU, NORM, PLANES
