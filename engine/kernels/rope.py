@@ -72,9 +72,6 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # q|k|v drains: every kernel before q|k|v has completed once q|k|v lets this one launch (its own
 # wait returned). False: everything after the wait (the dispatch before, for the A/B benches).
 EARLY_INPUTS = True
-# Elements of q, or of k, a program normalises and rotates (its heads: this over head_dim, at most all of
-# them): a block that stays in registers.
-HEAD_BLOCK_ELEMENTS = 1024
 
 
 @jit
@@ -247,7 +244,8 @@ def qk_norm_rope_store(
     if num_tokens == 0:
         return q_out
     num_q_heads = q.shape[1] if q is not None else 0
-    hb = min(next_pow2(max(num_q_heads, num_kv_heads)), max(1, HEAD_BLOCK_ELEMENTS // head_dim))
+    # ~1K elements per program keeps every head block in registers.
+    hb = min(next_pow2(max(num_q_heads, num_kv_heads)), max(1, 1024 // head_dim))
     grid = (num_tokens, cdiv(num_kv_heads, hb) + cdiv(num_q_heads, hb))
     q_, qw = (q, q_norm_weight) if q is not None else (k, k_norm_weight)
     for t in (q_, k, v):
