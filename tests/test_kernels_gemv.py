@@ -117,6 +117,7 @@ def test_gpu_gemv_4b_as_dispatched(monkeypatch):
         gu = linear.linear(src, w_gu)
         return a, y, gu, fused_linear.silu_mul_linear(gu, w_down)
 
+    monkeypatch.setattr(gemm, "EARLY_WEIGHTS", gemm.PROLOGUES)  # both_paths left the wait-first path on
     graph, (a, y_o, gu, y_down) = capture_graph(chain)
     for _ in range(3):
         src.copy_(randn(1, h, dtype=bf))
