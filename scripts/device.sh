@@ -63,6 +63,14 @@ run_fused_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/fused-ab/decode" --concurrency 8 16 --repeats ${AB_REPEATS:-3} \
     --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
 }
+stage pair-ab 200 "o's and SwiGLU->down's one-row configs timed with the projection after them (kernel_ab's pair rows); a table of those that beat the dispatched pair, interleaved against the shipped one in a decode A/B at c=1 (logs/pair-ab); install it by hand if it wins"
+run_pair_ab() {
+  local table="$LOG/pair-ab/nvidia-h200.json"
+  python3 -m engine.bench.kernel_ab --out "$LOG/pair-ab" --ms 1 --only "pair:" --pair-table "$table" || return
+  grep -q '+ 0 pair entries' "$table" && { echo "no pair config beat the dispatch: no decode A/B"; return 0; }
+  python3 -m engine.bench.decode_ab --out "$LOG/pair-ab/decode" --concurrency 1 --repeats ${AB_REPEATS:-6} \
+    --profile-kernels 1 --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
+}
 stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu; one table of them in logs/ncu/ncu.md)"
 run_ncu() {
   local ncu rc=0

@@ -5,6 +5,7 @@ GPU)."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -268,3 +269,56 @@ def test_the_tma_case_runs_the_dispatch_without_tma_before_and_the_config_after(
     other = SkinnyConfig(32, 64, 64, 1, 4, 2, tma=1)
     *_, ref, after = kernel_ab_cases.tma_case(128, 64, 20, True, other)
     assert torch.allclose(after(0), ref, atol=1e-5, rtol=1e-4) and launched[-1] == other
+
+
+def test_pair_rows_time_each_candidate_with_the_projection_after_it():
+    labels = [label for label, m, _ in kernel_ab.cases_for([1, 8], "pair:")]
+    assert len(labels) == 2 * len(kernel_ab_configs.PAIR_CANDIDATES)
+    for c in kernel_ab_configs.PAIR_CANDIDATES:
+        assert tuning.check_config(c) is None and c.block_m == 1 and c.split_k > 1, c  # partials to defer
+        assert f"pair: o {list(c)} → norm→gate|up" in labels and f"pair: SwiGLU→down {list(c)} → norm→q|k|v" in labels
+    assert kernel_ab.switch_for("pair: o [1, 8, 512, 2, 4, 2, 0] → norm→gate|up") is nullcontext  # before: dispatched
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_the_pair_case_runs_the_first_projection_at_the_config_after(swiglu, monkeypatch):
+    """On small shapes in fp32 (this host's device): before = the pair as dispatched, after = the first
+    projection at the row's config, its partials summed by the next norm prologue; both at the reference."""
+    monkeypatch.setattr(kernel_ab_cases.cases, "DEVICE", "cuda" if CUDA else "cpu")
+    monkeypatch.setattr(kernel_ab_cases.cases, "DTYPE", torch.float32)
+    gemv = SkinnyConfig(1, 16, 64, 2, 4, 2)
+    tables = tuning.TunedTables(
+        "test", linear={(64, 128): {1: gemv}, (96, 64): {1: SkinnyConfig(1, 16, 64, 1, 4, 1)}}, fused_m_max=1
+    )
+    monkeypatch.setattr(tuning, "tables_for", lambda device: tables)
+    launched = []
+    real = gemm.launch
+    monkeypatch.setattr(gemm, "launch", lambda *a, **kw: launched.append(a[2]) or real(*a, **kw))
+    for module in (linear, fused_linear):
+        monkeypatch.setattr(module, "launch", gemm.launch)
+    torch.manual_seed(7)
+    other = SkinnyConfig(1, 32, 64, 4, 4, 2)
+    _, _, before, ref, after = kernel_ab_cases.pair_case((64, 128), 96, swiglu, 1, other)
+    assert torch.allclose(before(0), ref, atol=1e-4, rtol=1e-4) and launched[0] == gemv
+    assert torch.allclose(after(0), ref, atol=1e-4, rtol=1e-4) and launched[-2] == other
+
+
+def test_pair_winners_beat_their_own_before_and_replace_the_one_row_entries():
+    row = lambda op, before, after: {"op": op, "M": 1, "before_us": before, "after_us": after}  # noqa: E731
+    rows = [
+        row("pair: o [1, 16, 512, 2, 4, 2, 0] → norm→gate|up", 33.0, 32.0),  # 0.970: a winner
+        row("pair: o [1, 8, 256, 4, 4, 2, 0] → norm→gate|up", 33.0, 31.0),  # the better one
+        row("pair: SwiGLU→down [1, 16, 256, 2, 4, 2, 0] → norm→q|k|v", 23.0, 22.9),  # inside the 1 % margin
+        row("o → norm→gate|up", 33.0, 30.0),  # not a pair: row
+    ]
+    winners = kernel_fused.pair_winners(rows)
+    assert list(winners) == [("o → norm→gate|up", 1)]
+    cfg, ratio = winners["o → norm→gate|up", 1]
+    assert cfg == SkinnyConfig(1, 8, 256, 4, 4, 2) and ratio == pytest.approx(31.0 / 33.0)
+    shipped = tuning.load("NVIDIA H200")
+    table = kernel_fused.with_fused(shipped, winners, kernel_fused.PAIR_OPS)
+    assert table.linear[O_SHAPE][1] == cfg and table.linear[O_SHAPE][8] == shipped.linear[O_SHAPE][8]
+    assert table.silu_mul_linear == shipped.silu_mul_linear
+    assert table.add_rms_norm_linear == shipped.add_rms_norm_linear
+    again = tuning.parse(json.loads(tuning.dumps(table, "NVIDIA H200")))  # what decode_ab reads back
+    assert again.linear == table.linear

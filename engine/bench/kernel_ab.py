@@ -25,6 +25,9 @@ dispatches it on this device, in one process (GPU only):
   SwiGLU" with the epilogue, ...): before = as dispatched with the tl.dot kernel's cp.async loads in
   place of TMA (gemm.TMA False; cuBLAS stays cuBLAS), after = as dispatched, and at each tiling of
   TMA_TILES with tma=1 ("tma: o [config]"): the data for its table entries;
+- o and SwiGLU->down at one row at each of PAIR_CANDIDATES, timed with the projection after them ("pair:
+  o [config] → norm→gate|up"): before = the pair as dispatched; `--pair-table FILE` writes the shipped
+  table with the configs that beat it (an A/B arm);
 - the fused tl.dot path at 2-16 of the --ms row counts ("prefetch: norm→q|k|v [config]"): before =
   its prologue reading each tile in its own K step, after = a step ahead (gemm.PROLOGUE_PREFETCH),
   at a few configs per projection; beside them the unfused pairs as dispatched ("norm→q|k|v" at
@@ -63,11 +66,12 @@ from engine.bench.kernel_ab_configs import (
     CANDIDATES,
     GLU_CANDIDATES,
     NORM_CANDIDATES,
+    PAIR_CANDIDATES,
     PREFETCH_NORM,
     PREFETCH_SWIGLU,
     tma_configs,
 )
-from engine.bench.kernel_fused import fused_winners, with_fused
+from engine.bench.kernel_fused import FUSED_OPS, PAIR_OPS, Winners, fused_winners, pair_winners, with_fused
 from engine.bench.kernel_timing import Timer, rel_err
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels import attention, gemm, mlp, tuning
@@ -114,6 +118,8 @@ def tma_off() -> AbstractContextManager:
 
 def switch_for(label: str) -> Callable[[], AbstractContextManager]:
     """The row's way back to the previous dispatch."""
+    if label.startswith("pair:"):
+        return nullcontext  # the pair as dispatched: only the config differs
     if label.startswith("tma:"):
         return tma_off
     if label.startswith("prefetch:"):
@@ -177,6 +183,11 @@ def _all_cases(ms: Sequence[int]) -> Iterator[tuple[str, int, Callable[[], tuple
             yield f"tma: {name}", m, lambda m=m, n=n, k=k, glu=glu: tma_case(n, k, m, glu)
             for cfg in tma_configs(m, glu):
                 yield f"tma: {name} {list(cfg)}", m, lambda m=m, n=n, k=k, glu=glu, cfg=cfg: tma_case(n, k, m, glu, cfg)
+    if 1 in ms:
+        for cfg in PAIR_CANDIDATES:
+            yield f"pair: o {list(cfg)} → norm→gate|up", 1, lambda cfg=cfg: pair_case((h, q_size), gu_n, False, 1, cfg)
+            down = f"pair: SwiGLU→down {list(cfg)} → norm→q|k|v"
+            yield down, 1, lambda cfg=cfg: pair_case((h, inter), qkv_n, True, 1, cfg)
     for m in (m for m in ms if 2 <= m <= 16):
         yield "norm→q|k|v", m, lambda m=m: norm_case(qkv_n, h, m)
         yield "norm→gate|up", m, lambda m=m: norm_case(gu_n, h, m)
@@ -197,13 +208,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="write the shipped table plus the prefetched fused configs that beat their unfused pair (an A/B arm)",
     )
+    p.add_argument(
+        "--pair-table",
+        type=Path,
+        help="write the shipped table with o's and down's one-row configs that beat their dispatched pair (an A/B arm)",
+    )
     args = p.parse_args(argv)
     if min(args.ms) < 1:
         raise SystemExit("--ms: row counts >= 1")
     if not any(cases_for(args.ms, args.only)):
         raise SystemExit(f"--only: no row's op starts with {args.only!r} at --ms {args.ms}")
-    if args.fused_table is not None and args.fused_table.is_dir():
-        raise SystemExit(f"--fused-table: {args.fused_table} is a folder; give the table file's path")
+    for flag, path in (("--fused-table", args.fused_table), ("--pair-table", args.pair_table)):
+        if path is not None and path.is_dir():
+            raise SystemExit(f"{flag}: {path} is a folder; give the table file's path")
     if not torch.cuda.is_available():
         raise SystemExit("kernel_ab needs a CUDA device")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -230,15 +247,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["op", "M", "before µs", "after µs", "after/before", "after: of copy BW"]
     print(f"copy bandwidth {bw:.0f} GB/s\n\n" + markdown_table(header, table))
     if args.fused_table:
-        winners = fused_winners(rows)
-        for (op, m), (cfg, ratio) in sorted(winners.items()):
-            print(f"fused {op} M={m}: {list(cfg)} at {ratio:.3f} of the unfused pair")
-        name = torch.cuda.get_device_name()
-        shipped = tuning.tables_for(torch.device("cuda"))
-        note = f"kernel_ab --fused-table: the shipped table + {len(winners)} fused entries"
-        args.fused_table.parent.mkdir(parents=True, exist_ok=True)
-        args.fused_table.write_text(tuning.dumps(with_fused(shipped, winners), name, note))
+        write_table(args.fused_table, fused_winners(rows), FUSED_OPS, "fused", "the unfused pair")
+    if args.pair_table:
+        write_table(args.pair_table, pair_winners(rows), PAIR_OPS, "pair", "the pair as dispatched")
     return 0
+
+
+def write_table(path: Path, winners: Winners, ops: dict, kind: str, base: str) -> None:
+    """The shipped table with the winners' entries (with_fused), for a decode A/B arm."""
+    for (op, m), (cfg, ratio) in sorted(winners.items()):
+        print(f"{kind} {op} M={m}: {list(cfg)} at {ratio:.3f} of {base}")
+    name = torch.cuda.get_device_name()
+    shipped = tuning.tables_for(torch.device("cuda"))
+    note = f"kernel_ab --{kind}-table: the shipped table + {len(winners)} {kind} entries"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tuning.dumps(with_fused(shipped, winners, ops), name, note))
 
 
 if __name__ == "__main__":

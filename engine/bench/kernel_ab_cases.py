@@ -43,9 +43,10 @@ def norm_case(n: int, k: int, m: int, cfg: SkinnyConfig | None = None):
     return nbytes, copies, fn, ref, with_cfg if cfg is not None else fn
 
 
-def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
+def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1, cfg: SkinnyConfig | None = None):
     """m rows through o (or SwiGLU->down) into add + RMSNorm -> the next projection (gate|up, or
-    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none."""
+    q|k|v), both as the engine dispatches them: the reduce kernel, or (after) none. cfg: the "after"
+    side runs the first projection at that config (its partials deferred as the dispatch's are)."""
     (n, k), h = first, first[0]
     b1, c1, w1 = cases.rotated_weights(n, k)
     b2, c2, w2 = cases.rotated_weights(second_n, h)
@@ -54,13 +55,15 @@ def pair_case(first: tuple[int, int], second_n: int, swiglu: bool, m: int = 1):
     nw = nw.to(cases.DTYPE)
     produce = fused_linear.silu_mul_linear if swiglu else linear.linear
     fn = lambda i: fused_linear.add_rms_norm_linear(produce(x, w1[i], defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
+    at_cfg = fused_linear.silu_mul_linear_with_config if swiglu else linear.linear_with_config
+    with_cfg = lambda i: fused_linear.add_rms_norm_linear(at_cfg(x, w1[i], cfg, defer=True), r, nw, EPS, w2[i])[0]  # noqa: E731
     mid = (
         fused_linear.silu_mul_linear_ref(x.float(), w1[0].float())
         if swiglu
         else linear.linear_ref(x.float(), w1[0].float())
     )
     ref = torch.nn.functional.linear(norm.add_rms_norm_ref(mid, r.float(), nw.float(), EPS)[0], w2[0].float())
-    return b1 + b2, min(c1, c2), fn, ref, fn
+    return b1 + b2, min(c1, c2), fn, ref, with_cfg if cfg is not None else fn
 
 
 def on_gemv(fn: Callable, *args) -> torch.Tensor:

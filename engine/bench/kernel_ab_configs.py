@@ -74,6 +74,21 @@ TMA_TILES = [  # block_n, block_k, split_k, num_warps, num_stages
     (128, 64, 6, 8, 4),
     (128, 128, 6, 8, 3),
 ]
+# One-row split-K configs of o and SwiGLU->down timed with the projection after them (kernel_ab's `pair:`
+# rows): fewer, larger programs leave SM slots for the next kernel's early weight loads; more, smaller
+# ones fill the SMs. Whole K (split 1) would leave the next norm no partials to sum.
+PAIR_CANDIDATES = [
+    SkinnyConfig(1, 8, 512, 2, 4, 2),
+    SkinnyConfig(1, 16, 512, 2, 4, 2),
+    SkinnyConfig(1, 16, 256, 2, 4, 2),
+    SkinnyConfig(1, 16, 256, 4, 4, 2),
+    SkinnyConfig(1, 16, 256, 4, 4, 1),
+    SkinnyConfig(1, 8, 512, 4, 4, 2),
+    SkinnyConfig(1, 8, 256, 4, 4, 2),
+    SkinnyConfig(1, 32, 256, 2, 4, 2),
+    SkinnyConfig(1, 16, 512, 4, 4, 2),
+    SkinnyConfig(1, 16, 256, 8, 4, 2),
+]
 NORM_CANDIDATES = [
     SkinnyConfig(1, 16, 256, 1, 4, 2),
     SkinnyConfig(1, 32, 128, 1, 4, 2),
