@@ -165,11 +165,16 @@ def record_launches(monkeypatch) -> list:
     return results
 
 
-def compile_in_child(code: str, *args: str):
-    """Run `code` in a child Python with TRITON_INTERPRET unset, so Triton compiles for sm90 on any
-    host (the PTX tests), and return the JSON of the last line it prints."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+def run_compiling(*argv: str) -> str:
+    """stdout of `python ARGV` in a child with TRITON_INTERPRET unset, so Triton compiles for sm90 on
+    any host (the PTX tests, the register reports), run from the repository root."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=root, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return run.stdout
+
+
+def compile_in_child(code: str, *args: str):
+    """Run `code` in a child (run_compiling) and return the JSON of the last line it prints."""
+    return json.loads(run_compiling("-c", code, *args).strip().splitlines()[-1])

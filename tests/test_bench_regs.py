@@ -3,33 +3,18 @@ GPU (in a child process, where TRITON_INTERPRET is off), and its argument checks
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
 
 from engine.bench import regs  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.kernel_helpers import run_compiling  # noqa: E402
 
 
 def test_a_config_reports_its_registers_and_spills():
     if not regs.ptxas_path().exists():
         pytest.skip("triton ships no ptxas here")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-m", "engine.bench.regs", "--configs", "32:4:2", "--splits", "1"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=240,
-        check=True,
-    ).stdout
+    out = run_compiling("-m", "engine.bench.regs", "--configs", "32:4:2", "--splits", "1")
     cells = [c.strip() for c in out.strip().splitlines()[-1].strip("|").split("|")]
     block_n, warps, stages, splits, registers, stores, loads, shared, copies, by_regs, by_shared = map(int, cells)
     assert (block_n, warps, stages, splits) == (32, 4, 2, 1)

@@ -3,11 +3,6 @@ host without a GPU (in a child process, where TRITON_INTERPRET is off), and its 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is not installed: nothing to compile")
@@ -15,8 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed: nothing to compil
 from engine.bench import regs, regs_gemv  # noqa: E402
 from engine.kernels import tuning  # noqa: E402
 from engine.kernels.tuning import SkinnyConfig  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.kernel_helpers import run_compiling  # noqa: E402
 
 
 def test_programs_an_sm_round_registers_to_eight_a_thread_and_stop_at_the_thread_limit():
@@ -46,16 +40,7 @@ def test_the_h200_table_gives_all_four_projections_a_one_row_config():
 def test_the_report_compiles_each_projection():
     if not regs.ptxas_path().exists():
         pytest.skip("triton ships no ptxas here")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-m", "engine.bench.regs_gemv"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=240,
-        check=True,
-    ).stdout
+    out = run_compiling("-m", "engine.bench.regs_gemv")
     lines = [line for line in out.strip().splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert [line.split(" | ")[0] for line in lines] == ["| q\\|k\\|v", "| o", "| gate\\|up", "| down"]
     for line in lines:
