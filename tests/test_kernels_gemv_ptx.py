@@ -14,27 +14,13 @@ from tests.kernel_helpers import compile_in_child  # noqa: E402
 
 CHILD = r"""
 import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from engine.kernels import _triton, gemv
+from engine.bench.regs_gemv import compile_gemv_ptx
+from engine.kernels.tuning import SkinnyConfig
 
-names = ["x_ptr", "w_ptr", "y_ptr", "p_ptr", "M", "N", "K", "stride_xm", "stride_wn", "stride_ym", "k_per_split",
-         "x_off", "r_ptr", "nw_ptr", "s_ptr", "stride_rm", "stride_sm", "eps"]
 out = []
 for bn, bk, warps, swiglu, norm, carry, planes, split in json.loads(sys.argv[1]):
-    x_type = "*fp32" if planes else "*bf16"  # a SplitSum's fp32 partials where PLANES > 0
-    types = [x_type, "*bf16", "*bf16", "*fp32"] + ["i32"] * 8 + ["*bf16"] * 3 + ["i32", "i32", "fp32"]
-    const = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT=split, EVEN_K=not split, SWIGLU=swiglu, NORM=norm, CARRY=carry,
-                 PLANES=planes, PDL=True)
-    sig = {**dict(zip(names, types)), **{c: "constexpr" for c in const}}
-    # what the launcher specializes for 16-aligned pointers and sizes
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in ("M", "eps")}
-    kernel = _triton.bind(gemv.__dict__)["_gemv_kernel"]
-    src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)
-    target = GPUTarget("cuda", 90, 32)
-    ptx = triton.compile(src, target=target, options=dict(num_warps=warps, num_stages=1)).asm["ptx"]
-    lines = ptx.splitlines()
+    cfg = SkinnyConfig(1, bn, bk, 2 if split else 1, warps, 2 if carry else 1)
+    lines = compile_gemv_ptx(cfg, 4 * bk, swiglu, norm, planes).splitlines()  # K: whole tiles (EVEN_K unsplit)
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     out.append([[line.strip() for line in lines[:wait] if "ld.global" in line],
                 sum("ld.global" in line for line in lines[wait:])])

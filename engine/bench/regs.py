@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.bench.report import markdown_table
+from engine.kernels._triton import cdiv
 
 REGS_PER_SM = 65536
 SHARED_PER_SM = 232448  # sm90: 227 KB a CTA can use of the SM's 228 KB
@@ -87,10 +88,15 @@ def ptxas_usage(ptx: str) -> dict[str, int]:
     return {"registers": regs, "spill_stores": int(spill.group(1)), "spill_loads": int(spill.group(2))}
 
 
+def ctas_by_registers(registers: int, warps: int) -> int:
+    """CTAs an SM holds by registers: a thread's are allocated 8 at a time."""
+    return REGS_PER_SM // (cdiv(registers, 8) * 8 * 32 * warps)
+
+
 def row(block_n: int, warps: int, stages: int, splits: int) -> dict:
     ptx, shared = compile_ptx(block_n, warps, stages, splits)
     usage = ptxas_usage(ptx)
-    by_regs = REGS_PER_SM // (usage["registers"] * 32 * warps)
+    by_regs = ctas_by_registers(usage["registers"], warps)
     by_shared = SHARED_PER_SM // max(shared, 1)
     config = dict(block_n=block_n, warps=warps, stages=stages, splits=splits, shared=shared)
     return config | usage | dict(cp_async=ptx.count("cp.async.cg"), ctas_by_regs=by_regs, ctas_by_shared=by_shared)

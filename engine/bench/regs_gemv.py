@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from engine.bench.regs import REGS_PER_SM, ptxas_path, ptxas_usage
+from engine.bench.regs import ctas_by_registers, ptxas_path, ptxas_usage
 from engine.bench.report import markdown_table
 from engine.kernels import fused_linear, gemm, linear, tuning
 from engine.kernels._triton import cdiv
@@ -78,8 +78,8 @@ def compile_gemv_ptx(cfg: SkinnyConfig, k: int, swiglu: bool, norm: bool, planes
 
 
 def occupancy(registers: int, warps: int) -> int:
-    """Programs an SM holds by registers (8 a thread at a time) and by threads."""
-    return min(REGS_PER_SM // (cdiv(registers, 8) * 8 * 32 * warps), THREADS_PER_SM // (32 * warps))
+    """Programs an SM holds by registers (regs.ctas_by_registers) and by threads."""
+    return min(ctas_by_registers(registers, warps), THREADS_PER_SM // (32 * warps))
 
 
 def grid_row(name: str, shape: tuple[int, int], cfg: SkinnyConfig, usage: dict, sms: int) -> dict:
