@@ -158,9 +158,10 @@ def test_refuses_a_prefix_no_row_has_before_it_runs(tmp_path):
         kernel_ab.main(["--out", str(tmp_path), "--only", "nosuch"])
 
 
-def test_refuses_a_folder_for_the_fused_table_before_it_runs(tmp_path):
-    with pytest.raises(SystemExit, match="--fused-table: .* is a folder"):
-        kernel_ab.main(["--out", str(tmp_path), "--fused-table", str(tmp_path)])
+@pytest.mark.parametrize("flag", ["--fused-table", "--pair-table"])
+def test_refuses_a_folder_for_a_table_before_it_runs(tmp_path, flag):
+    with pytest.raises(SystemExit, match=f"{flag}: .* is a folder"):
+        kernel_ab.main(["--out", str(tmp_path), flag, str(tmp_path)])
 
 
 @pytest.mark.skipif(CUDA, reason="checks the message on a host without a GPU")

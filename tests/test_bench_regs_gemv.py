@@ -52,3 +52,8 @@ def test_the_report_compiles_each_projection():
 def test_a_device_count_below_one_is_refused():
     with pytest.raises(SystemExit, match="--sms"):
         regs_gemv.main(["--sms", "0"])
+
+
+def test_a_device_without_a_tuned_table_is_refused():
+    with pytest.raises(SystemExit, match="--device: no tuned table for 'No Such GPU'"):
+        regs_gemv.main(["--device", "No Such GPU"])

@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.sms < 1:
         raise SystemExit(f"--sms: at least 1, got {args.sms}")
+    if not tuning.tuned_path(args.device).is_file():
+        raise SystemExit(f"--device: no tuned table for {args.device!r} ({tuning.tuned_path(args.device)})")
     os.environ.pop("TRITON_INTERPRET", None)
     if not ptxas_path().exists():
         raise SystemExit(f"no ptxas at {ptxas_path()} (triton's nvidia backend)")
