@@ -71,6 +71,8 @@ run_pair_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/pair-ab/decode" --concurrency 1 --repeats ${AB_REPEATS:-6} \
     --profile-kernels 1 --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
 }
+stage handoff 120 "what one dependency between CTAs costs: a PDL launch boundary, a grid barrier in one resident launch, and a dependent load alone and beside a full-bandwidth stream (engine.bench.handoff; logs/handoff)"
+run_handoff() { python3 -m engine.bench.handoff --out "$LOG/handoff" ${HANDOFF_ARGS:-}; }
 stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu; one table of them in logs/ncu/ncu.md)"
 run_ncu() {
   local ncu rc=0
