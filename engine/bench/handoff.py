@@ -1,7 +1,7 @@
 """What one dependency between CTAs costs on this GPU: the number that decides whether a persistent
 per-layer kernel can beat a chain of PDL kernels (issue 19, decode doc "What a handoff costs").
 
-    python -m engine.bench.handoff [--out DIR] [--programs 132 660] [--links 256] [--repeats 7]
+    python -m engine.bench.handoff [--out DIR] [--programs 2 132 660] [--links 256] [--repeats 7]
 
 Rows, each the median (min, max) of --repeats timings:
 - `pdl`: --links launches of a kernel of P programs that waits (griddepcontrol.wait) and lets the
@@ -227,7 +227,7 @@ def report(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write handoff.csv and handoff.md here")
-    ap.add_argument("--programs", type=int, nargs="+", default=[132, 660])
+    ap.add_argument("--programs", type=int, nargs="+", default=[2, 132, 660])
     ap.add_argument("--links", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
