@@ -60,8 +60,9 @@ def test_the_cli_refuses_bad_counts_and_a_host_without_a_gpu(monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="times a CUDA GPU")
 def test_every_row_is_measured_on_the_gpu():
-    rows = handoff.measure(DEV, [8], links=16, repeats=2)
+    rows = handoff.measure(DEV, [8], links=64, repeats=2)
     kinds = {(r["kind"], r["load"]) for r in rows}
     assert {("pdl", False), ("nopdl", True), ("barrier", True)} <= kinds
-    assert {"chase L2", "chase HBM beside a stream"} <= {r["kind"] for r in rows}
-    assert all(r["median"] > 0 for r in rows)
+    assert {"stream alone", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
+    # a barrier row is a difference of two launches' times (it can read <= 0 at few links); the others are not
+    assert all(r["median"] > 0 for r in rows if r["kind"] != "barrier")

@@ -11,8 +11,9 @@ Rows, each the median (min, max) of --repeats timings:
 - with `load` (either): after each handoff every program reads a word that program 0 wrote before
   it, the round trip a real consumer pays for its producer's data.
 - `chase`: one program walking a random cycle through a buffer, one dependent load at a time
-  (L2-resident 4 MB, and 1 GiB from HBM), alone and beside a kernel streaming 2 GiB on the other
-  SMs; nanoseconds a load, from the GPU's global timer.
+  (4 MB held in L2, and lines of a 1 GiB buffer not visited before: HBM), alone and beside a kernel
+  that streams 2 GiB with its loads marked evict-first (`stream alone`: its own read bandwidth);
+  nanoseconds a load, from the GPU's global timer.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def _now(anchor):
 
 @jit
 def _chase_kernel(next_ptr, out_ptr, steps):
-    """out = [last index, nanoseconds for `steps` dependent loads]."""
-    p = tl.load(next_ptr, cache_modifier=".cg")
+    """Walk `steps` dependent loads on from the index in out[0]; out = [where it stopped, nanoseconds]."""
+    p = tl.load(out_ptr).to(tl.int32)
     t0 = _now(p)
     for _ in range(steps):
         p = tl.load(next_ptr + p, cache_modifier=".cg")
@@ -81,12 +82,13 @@ def _chase_kernel(next_ptr, out_ptr, steps):
 
 @jit
 def _stream_kernel(x_ptr, out_ptr, n, rounds, BLOCK: tl.constexpr):
+    """Read x `rounds` times over a persistent grid, marked first to evict from L2 (as weights are)."""
     pid, programs = tl.program_id(0), tl.num_programs(0)
     acc = tl.zeros([BLOCK], tl.float32)
     for _ in range(rounds):
         for start in range(pid * BLOCK, n, programs * BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0, eviction_policy="evict_first").to(tl.float32)
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
@@ -182,25 +184,37 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
 
 
 def chase_rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> list[dict]:
+    """The dependent-load rows, and the stream's own bandwidth (TB/s, bytes read) alone."""
     k = _kernels()
-    stream_buf = torch.randn(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
-    sink = torch.empty(sms, dtype=torch.float32, device=device)
+    x = torch.randn(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
+    programs, rounds = 4 * sms, 16
+    sink = torch.empty(programs, dtype=torch.float32, device=device)
+
+    def stream() -> None:
+        k["_stream_kernel"][(programs,)](x, sink, x.numel(), rounds, BLOCK=8192, num_warps=8)
+
+    stream()
+    tbs = [rounds * x.numel() * 2 / _event_us(stream) / 1e6 for _ in range(repeats)]
+    rows = [_row("stream alone", programs, False, "TB/s", tbs)]
     out = torch.zeros(2, dtype=torch.int64, device=device)
     side = torch.cuda.Stream(device)
-    n = stream_buf.numel()
-    rows = []
     for where, nbytes in (("L2", 4 << 20), ("HBM", 1 << 30)):
         buf = chase_cycle(nbytes // 128, device)
+        out.zero_()
         for beside in (False, True):
             ns = []
             for _ in range(repeats):
-                if beside:  # on every SM but two, long enough to cover the chase
+                if where == "L2":  # the whole cycle into L2 first; the HBM walk goes on to lines not yet seen
+                    buf.sum()
+                torch.cuda.synchronize()
+                if beside:  # launched first, and ~4x longer than the walk
+                    side.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(side):
-                        k["_stream_kernel"][(sms - 2,)](stream_buf, sink, n, 24, BLOCK=4096, num_warps=8)
+                        stream()
                 k["_chase_kernel"][(1,)](buf, out, steps, num_warps=1)
                 torch.cuda.synchronize()
                 ns.append(out[1].item() / steps)
-            rows.append(_row(f"chase {where}" + (" beside a stream" if beside else ""), 1, True, "ns", ns))
+            rows.append(_row(f"chase {where}" + (" beside the stream" if beside else ""), 1, True, "ns", ns))
     return rows
 
 
