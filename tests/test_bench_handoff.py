@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench import handoff
+from engine.bench import handoff, handoff_load
 from tests.kernel_helpers import CUDA  # sets TRITON_INTERPRET on CPU before any launch
 
 DEV = torch.device("cuda" if CUDA else "cpu")
@@ -15,15 +15,15 @@ DEV = torch.device("cuda" if CUDA else "cpu")
 
 def test_the_chase_visits_every_line_once_in_one_cycle():
     lines = 257
-    buf = handoff.chase_cycle(lines, torch.device("cpu"), seed=3).tolist()
-    assert len(buf) == lines * handoff.LINE_WORDS
-    assert all(w == 0 for i, w in enumerate(buf) if i % handoff.LINE_WORDS)  # one word a line
+    buf = handoff_load.chase_cycle(lines, torch.device("cpu"), seed=3).tolist()
+    assert len(buf) == lines * handoff_load.LINE_WORDS
+    assert all(w == 0 for i, w in enumerate(buf) if i % handoff_load.LINE_WORDS)  # one word a line
     seen, p = [], 0
     for _ in range(lines):
         p = buf[p]
-        assert p % handoff.LINE_WORDS == 0
+        assert p % handoff_load.LINE_WORDS == 0
         seen.append(p)
-    assert sorted(seen) == [i * handoff.LINE_WORDS for i in range(lines)] and p == 0
+    assert sorted(seen) == [i * handoff_load.LINE_WORDS for i in range(lines)] and p == 0
     assert seen != sorted(seen)  # random order: nothing for a prefetcher to follow
 
 
@@ -44,10 +44,10 @@ def test_the_grid_barrier_counts_every_arrival_and_hands_program_0s_word_on():
 
 
 def test_the_report_gives_each_row_its_unit_and_spread():
-    rows = [handoff._row("pdl", 132, True, "us", [1.0, 2.0, 4.0]), handoff._row("chase L2", 1, True, "ns", [600.0])]
+    rows = [handoff._row("pdl", 132, True, "us", [1.0, 2.0, 4.0]), handoff._row("chase L2", 1, True, "ns", [600.0], 3)]
     table = handoff.report(rows)
-    assert "| pdl | 132 | yes | 2.00 us | 1.00 … 4.00 |" in table
-    assert "| chase L2 | 1 | yes | 600.00 ns | 600.00 … 600.00 |" in table
+    assert "| pdl | 132 | yes | 2.00 us | 1.00 … 4.00 |  |" in table
+    assert "| chase L2 | 1 | yes | 600.00 ns | 600.00 … 600.00 | 3 |" in table
 
 
 def test_the_cli_refuses_bad_counts_and_a_host_without_a_gpu(monkeypatch):
@@ -63,6 +63,8 @@ def test_every_row_is_measured_on_the_gpu():
     rows = handoff.measure(DEV, [8], links=64, repeats=2)
     kinds = {(r["kind"], r["load"]) for r in rows}
     assert {("pdl", False), ("nopdl", True), ("barrier", True)} <= kinds
-    assert {"stream alone", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
+    assert {"stream alone", "chase L2", "chase HBM beside the stream", "attention half, 1 row"} <= {
+        r["kind"] for r in rows
+    }
     # a barrier row is a difference of two launches' times (it can read <= 0 at few links); the others are not
     assert all(r["median"] > 0 for r in rows if r["kind"] != "barrier")

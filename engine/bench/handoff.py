@@ -13,7 +13,10 @@ Rows, each the median (min, max) of --repeats timings:
 - `chase`: one program walking a random cycle through a buffer, one dependent load at a time
   (4 MB held in L2, and lines of a 1 GiB buffer not visited before: HBM), alone and beside a kernel
   that streams 2 GiB with its loads marked evict-first (`stream alone`: its own read bandwidth);
-  nanoseconds a load, from the GPU's global timer.
+  nanoseconds a load, from the GPU's global timer; `inside`: how many repeats of the walk lay wholly
+  inside the stream's span (so they measured it beside the stream).
+- `attention half`: one decode row's QK-norm + RoPE + store, attention and reduce (ctx 256) from a
+  CUDA graph, alone and beside the same stream: microseconds a layer.
 """
 
 from __future__ import annotations
@@ -25,12 +28,12 @@ from pathlib import Path
 
 import torch
 
+from engine.bench import handoff_load
+from engine.bench.handoff_load import _event_us, _row
 from engine.bench.report import markdown_table, write_csv
 from engine.kernels._triton import jit
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
-
-LINE_WORDS = 32  # int32 words in a 128-byte line: the chase visits one word a line
 
 
 @jit
@@ -61,49 +64,6 @@ def _barrier_kernel(count_ptr, word_ptr, links, LOAD: tl.constexpr):
             tl.store(word_ptr + 1 + tl.program_id(0), tl.load(word_ptr, volatile=True))
 
 
-@jit
-def _now(anchor):
-    return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=tl.int64, is_pure=False, pack=1
-    )
-
-
-@jit
-def _chase_kernel(next_ptr, out_ptr, steps):
-    """Walk `steps` dependent loads on from the index in out[0]; out = [where it stopped, nanoseconds]."""
-    p = tl.load(out_ptr).to(tl.int32)
-    t0 = _now(p)
-    for _ in range(steps):
-        p = tl.load(next_ptr + p, cache_modifier=".cg")
-    t1 = _now(p)
-    tl.store(out_ptr, p.to(tl.int64))
-    tl.store(out_ptr + 1, t1 - t0)
-
-
-@jit
-def _stream_kernel(x_ptr, out_ptr, n, rounds, BLOCK: tl.constexpr):
-    """Read x `rounds` times over a persistent grid, marked first to evict from L2 (as weights are)."""
-    pid, programs = tl.program_id(0), tl.num_programs(0)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for _ in range(rounds):
-        for start in range(pid * BLOCK, n, programs * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0, eviction_policy="evict_first").to(tl.float32)
-    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
-
-
-def chase_cycle(lines: int, device: torch.device, seed: int = 0) -> torch.Tensor:
-    """int32 [lines * LINE_WORDS]: word i * LINE_WORDS holds the word index of the next line of one
-    random cycle through all `lines` lines (every hop a new 128-byte line, no pattern to prefetch)."""
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(lines, generator=g)
-    nxt = torch.empty(lines, dtype=torch.int64)
-    nxt[order] = torch.roll(order, -1)
-    buf = torch.zeros(lines * LINE_WORDS, dtype=torch.int32)
-    buf[::LINE_WORDS] = (nxt * LINE_WORDS).to(torch.int32)
-    return buf.to(device)
-
-
 def _kernels() -> dict:
     from engine.kernels import _triton
 
@@ -127,10 +87,6 @@ def barrier_chain(count: torch.Tensor, word: torch.Tensor, programs: int, links:
     _kernels()["_barrier_kernel"][(programs,)](count, word, links, LOAD=load, num_warps=4)
 
 
-def _median_spread(xs: Sequence[float]) -> tuple[float, float, float]:
-    return statistics.median(xs), min(xs), max(xs)
-
-
 def _graph_us(run: Callable[[], None], links: int, repeats: int) -> list[float]:
     run()
     torch.cuda.synchronize()
@@ -147,15 +103,6 @@ def _graph_us(run: Callable[[], None], links: int, repeats: int) -> list[float]:
         end.synchronize()
         out.append(1e3 * start.elapsed_time(end) / links)
     return out
-
-
-def _event_us(fn: Callable[[], None]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return 1e3 * start.elapsed_time(end)
 
 
 def measure(device: torch.device, programs: Sequence[int], links: int, repeats: int) -> list[dict]:
@@ -179,52 +126,11 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
             base = statistics.median(timed(0))
             us = [(t - base) / links for t in timed(links)]
             rows.append(_row("barrier", p, load, "us", us))
-    rows += chase_rows(device, sms, repeats)
-    return rows
-
-
-def chase_rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> list[dict]:
-    """The dependent-load rows, and the stream's own bandwidth (TB/s, bytes read) alone."""
-    k = _kernels()
-    x = torch.randn(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
-    programs, rounds = 4 * sms, 16
-    sink = torch.empty(programs, dtype=torch.float32, device=device)
-
-    def stream() -> None:
-        k["_stream_kernel"][(programs,)](x, sink, x.numel(), rounds, BLOCK=8192, num_warps=8)
-
-    stream()
-    tbs = [rounds * x.numel() * 2 / _event_us(stream) / 1e6 for _ in range(repeats)]
-    rows = [_row("stream alone", programs, False, "TB/s", tbs)]
-    out = torch.zeros(2, dtype=torch.int64, device=device)
-    side = torch.cuda.Stream(device)
-    for where, nbytes in (("L2", 4 << 20), ("HBM", 1 << 30)):
-        buf = chase_cycle(nbytes // 128, device)
-        out.zero_()
-        for beside in (False, True):
-            ns = []
-            for _ in range(repeats):
-                if where == "L2":  # the whole cycle into L2 first; the HBM walk goes on to lines not yet seen
-                    buf.sum()
-                torch.cuda.synchronize()
-                if beside:  # launched first, and ~4x longer than the walk
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        stream()
-                k["_chase_kernel"][(1,)](buf, out, steps, num_warps=1)
-                torch.cuda.synchronize()
-                ns.append(out[1].item() / steps)
-            rows.append(_row(f"chase {where}" + (" beside the stream" if beside else ""), 1, True, "ns", ns))
-    return rows
-
-
-def _row(kind: str, programs: int, load: bool, unit: str, xs: Sequence[float]) -> dict:
-    med, lo, hi = _median_spread(xs)
-    return {"kind": kind, "programs": programs, "load": load, "unit": unit, "median": med, "min": lo, "max": hi}
+    return rows + handoff_load.rows(device, sms, repeats)
 
 
 def report(rows: Sequence[dict]) -> str:
-    head = ["what", "programs", "reads the producer's word", "per handoff or load", "min … max"]
+    head = ["what", "programs", "reads the producer's word", "per handoff or load", "min … max", "inside"]
     body = [
         [
             r["kind"],
@@ -232,6 +138,7 @@ def report(rows: Sequence[dict]) -> str:
             "yes" if r["load"] else "no",
             f"{r['median']:.2f} {r['unit']}",
             f"{r['min']:.2f} … {r['max']:.2f}",
+            r.get("inside", ""),
         ]
         for r in rows
     ]
