@@ -11,12 +11,10 @@ Rows, each the median (min, max) of --repeats timings:
 - with `load` (either): after each handoff every program reads a word that program 0 wrote before
   it, the round trip a real consumer pays for its producer's data.
 - `chase`: one program walking a random cycle through a buffer, one dependent load at a time
-  (4 MB held in L2, and lines of a 1 GiB buffer not visited before: HBM), alone and beside a kernel
-  that streams 2 GiB with its loads marked evict-first (`stream alone`: its own read bandwidth);
-  nanoseconds a load, from the GPU's global timer; `inside`: how many repeats of the walk lay wholly
-  inside the stream's span (so they measured it beside the stream).
-- `attention half`: one decode row's QK-norm + RoPE + store, attention and reduce (ctx 256) from a
-  CUDA graph, alone and beside the same stream: microseconds a layer.
+  (4 MB held in L2, and lines of a 1 GiB buffer not visited before: HBM), alone and beside programs
+  of the same launch streaming 2 GiB with their loads marked evict-first (`stream alone`: their read
+  bandwidth);
+  nanoseconds a load, from the GPU's global timer (handoff_load.py).
 """
 
 from __future__ import annotations
@@ -130,7 +128,7 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
 
 
 def report(rows: Sequence[dict]) -> str:
-    head = ["what", "programs", "reads the producer's word", "per handoff or load", "min … max", "inside"]
+    head = ["what", "programs", "reads the producer's word", "per handoff or load", "min … max"]
     body = [
         [
             r["kind"],
@@ -138,7 +136,6 @@ def report(rows: Sequence[dict]) -> str:
             "yes" if r["load"] else "no",
             f"{r['median']:.2f} {r['unit']}",
             f"{r['min']:.2f} … {r['max']:.2f}",
-            r.get("inside", ""),
         ]
         for r in rows
     ]
