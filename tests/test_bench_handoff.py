@@ -63,8 +63,6 @@ def test_every_row_is_measured_on_the_gpu():
     rows = handoff.measure(DEV, [8], links=64, repeats=2)
     kinds = {(r["kind"], r["load"]) for r in rows}
     assert {("pdl", False), ("nopdl", True), ("barrier", True)} <= kinds
-    assert {"stream alone", "chase L2", "chase HBM beside the stream", "attention half, 1 row"} <= {
-        r["kind"] for r in rows
-    }
+    assert {"stream alone", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
     # a barrier row is a difference of two launches' times (it can read <= 0 at few links); the others are not
     assert all(r["median"] > 0 for r in rows if r["kind"] != "barrier")
