@@ -219,24 +219,3 @@ def test_gpu_split_decode_pipeline_depth_changes_no_output(monkeypatch):
         monkeypatch.setattr(attention, "SPLIT_STAGES", stages)
         outs.append(attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, True))
     assert torch.equal(outs[0], outs[1])
-
-
-@gpu
-@pytest.mark.parametrize("batch", [1, 64])  # split decode (the splits' reduce), the wide tile
-def test_gpu_pdl_cascade_changes_no_output(batch, monkeypatch):
-    """_triton.PDL_CASCADE lets QK-norm + RoPE + store, the attention and its reduce launch their
-    successor before their own wait; each still waits for its predecessor, so eagerly and replayed from
-    a graph the step's attention output is bit-identical to the launch after the wait."""
-    from engine.bench.kernel_ab_cases import rope_attention_case
-    from engine.kernels import _triton
-
-    torch.manual_seed(19)
-    _, _, fn, _, _ = rope_attention_case(batch, 255)
-    outs = []
-    for cascade in (False, True):
-        monkeypatch.setattr(_triton, "PDL_CASCADE", cascade)
-        graph, out = capture_graph(lambda: fn(0))
-        graph.replay()
-        torch.cuda.synchronize()
-        outs += [fn(0).clone(), out.clone()]
-    assert all(torch.equal(outs[0], o) for o in outs[1:])

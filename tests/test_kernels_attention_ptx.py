@@ -59,7 +59,7 @@ sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "qsl_
        "stride_ot": "i32", "stride_oh": "i32"}
 out = []
 for early in (False, True):
-    const = dict(HQ=32, D=128, NUM_SPLITS=16, EARLY_BOUNDS=early, TRIGGER_FIRST=False, PDL=True)
+    const = dict(HQ=32, D=128, NUM_SPLITS=16, EARLY_BOUNDS=early, PDL=True)
     src = ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
     lines = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"].splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)

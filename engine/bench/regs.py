@@ -64,7 +64,6 @@ def compile_ptx(
     names = list(inspect.signature(kernel.fn).parameters)
     const = dict(HKV=8, HQ=32, G=4, D=128, PAGE=16, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=splits)
     const |= dict(CAUSAL=True, PRECISION="tf32", EARLY_LINES=early_lines, EARLY_BOUNDS=early_bounds, PDL=True)
-    const["TRIGGER_FIRST"] = False
     pointers = {n: POINTERS.get(n, "*bf16") for n in names if n.endswith("_ptr") or n in ("k_cache", "v_cache")}
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in pointers or jit_divisible(n)}

@@ -41,11 +41,6 @@ PDL = True
 # table's 64 rows the projections are cuBLAS's, and a PDL kernel after one ran a verify of 16 x 16 rows
 # 1.017x slower (decode_ab at 0b7fa47, 4B geometry; 64 x 4: 1.001, c=64 with its prefill: 1.008).
 PDL_MAX_ROWS: int | None = 64
-# The attention half's kernels (QK-norm + RoPE + store, the attention, the splits' reduce) let their
-# successor launch before their own wait, so each launches while the kernel two back still runs (the
-# successor's wait still waits for this kernel, which waited for its own predecessor). False: after
-# the wait, as every other PDL kernel (the A/B's before).
-PDL_CASCADE = False
 
 
 @functools.lru_cache(maxsize=8)

@@ -11,7 +11,6 @@ import math
 
 import torch
 
-from engine.kernels import _triton
 from engine.kernels._triton import cdiv, next_pow2, pdl
 from engine.kernels.attention_kernels import paged_attn_kernel, paged_attn_reduce_kernel
 
@@ -217,7 +216,6 @@ def paged_attention(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
         EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
-        TRIGGER_FIRST=_triton.PDL_CASCADE,
         num_warps=4,
         num_stages=attention_stages(num_seqs, max_query_len, splits),
         **launch,
@@ -235,7 +233,6 @@ def paged_attention(
             D=head_dim,
             NUM_SPLITS=splits,
             EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
-            TRIGGER_FIRST=_triton.PDL_CASCADE,
             num_warps=4,
             **launch,
         )

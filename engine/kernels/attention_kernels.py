@@ -54,11 +54,8 @@ def paged_attn_kernel(
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
     EARLY_BOUNDS: tl.constexpr,
-    TRIGGER_FIRST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL and TRIGGER_FIRST:  # the next kernel may launch now (_triton.PDL_CASCADE)
-        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     b = pid // HKV
     kvh = pid % HKV
@@ -78,8 +75,7 @@ def paged_attn_kernel(
         _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if not TRIGGER_FIRST:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     if not EARLY_BOUNDS:  # read again after the wait
         q_start = tl.load(qsl_ptr + b)
         q_len = tl.load(qsl_ptr + b + 1) - q_start
@@ -192,17 +188,13 @@ def paged_attn_reduce_kernel(
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     EARLY_BOUNDS: tl.constexpr,
-    TRIGGER_FIRST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL and TRIGGER_FIRST:  # the next kernel may launch now (_triton.PDL_CASCADE)
-        tl.extra.cuda.gdc_launch_dependents()
     if EARLY_BOUNDS:  # a step input, read before the wait as the attention reads its bounds
         rows = tl.load(qsl_ptr + num_seqs)
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if not TRIGGER_FIRST:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     if not EARLY_BOUNDS:
         rows = tl.load(qsl_ptr + num_seqs)
     t = tl.program_id(0).to(tl.int64)

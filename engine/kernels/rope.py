@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels import _triton
 from engine.kernels._triton import cdiv, jit, next_pow2, pdl
 from engine.kernels.norm import rms_norm_ref
 from engine.kernels.split_sum import SplitSum
@@ -163,15 +162,11 @@ def _qk_norm_rope_store_kernel(
     HAS_Q: tl.constexpr,
     SPLITS: tl.constexpr,
     EARLY_INPUTS: tl.constexpr,
-    TRIGGER_FIRST: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL and TRIGGER_FIRST:  # the next kernel may launch now (_triton.PDL_CASCADE)
-        tl.extra.cuda.gdc_launch_dependents()
     if PDL and not EARLY_INPUTS:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
-        if not TRIGGER_FIRST:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     d = tl.arange(0, D)
@@ -184,8 +179,7 @@ def _qk_norm_rope_store_kernel(
     qw, qwp = _norm_weights(qw_ptr, D)
     if PDL and EARLY_INPUTS:  # the inputs above were written before the kernel before this one ran
         tl.extra.cuda.gdc_wait()
-        if not TRIGGER_FIRST:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     n_kv_progs = tl.cdiv(HKV, HB)
     if j < n_kv_progs:
         heads = j * HB + tl.arange(0, HB)
@@ -291,7 +285,6 @@ def qk_norm_rope_store(
         HAS_Q=q is not None,
         SPLITS=splits,
         EARLY_INPUTS=EARLY_INPUTS,
-        TRIGGER_FIRST=_triton.PDL_CASCADE,
         num_warps=4,
         **pdl(k.device, num_tokens),
     )
