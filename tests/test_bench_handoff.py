@@ -46,8 +46,10 @@ def test_the_grid_barrier_counts_every_arrival_and_hands_program_0s_word_on():
 def test_the_report_gives_each_row_its_unit_and_spread():
     rows = [handoff._row("pdl", 132, True, "us", [1.0, 2.0, 4.0]), handoff._row("chase L2", 1, True, "ns", [600.0])]
     table = handoff.report(rows)
-    assert "| pdl | 132 | yes | 2.00 us | 1.00 … 4.00 |" in table
-    assert "| chase L2 | 1 | yes | 600.00 ns | 600.00 … 600.00 |" in table
+    assert "| pdl | 132 | yes | 2.00 us | 1.00 … 4.00 |  |" in table
+    assert "| chase L2 | 1 | yes | 600.00 ns | 600.00 … 600.00 |  |" in table
+    walk = rows[1] | handoff_load.hop_quantiles(torch.tensor([100.0] * 8 + [500.0] * 2))
+    assert "| 100 / 100 / 500 ns |" in handoff.report([walk])  # a mix shows at the 90th percentile
 
 
 def test_the_cli_refuses_bad_counts_and_a_host_without_a_gpu(monkeypatch):
@@ -66,3 +68,5 @@ def test_every_row_is_measured_on_the_gpu():
     assert {"stream alone", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
     # a barrier row is a difference of two launches' times (it can read <= 0 at few links); the others are not
     assert all(r["median"] > 0 for r in rows if r["kind"] != "barrier")
+    walks = [r for r in rows if r["kind"].startswith("chase")]
+    assert all(0 < r["hop_p10"] <= r["hop_p50"] <= r["hop_p90"] for r in walks)

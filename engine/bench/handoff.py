@@ -14,7 +14,9 @@ Rows, each the median (min, max) of --repeats timings:
   (4 MB held in L2, and lines of a 1 GiB buffer not visited before: HBM), alone and beside programs
   of the same launch streaming 2 GiB with their loads marked evict-first (`stream alone`: their read
   bandwidth);
-  nanoseconds a load, from the GPU's global timer (handoff_load.py).
+  nanoseconds a load, from the GPU's global timer, and each load's own time (the SM's cycle counter)
+  at the 10th / 50th / 90th percentile, which tells one slower latency from a mix of L2 hits and
+  misses (handoff_load.py).
 """
 
 from __future__ import annotations
@@ -128,7 +130,14 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
 
 
 def report(rows: Sequence[dict]) -> str:
-    head = ["what", "programs", "reads the producer's word", "per handoff or load", "min … max"]
+    head = [
+        "what",
+        "programs",
+        "reads the producer's word",
+        "per handoff or load",
+        "min … max",
+        "a load: p10 / p50 / p90",
+    ]
     body = [
         [
             r["kind"],
@@ -136,6 +145,7 @@ def report(rows: Sequence[dict]) -> str:
             "yes" if r["load"] else "no",
             f"{r['median']:.2f} {r['unit']}",
             f"{r['min']:.2f} … {r['max']:.2f}",
+            f"{r['hop_p10']:.0f} / {r['hop_p50']:.0f} / {r['hop_p90']:.0f} ns" if "hop_p50" in r else "",
         ]
         for r in rows
     ]

@@ -25,16 +25,26 @@ def _now(anchor):
 
 
 @jit
-def _walk_kernel(next_ptr, out_ptr, x_ptr, sink_ptr, n, rounds, steps, BLOCK: tl.constexpr):
+def _cycles(anchor):
+    """The SM's cycle counter, read once `anchor` is there (so after the load that made it)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [anchor], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@jit
+def _walk_kernel(next_ptr, out_ptr, hops_ptr, x_ptr, sink_ptr, n, rounds, steps, BLOCK: tl.constexpr):
     """Program 0 walks `steps` dependent loads on from the index in out[0] (out = [where it stopped,
-    nanoseconds by the global timer]); the other programs, all resident in the same launch, read x
-    `rounds` times meanwhile, marked first to evict from L2 (as a weight stream is)."""
+    nanoseconds by the global timer]; hops[i]: SM cycles of load i); the other programs, all resident
+    in the same launch, read x `rounds` times meanwhile, marked first to evict from L2 (as weights are)."""
     pid = tl.program_id(0)
     if pid == 0:
         p = tl.load(out_ptr).to(tl.int32)
         t0 = _now(p)
-        for _ in range(steps):
+        c0 = _cycles(p)
+        for i in range(steps):
             p = tl.load(next_ptr + p, cache_modifier=".cg")
+            c1 = _cycles(p)
+            tl.store(hops_ptr + i, c1 - c0)
+            c0 = c1
         t1 = _now(p)
         tl.store(out_ptr, p.to(tl.int64))
         tl.store(out_ptr + 1, t1 - t0)
@@ -70,9 +80,10 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
     programs = 4 * sms
     sink = torch.empty(programs, dtype=torch.float32, device=device)
     out = torch.zeros(2, dtype=torch.int64, device=device)
+    hops = torch.zeros(steps, dtype=torch.int64, device=device)
 
     def launch(buf: torch.Tensor, walk: int, rounds: int, grid: int) -> None:
-        k[(grid,)](buf, out, x, sink, x.numel(), rounds, walk, BLOCK=8192, num_warps=4)
+        k[(grid,)](buf, out, hops, x, sink, x.numel(), rounds, walk, BLOCK=8192, num_warps=4)
 
     idle = torch.zeros(LINE_WORDS, dtype=torch.int32, device=device)  # a walk of no steps
     launch(idle, 0, 1, programs)
@@ -82,14 +93,24 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
         buf = chase_cycle(nbytes // 128, device)
         out.zero_()
         for beside in (False, True):
-            ns = []
+            ns, per_hop = [], []
             for _ in range(repeats):
                 if where == "L2":  # the whole cycle into L2 first; the HBM walk goes on to lines not yet seen
                     buf.sum()
                 launch(buf, steps, 4, programs if beside else 1)  # 4 rounds: ~4 ms, longer than the walk
                 ns.append(out[1].item() / steps)
-            table.append(_row(f"chase {where}" + (" beside the stream" if beside else ""), 1, True, "ns", ns))
+                cycles = hops.float()
+                per_hop.append(cycles * (out[1].item() / cycles.sum().item()))  # cycles to ns, this walk's rate
+            row = _row(f"chase {where}" + (" beside the stream" if beside else ""), 1, True, "ns", ns)
+            table.append(row | hop_quantiles(torch.cat(per_hop)))
     return table
+
+
+def hop_quantiles(ns: torch.Tensor) -> dict:
+    """Per-load ns at the 10th, 50th and 90th percentile: one latency shifted, or two mixed (some lines
+    from L2, some from HBM), tell apart there."""
+    q = torch.quantile(ns.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+    return {"hop_p10": q[0], "hop_p50": q[1], "hop_p90": q[2]}
 
 
 def _event_us(fn: Callable[[], None]) -> float:
