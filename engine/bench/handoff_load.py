@@ -99,7 +99,7 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
                     buf.sum()
                 launch(buf, steps, 4, programs if beside else 1)  # 4 rounds: ~4 ms, longer than the walk
                 ns.append(out[1].item() / steps)
-                cycles = hops.float()
+                cycles = hops.double().cpu()
                 per_hop.append(cycles * (out[1].item() / cycles.sum().item()))  # cycles to ns, this walk's rate
             row = _row(f"chase {where}" + (" beside the stream" if beside else ""), 1, True, "ns", ns)
             table.append(row | hop_quantiles(torch.cat(per_hop)))
