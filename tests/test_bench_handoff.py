@@ -65,7 +65,8 @@ def test_every_row_is_measured_on_the_gpu():
     rows = handoff.measure(DEV, [8], links=64, repeats=2)
     kinds = {(r["kind"], r["load"]) for r in rows}
     assert {("pdl", False), ("nopdl", True), ("barrier", True)} <= kinds
-    assert {"stream alone", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
+    assert {"stream alone, 4 warps a program", "chase L2", "chase HBM beside the stream"} <= {r["kind"] for r in rows}
+    assert {48, 66} <= {r["programs"] for r in rows if r["kind"] == "stream alone, 16 warps a program"}
     # a barrier row is a difference of two launches' times (it can read <= 0 at few links); the others are not
     assert all(r["median"] > 0 for r in rows if r["kind"] != "barrier")
     walks = [r for r in rows if r["kind"].startswith("chase")]

@@ -72,7 +72,8 @@ def chase_cycle(lines: int, device: torch.device, seed: int = 0) -> torch.Tensor
 
 def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> list[dict]:
     """The walk's rows, alone and beside the stream in the same launch (4 programs an SM), and the
-    stream's own read bandwidth (TB/s, the walk idle)."""
+    stream's own read bandwidth (TB/s, the walk idle) there and on 48, 66 and one program an SM:
+    what a grid of whole-head q|k|v programs (48 of 128 rows) could stream."""
     from engine.kernels import _triton
 
     k = _triton.bind(globals())["_walk_kernel"]
@@ -82,13 +83,17 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
     out = torch.zeros(2, dtype=torch.int64, device=device)
     hops = torch.zeros(steps, dtype=torch.int64, device=device)
 
-    def launch(buf: torch.Tensor, walk: int, rounds: int, grid: int) -> None:
-        k[(grid,)](buf, out, hops, x, sink, x.numel(), rounds, walk, BLOCK=8192, num_warps=4)
+    def launch(buf: torch.Tensor, walk: int, rounds: int, grid: int, warps: int = 4) -> None:
+        k[(grid,)](buf, out, hops, x, sink, x.numel(), rounds, walk, BLOCK=2048 * warps, num_warps=warps)
 
     idle = torch.zeros(LINE_WORDS, dtype=torch.int32, device=device)  # a walk of no steps
-    launch(idle, 0, 1, programs)
-    tbs = [2 * x.numel() * 2 / _event_us(lambda: launch(idle, 0, 2, programs)) / 1e6 for _ in range(repeats)]
-    table = [_row("stream alone", programs - 1, False, "TB/s", tbs)]
+    table = []
+    # the stream alone: the walk's companion (4 programs an SM), then on fewer SMs, 16 warps a program
+    for streams, warps in ((programs - 1, 4), (48, 16), (66, 16), (sms, 16)):
+        launch(idle, 0, 1, streams + 1, warps)
+        us = [_event_us(lambda s=streams, w=warps: launch(idle, 0, 2, s + 1, w)) for _ in range(repeats)]
+        tbs = [4 * x.numel() / t / 1e6 for t in us]  # two rounds of 2-byte elements
+        table.append(_row(f"stream alone, {warps} warps a program", streams, False, "TB/s", tbs))
     for where, nbytes in (("L2", 4 << 20), ("HBM", 1 << 30)):
         buf = chase_cycle(nbytes // 128, device)
         out.zero_()
