@@ -31,10 +31,13 @@ def _cycles(anchor):
 
 
 @jit
-def _walk_kernel(next_ptr, out_ptr, hops_ptr, x_ptr, sink_ptr, n, rounds, steps, BLOCK: tl.constexpr):
+def _walk_kernel(
+    next_ptr, out_ptr, hops_ptr, x_ptr, sink_ptr, n, rounds, steps, BLOCK: tl.constexpr, UNROLL: tl.constexpr
+):
     """Program 0 walks `steps` dependent loads on from the index in out[0] (out = [where it stopped,
     nanoseconds by the global timer]; hops[i]: SM cycles of load i); the other programs, all resident
-    in the same launch, read x `rounds` times meanwhile, marked first to evict from L2 (as weights are)."""
+    in the same launch, read x `rounds` times meanwhile, UNROLL blocks of BLOCK in flight at a time,
+    marked first to evict from L2 (as weights are)."""
     pid = tl.program_id(0)
     if pid == 0:
         p = tl.load(out_ptr).to(tl.int32)
@@ -51,10 +54,12 @@ def _walk_kernel(next_ptr, out_ptr, hops_ptr, x_ptr, sink_ptr, n, rounds, steps,
     else:
         streams = tl.num_programs(0) - 1
         acc = tl.zeros([BLOCK], tl.float32)
+        tile = tl.arange(0, UNROLL)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
         for _ in range(rounds):
-            for start in range((pid - 1) * BLOCK, n, streams * BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0, eviction_policy="evict_first").to(tl.float32)
+            for start in range((pid - 1) * BLOCK * UNROLL, n, streams * BLOCK * UNROLL):
+                offs = start + tile
+                x = tl.load(x_ptr + offs, mask=offs < n, other=0.0, eviction_policy="evict_first")
+                acc += tl.sum(x.to(tl.float32), axis=0)
         tl.store(sink_ptr + pid, tl.sum(acc, axis=0))
 
 
@@ -84,7 +89,8 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
     hops = torch.zeros(steps, dtype=torch.int64, device=device)
 
     def launch(buf: torch.Tensor, walk: int, rounds: int, grid: int, warps: int = 4) -> None:
-        k[(grid,)](buf, out, hops, x, sink, x.numel(), rounds, walk, BLOCK=2048 * warps, num_warps=warps)
+        unroll = 1 if warps == 4 else 8  # 16 warps: 8 blocks of 16 KB in flight a program
+        k[(grid,)](buf, out, hops, x, sink, x.numel(), rounds, walk, BLOCK=8192, UNROLL=unroll, num_warps=warps)
 
     idle = torch.zeros(LINE_WORDS, dtype=torch.int32, device=device)  # a walk of no steps
     table = []
