@@ -1,7 +1,7 @@
 """What one dependency between CTAs costs on this GPU: the number that decides whether a persistent
 per-layer kernel can beat a chain of PDL kernels (issue 19, decode doc "What a handoff costs").
 
-    python -m engine.bench.handoff [--out DIR] [--programs 2 132 660] [--links 256] [--repeats 7]
+    python -m engine.bench.handoff [--out DIR] [--programs 2 132 384 660 1216] [--links 256] [--repeats 7]
 
 Rows, each the median (min, max) of --repeats timings:
 - `pdl`: --links launches of a kernel of P programs that waits (griddepcontrol.wait) and lets the
@@ -112,8 +112,8 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
     count = torch.zeros(1, dtype=torch.int32, device=device)
     rows = []
     for p in programs:
-        if p > 8 * sms:
-            raise SystemExit(f"--programs {p}: a barrier needs every program resident (at most {8 * sms} here)")
+        if p > 16 * sms:  # 16 programs of 4 warps fill an SM's 2,048 threads
+            raise SystemExit(f"--programs {p}: a barrier needs every program resident (at most {16 * sms} here)")
         for load in (False, True):
             for kind in ("nopdl", "pdl"):
                 us = _graph_us(link_chain(word, p, links, load, kind == "pdl"), links, repeats)
@@ -155,7 +155,7 @@ def report(rows: Sequence[dict]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="write handoff.csv and handoff.md here")
-    ap.add_argument("--programs", type=int, nargs="+", default=[2, 132, 660])
+    ap.add_argument("--programs", type=int, nargs="+", default=[2, 132, 384, 660, 1216])
     ap.add_argument("--links", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args(argv)
