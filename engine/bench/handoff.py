@@ -108,12 +108,12 @@ def _graph_us(run: Callable[[], None], links: int, repeats: int) -> list[float]:
 def measure(device: torch.device, programs: Sequence[int], links: int, repeats: int) -> list[dict]:
     """Every row of the module docstring on a CUDA device."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if max(programs) > 16 * sms:  # 16 programs of 4 warps fill an SM's 2,048 threads
+        raise SystemExit(f"--programs {max(programs)}: a barrier needs every program resident (at most {16 * sms})")
     word = torch.zeros(1 + max(programs), dtype=torch.int32, device=device)
     count = torch.zeros(1, dtype=torch.int32, device=device)
     rows = []
     for p in programs:
-        if p > 16 * sms:  # 16 programs of 4 warps fill an SM's 2,048 threads
-            raise SystemExit(f"--programs {p}: a barrier needs every program resident (at most {16 * sms} here)")
         for load in (False, True):
             for kind in ("nopdl", "pdl"):
                 us = _graph_us(link_chain(word, p, links, load, kind == "pdl"), links, repeats)
