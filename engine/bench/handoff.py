@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 
 from engine.bench import handoff_load
-from engine.bench.handoff_load import _event_us, _row
+from engine.bench.handoff_load import _row
 from engine.bench.report import markdown_table, write_csv
-from engine.kernels._triton import jit
+from engine.kernels._triton import bind, jit
+from engine.timing import time_ms
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
@@ -64,15 +65,9 @@ def _barrier_kernel(count_ptr, word_ptr, links, LOAD: tl.constexpr):
             tl.store(word_ptr + 1 + tl.program_id(0), tl.load(word_ptr, volatile=True))
 
 
-def _kernels() -> dict:
-    from engine.kernels import _triton
-
-    return _triton.bind(globals())
-
-
 def link_chain(word: torch.Tensor, programs: int, links: int, load: bool, pdl: bool) -> Callable[[], None]:
     """`links` back-to-back launches of the link kernel (the graph body)."""
-    k = _kernels()["_link_kernel"]
+    k = bind(globals())["_link_kernel"]
     opts = {"launch_pdl": True} if pdl else {}
 
     def run() -> None:
@@ -84,25 +79,17 @@ def link_chain(word: torch.Tensor, programs: int, links: int, load: bool, pdl: b
 
 def barrier_chain(count: torch.Tensor, word: torch.Tensor, programs: int, links: int, load: bool) -> None:
     count.zero_()
-    _kernels()["_barrier_kernel"][(programs,)](count, word, links, LOAD=load, num_warps=4)
+    bind(globals())["_barrier_kernel"][(programs,)](count, word, links, LOAD=load, num_warps=4)
 
 
-def _graph_us(run: Callable[[], None], links: int, repeats: int) -> list[float]:
+def _graph_us(run: Callable[[], None], device: torch.device, links: int, repeats: int) -> list[float]:
+    """Microseconds a link: `run` (links launches) captured once in a CUDA graph, then replayed."""
     run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    graph.replay()
-    out = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        out.append(1e3 * start.elapsed_time(end) / links)
-    return out
+    return [1e3 * ms / links for ms in time_ms(graph.replay, device, repeats)]
 
 
 def measure(device: torch.device, programs: Sequence[int], links: int, repeats: int) -> list[dict]:
@@ -116,15 +103,15 @@ def measure(device: torch.device, programs: Sequence[int], links: int, repeats: 
     for p in programs:
         for load in (False, True):
             for kind in ("nopdl", "pdl"):
-                us = _graph_us(link_chain(word, p, links, load, kind == "pdl"), links, repeats)
+                us = _graph_us(link_chain(word, p, links, load, kind == "pdl"), device, links, repeats)
                 rows.append(_row(kind, p, load, "us", us))
             barrier_chain(count, word, p, links, load)  # compile and warm
 
-            def timed(n: int, p: int = p, load: bool = load) -> list[float]:
-                return [_event_us(lambda: barrier_chain(count, word, p, n, load)) for _ in range(repeats)]
+            def timed(n: int, p: int = p, load: bool = load) -> list[float]:  # ms a launch passing n barriers
+                return time_ms(lambda: barrier_chain(count, word, p, n, load), device, repeats, warmup=0)
 
             base = statistics.median(timed(0))
-            us = [(t - base) / links for t in timed(links)]
+            us = [1e3 * (t - base) / links for t in timed(links)]
             rows.append(_row("barrier", p, load, "us", us))
     return rows + handoff_load.rows(device, sms, repeats)
 

@@ -6,11 +6,12 @@ run together: two kernels on two CUDA streams ran one after the other on the H20
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from engine.kernels._triton import jit
+from engine.kernels._triton import bind, jit
+from engine.timing import time_ms
 
 tl = None  # triton.language, bound by _triton.bind at the first launch
 
@@ -79,9 +80,7 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
     """The walk's rows, alone and beside the stream in the same launch (4 programs an SM), and the
     stream's own read bandwidth (TB/s, the walk idle) there and on 48, 66 and one program an SM:
     what a grid of whole-head q|k|v programs (48 of 128 rows) could stream."""
-    from engine.kernels import _triton
-
-    k = _triton.bind(globals())["_walk_kernel"]
+    k = bind(globals())["_walk_kernel"]
     x = torch.randn(1 << 30, dtype=torch.bfloat16, device=device)  # 2 GiB
     programs = 4 * sms
     sink = torch.empty(programs, dtype=torch.float32, device=device)
@@ -96,9 +95,8 @@ def rows(device: torch.device, sms: int, repeats: int, steps: int = 4096) -> lis
     table = []
     # the stream alone: the walk's companion (4 programs an SM), then on fewer SMs, 16 warps a program
     for streams, warps in ((programs - 1, 4), (48, 16), (66, 16), (sms, 16)):
-        launch(idle, 0, 1, streams + 1, warps)
-        us = [_event_us(lambda s=streams, w=warps: launch(idle, 0, 2, s + 1, w)) for _ in range(repeats)]
-        tbs = [4 * x.numel() / t / 1e6 for t in us]  # two rounds of 2-byte elements
+        ms = time_ms(lambda s=streams, w=warps: launch(idle, 0, 2, s + 1, w), device, repeats)
+        tbs = [4 * x.numel() / t / 1e9 for t in ms]  # two rounds of 2-byte elements
         table.append(_row(f"stream alone, {warps} warps a program", streams, False, "TB/s", tbs))
     for where, nbytes in (("L2", 4 << 20), ("HBM", 1 << 30)):
         buf = chase_cycle(nbytes // 128, device)
@@ -122,15 +120,6 @@ def hop_quantiles(ns: torch.Tensor) -> dict:
     from L2, some from HBM), tell apart there."""
     q = torch.quantile(ns.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
     return {"hop_p10": q[0], "hop_p50": q[1], "hop_p90": q[2]}
-
-
-def _event_us(fn: Callable[[], None]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return 1e3 * start.elapsed_time(end)
 
 
 def _median_spread(xs: Sequence[float]) -> tuple[float, float, float]:
