@@ -194,10 +194,7 @@ def _qk_norm_rope_store_kernel(
             tl.store(kdst, k, mask=hmask[:, None])
             vc_ty = vc_ptr.dtype.element_ty
             v_rows = v_ptr + t * stride_vt + heads[:, None] * stride_vh + d[None, :]
-            if SPLITS == 0:
-                v = tl.load(v_rows, mask=hmask[:, None])
-            else:
-                v = _rows(v_rows, hmask[:, None], stride_s, SPLITS, vc_ty)
+            v = _rows(v_rows, hmask[:, None], stride_s, SPLITS, vc_ty)  # fp32 holds v exactly
             vdst = vc_ptr + blk * stride_vcb + off * stride_vco + heads[:, None] * stride_vch + d[None, :]
             tl.store(vdst, v.to(vc_ty), mask=hmask[:, None])
     elif HAS_Q:
