@@ -60,6 +60,14 @@ def test_the_cli_refuses_bad_counts_and_a_host_without_a_gpu(monkeypatch):
         handoff.main([])
 
 
+def test_a_grid_too_large_to_be_resident_is_refused_before_anything_runs(monkeypatch):
+    """A barrier over programs that cannot all be resident would spin forever: refused up front."""
+    sm4 = type("Props", (), {"multi_processor_count": 4})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: sm4)
+    with pytest.raises(SystemExit, match="at most 64"):
+        handoff.measure(torch.device("cuda"), [2, 65], links=1, repeats=1)
+
+
 @pytest.mark.skipif(not CUDA, reason="times a CUDA GPU")
 def test_every_row_is_measured_on_the_gpu():
     rows = handoff.measure(DEV, [8], links=64, repeats=2)
