@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
-from engine.costs import CostTable
+from engine.policy.costs import CostTable
 from engine.levers import Levers
 from engine.loader import Checkpoint
 from engine.models.checks import is_int

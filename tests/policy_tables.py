@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from engine.costs import CostTable
+from engine.policy.costs import CostTable
 
 BATCHES = (1, 2, 3, 4, 8, 16, 32, 64)
 

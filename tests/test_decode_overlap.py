@@ -161,7 +161,7 @@ def test_gated_rounds_launch_ahead_and_count_as_step_by_step(tiny_target, tiny_d
 def test_rounds_the_scheduler_gates_under_the_adaptive_policy_run_step_by_step(tiny_target, tiny_drafter, one_thread):
     """MAX_BATCH gates these rounds, not the policy, which plans nothing ahead for them: nothing is
     launched ahead."""
-    from engine.costs import CostTable
+    from engine.policy.costs import CostTable
 
     rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + s} for b in (1, 2, 4) for s in range(1, 9)]
     rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 0.5} for b in (1, 2, 4)]
@@ -181,7 +181,7 @@ def test_rounds_the_adaptive_policy_gates_launch_their_successor_where_its_plan_
     """Verifying costs far more than a one-token round in this table, so the policy gates: each gated
     round's plan for the next round is made while it runs, and where it gates the same requests again
     that round is launched ahead. Tokens and statistics are the step-by-step engine's."""
-    from engine.costs import CostTable
+    from engine.policy.costs import CostTable
 
     rows = [
         {"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 50.0 * (s - 1)} for b in (1, 2, 4) for s in range(1, 9)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine import calibration as cal
-from engine.costs import CostTable
+from engine.policy import calibration as cal
+from engine.policy.costs import CostTable
 from tests.policy_tables import table as policy_table
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
@@ -66,7 +66,7 @@ def test_calibration_gives_a_complete_table_and_leaves_the_engine_idle(shipped_t
 def test_a_second_start_reads_the_cache(shipped_tiny, cache, one_thread, monkeypatch, caplog):
     first = start(shipped_tiny).rounds.policy.table
     monkeypatch.setattr(cal, "calibrate", lambda *a, **k: pytest.fail("calibrated again on a cache hit"))
-    with caplog.at_level(logging.INFO, logger="engine.calibration"):
+    with caplog.at_level(logging.INFO, logger="engine.policy.calibration"):
         second = start(shipped_tiny).rounds.policy.table
     assert second.verify == first.verify and second.draft == first.draft
     assert "cost table: cache hit" in caplog.text and len(cache_files(cache)) == 1
@@ -85,7 +85,7 @@ def test_an_unusable_cache_file_is_measured_again_with_a_warning(shipped_tiny, c
     start(shipped_tiny)
     (path,) = cache_files(cache)
     path.write_text(content)
-    with caplog.at_level(logging.INFO, logger="engine.calibration"):
+    with caplog.at_level(logging.INFO, logger="engine.policy.calibration"):
         engine = start(shipped_tiny)
     assert "unreadable" in caplog.text and "calibrating again" in caplog.text and "calibrated" in caplog.text
     assert engine.rounds.policy is not None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.costs import expected_committed, read_cost_table
-from engine.policy import (
+from engine.policy.costs import expected_committed, read_cost_table
+from engine.policy.span import (
     SPEC_DISCOUNT,
     SpanPolicy,
     best_span,
@@ -16,7 +16,7 @@ from engine.policy import (
     round_times,
     span_candidates,
 )
-from engine.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
+from engine.policy.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from tests.policy_tables import table
 
 PER_ROUND = 15

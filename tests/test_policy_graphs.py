@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine import policy_graphs
-from engine.calibration import CalibrationPlan
+from engine.policy import warmup as policy_graphs
+from engine.policy.calibration import CalibrationPlan
 
 
 class Runner:

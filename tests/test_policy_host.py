@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.host_term import WINDOW, HostTerm
-from engine.policy import SpanPolicy, round_times
+from engine.policy.host import WINDOW, HostTerm
+from engine.policy.span import SpanPolicy, round_times
 from tests.policy_tables import table
 
 PER_ROUND = 15

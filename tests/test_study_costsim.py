@@ -24,7 +24,7 @@ from engine.bench.stepcosts import StepCosts
 from engine.bench.study_draws import StudyDraws, read_draws, replay_check
 from engine.bench.study_report import predict
 from engine.bench.sweep import engine_for
-from engine.policy import SpanPolicy
+from engine.policy.span import SpanPolicy
 from engine.scheduler import Plan
 
 DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.SPECULATIVE, Plan.PREFILL))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.costs import CostTable, expected_committed
+from engine.policy.costs import CostTable, expected_committed
 
 __all__ = ["CostTable", "best_arm", "committed_pmf", "expected_committed", "steady_tok_s", "truncated_tau"]
 

@@ -22,7 +22,7 @@ from typing import TypeAlias
 
 from engine.bench.costmodel import committed_pmf
 from engine.bench.stepcosts import StepCosts
-from engine.policy import SpanPolicy
+from engine.policy.span import SpanPolicy
 from engine.scheduler import Plan
 
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from engine.bench.common import setup_logging
 from engine.bench.report import write_csv
-from engine.costs import CostTable
-from engine.policy import SpanPolicy
+from engine.policy.costs import CostTable
+from engine.policy.span import SpanPolicy
 
 log = logging.getLogger(__name__)
 TABLE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

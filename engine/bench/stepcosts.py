@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from engine.costs import CostTable, interpolate
+from engine.policy.costs import CostTable, interpolate
 from engine.scheduler import Plan
 
 HOST_PLANS = (Plan.DECODE.value, Plan.GATED.value, Plan.SPECULATIVE.value)

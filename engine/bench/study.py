@@ -44,7 +44,7 @@ from engine.bench.study_draws import draws_stage
 from engine.bench.study_graphs import CaptureLog, graph_stage, tag_rows
 from engine.bench.study_report import predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
-from engine.calibration import policy_spans
+from engine.policy.calibration import policy_spans
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.models.config import DFlashConfig

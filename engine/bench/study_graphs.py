@@ -23,7 +23,7 @@ import torch
 
 from engine.bench.arms import Arm, arm_drafts
 from engine.bench.profile import prefill_requests
-from engine.calibration import policy_spans
+from engine.policy.calibration import policy_spans
 from engine.engine import Engine
 
 log = logging.getLogger(__name__)

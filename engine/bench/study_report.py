@@ -22,7 +22,7 @@ from engine.bench.stepcosts import StepCosts
 from engine.bench.study_draws import StudyDraws, replay_check
 from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.summary import summarize
-from engine.policy import SpanPolicy
+from engine.policy.span import SpanPolicy
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
 PREDICT_SEEDS = 16  # replays per predicted cell

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 
 from engine.bench.profile import prefill_requests
 from engine.bench.report import markdown_table
-from engine.calibration import time_forwards
+from engine.policy.calibration import time_forwards
 from engine.engine import Engine
 
 

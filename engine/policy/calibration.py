@@ -35,11 +35,11 @@ import torch
 from filelock import FileLock
 
 from engine.config import EngineConfig, SamplingParams
-from engine.costs import CostTable
+from engine.policy.costs import CostTable
 from engine.knobs import read_gate_knobs
 from engine.kv_cache import BlockManager
 from engine.models.config import DFlashConfig, Qwen3Config
-from engine.policy import SPAN_VARIANTS
+from engine.policy.span import SPAN_VARIANTS
 from engine.request import Finish, Request
 from engine.round import Rounds
 from engine.runner import ModelRunner

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.levers import Levers
-from engine.policy import Decision, SpanPolicy
+from engine.policy.span import Decision, SpanPolicy
 from engine.request import Request
 
 

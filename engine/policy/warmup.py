@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from engine.calibration import EngineView, dummy_requests, plan_calibration
+from engine.policy.calibration import EngineView, dummy_requests, plan_calibration
 
 log = logging.getLogger(__name__)
 
