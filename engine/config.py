@@ -9,11 +9,13 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
-from engine.policy.costs import CostTable
 from engine.levers import Levers
-from engine.loader import Checkpoint
-from engine.models.checks import is_int
+from engine.loader import Checkpoint, is_int
+
+if TYPE_CHECKING:  # the policy package imports this module
+    from engine.policy.costs import CostTable
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -104,6 +106,8 @@ class EngineConfig:
         if not isinstance(self.levers, Mapping):
             raise ValueError(f"EngineConfig.levers={self.levers!r}; expected a mapping of lever names to values")
         Levers().replace(self.levers)  # names and values checked here; the environment at engine start
+        from engine.policy.costs import CostTable
+
         if not (self.cost_table is None or isinstance(self.cost_table, (str, os.PathLike, CostTable))):
             raise ValueError(f"EngineConfig.cost_table={self.cost_table!r}; expected a CSV path or a CostTable")
 

@@ -9,14 +9,14 @@ from collections.abc import Sequence
 import torch
 from tqdm import tqdm
 
-from engine.policy.calibration import calibrated_table
 from engine.config import EngineConfig, SamplingParams
-from engine.policy.costs import CostTable
 from engine.hedge import Hedger
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
+from engine.policy.calibration import calibrated_table
+from engine.policy.costs import CostTable
 from engine.policy.span import resolve_table
 from engine.policy.warmup import capture_policy_graphs
 from engine.request import Finish, Request, RequestFailure, RequestOutput

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,11 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
+
+
+def is_int(value: object) -> bool:
+    """An integer (a NumPy one too), not a bool: every int field's and token id's check."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class CheckpointError(ValueError):

@@ -19,13 +19,13 @@ from functools import partial
 
 import torch
 
-from engine.policy.costs import CostTable
 from engine.decode_overlap import HostTokens, OverlappedDecode, TakeBlocks
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy.span import SpanPolicy
 from engine.policy.ahead import PolicyAhead, ahead_key
+from engine.policy.costs import CostTable
+from engine.policy.span import SpanPolicy
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests

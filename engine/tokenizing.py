@@ -7,7 +7,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from engine.models.checks import is_int
+from engine.loader import is_int
 from engine.models.config import Qwen3Config
 
 log = logging.getLogger(__name__)

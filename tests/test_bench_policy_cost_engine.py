@@ -9,8 +9,8 @@ import csv
 import pytest
 
 from engine.bench import policy_cost_engine
-from engine.policy.span import SpanPolicy
 from engine.policy.ahead import PolicyAhead
+from engine.policy.span import SpanPolicy
 
 
 def test_splits_the_policy_time_by_where_it_runs_and_restores_the_policy(tmp_path, one_thread):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from engine.levers import Levers
-from engine.policy.span import Decision
 from engine.policy.ahead import PolicyAhead, ahead_key
+from engine.policy.span import Decision
 
 LEVERS = Levers()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.policy.costs import expected_committed, read_cost_table
+from engine.policy.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from engine.policy.span import (
     SPEC_DISCOUNT,
     SpanPolicy,
@@ -16,7 +17,6 @@ from engine.policy.span import (
     round_times,
     span_candidates,
 )
-from engine.policy.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from tests.policy_tables import table
 
 PER_ROUND = 15

@@ -36,8 +36,8 @@ from engine.bench.arms import arm_drafts
 from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
 from engine.config import SamplingParams
-from engine.policy.costs import CostTable
 from engine.engine import Engine
+from engine.policy.costs import CostTable
 from engine.scheduler import Plan
 from engine.timing import PhaseTimer, sync
 

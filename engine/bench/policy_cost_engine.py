@@ -29,8 +29,8 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.bench.common import setup_logging
 from engine.bench.policy_cost import synthetic_table
 from engine.bench.report import markdown_table, write_csv
-from engine.policy.span import SpanPolicy
 from engine.policy.ahead import PolicyAhead
+from engine.policy.span import SpanPolicy
 
 log = logging.getLogger(__name__)
 CRITICAL = ("decide", "apply", "observe", "observe_wall", "gated")  # SpanPolicy's, when called in turn

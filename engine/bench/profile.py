@@ -20,9 +20,11 @@ from engine.bench.geometry import GEOMETRIES, random_pair
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.policy.calibration import time_forwards as profile_costs  # the engine's own timing (the study imports it here)
 from engine.config import SamplingParams
 from engine.engine import Engine
+from engine.policy.calibration import (
+    time_forwards as profile_costs,  # the engine's own timing (the study imports it here)
+)
 
 log = logging.getLogger(__name__)
 

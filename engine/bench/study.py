@@ -44,10 +44,10 @@ from engine.bench.study_draws import draws_stage
 from engine.bench.study_graphs import CaptureLog, graph_stage, tag_rows
 from engine.bench.study_report import predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
-from engine.policy.calibration import policy_spans
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.models.config import DFlashConfig
+from engine.policy.calibration import policy_spans
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import torch
 
 from engine.bench.arms import Arm, arm_drafts
 from engine.bench.profile import prefill_requests
-from engine.policy.calibration import policy_spans
 from engine.engine import Engine
+from engine.policy.calibration import policy_spans
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from contextlib import AbstractContextManager
 
 from engine.bench.profile import prefill_requests
 from engine.bench.report import markdown_table
-from engine.policy.calibration import time_forwards
 from engine.engine import Engine
+from engine.policy.calibration import time_forwards
 
 
 def verify_rows(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.rope import rope_cos_sin
+from engine.kernels.rotary import rope_cos_sin
 from engine.loader import CheckpointError, take
 from engine.models.config import DFlashConfig
 from engine.models.layers import LayerWeights, decoder_layer

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import Ops
-from engine.kernels.rope import rope_cos_sin
+from engine.kernels.rotary import rope_cos_sin
 from engine.kernels.split_sum import dense
 from engine.loader import CheckpointError, take
 from engine.models.config import Qwen3Config

@@ -35,10 +35,10 @@ import torch
 from filelock import FileLock
 
 from engine.config import EngineConfig, SamplingParams
-from engine.policy.costs import CostTable
 from engine.knobs import read_gate_knobs
 from engine.kv_cache import BlockManager
 from engine.models.config import DFlashConfig, Qwen3Config
+from engine.policy.costs import CostTable
 from engine.policy.span import SPAN_VARIANTS
 from engine.request import Finish, Request
 from engine.round import Rounds

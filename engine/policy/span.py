@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from engine.policy.costs import CostTable, read_cost_table
-from engine.policy.wave import WaveValues
 from engine.policy.host import HostTerm
 from engine.policy.probe import choose_probe
+from engine.policy.wave import WaveValues
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 # A speculative K must expect this much more than the gated round: its estimate is the optimistic one

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import MAX_LOGPROBS, SamplingParams
-from engine.models.checks import is_int
+from engine.loader import is_int
 
 # Fields the server cannot honour; a request that sets them to a non-default value is refused
 # rather than silently served differently.
