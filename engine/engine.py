@@ -66,7 +66,7 @@ class Engine:
             config.max_num_batched_tokens,
             self.draft_cfg.block_size if self.draft_cfg else 0,
             has_drafter=self.drafter is not None,
-            max_batch=self.levers.max_batch,
+            levers=self.levers,
             max_model_len=self.max_model_len,
             vocab_size=self.target_cfg.geometry.vocab_size,
             round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
@@ -75,7 +75,6 @@ class Engine:
             self.runner,
             self.drafts_per_round,
             hedger,
-            Levers(),
             trace,
             cost_table,
             overlap=config.decode_overlap,
@@ -159,11 +158,11 @@ class Engine:
         levers = self.levers.replace(changes)
         adaptive = levers.policy == "adaptive" and self.drafter is not None
         if adaptive and self.rounds.cost_table is None:
-            self.set_cost_table(calibrated_table(self))
+            self.set_cost_table(calibrated_table(self, self.rounds.accept))
         self.rounds.configure(levers)  # refuses before anything changes
-        self.levers, self.scheduler.max_batch = levers, levers.max_batch
+        self.levers = self.scheduler.levers = levers
         if adaptive:
-            capture_policy_graphs(self)  # once, on an idle engine: the graphs its rounds replay
+            capture_policy_graphs(self, self.rounds.accept)  # once, on an idle engine: the graphs its rounds replay
 
     def set_cost_table(self, table: CostTable) -> None:
         """The adaptive policy's cost table, measured on this device (e.g. by a benchmark): the policy

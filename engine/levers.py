@@ -39,6 +39,10 @@ class Levers:
         for f in dataclasses.fields(self):
             check_value(f.name, getattr(self, f.name))
 
+    def gates(self, batch: int) -> bool:
+        """The load gate: a decode-side round of `batch` draft-ready requests verifies one token."""
+        return gated(batch, self.max_batch)
+
     def replace(self, changes: Mapping[str, object]) -> Levers:
         """These levers with `changes` (field name -> value; None keeps the current value)."""
         unknown = sorted(set(changes) - set(lever_names()))
@@ -46,6 +50,11 @@ class Levers:
             raise LeverError(f"unknown lever(s) {unknown}; the levers are {lever_names()}")
         given = {k: tuple(v) if k == "hedge_positions" and isinstance(v, list) else v for k, v in changes.items()}
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
+
+
+def gated(batch: int, max_batch: int) -> bool:
+    """MAX_BATCH's rule, the one place it is written: gated while the batch is at or above it (0 = off)."""
+    return bool(max_batch) and batch >= max_batch
 
 
 def lever_names() -> list[str]:

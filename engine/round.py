@@ -23,21 +23,15 @@ from engine.decode_overlap import HostTokens, OverlappedDecode, TakeBlocks
 from engine.hedge import Hedger
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy.ahead import PolicyAhead, ahead_key
+from engine.policy.choice import AdaptiveSpans, StaticSpans
 from engine.policy.costs import CostTable
-from engine.policy.span import SpanPolicy
+from engine.policy.span import SpanPolicy, check_table
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
 from engine.spec_stats import RoundOutcome, SpecStats
 from engine.timing import PhaseTimer
 from engine.trace import log_hedge, log_round
-
-
-def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
-    """k: drafts entering a speculative round's verify, uniform across the batch (span = 1 + k);
-    max_drafts 0 = no trim."""
-    return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
 
 
 def draft_limit(k: int, remaining: int) -> int:
@@ -70,59 +64,54 @@ class Rounds:
         runner: ModelRunner,
         drafts_per_round: int,
         hedger: Hedger,
-        levers: Levers,
         trace: bool,
         cost_table: CostTable | None = None,
         overlap: bool = True,
         take_blocks: TakeBlocks | None = None,
     ):
         self.runner, self.per_round, self.hedger, self.trace = runner, drafts_per_round, hedger, trace
-        self.cost_table, self._span_policy = cost_table, None
+        self.cost_table = cost_table
         self.learn_host = cost_table is None  # a table given at start is taken as the whole cost
         self.accept = partial(accept_rows, runner.ops.accept_prefix)  # one object: one verify graph per k
         self.stats = SpecStats()
         self.timer: PhaseTimer | None = None  # benchmarks set one to get per-step phase times
-        self._policy_k: int | None = None  # the K the policy's last round ran at, until its wall arrives
-        self.ahead = PolicyAhead()  # the policy's host work while the device runs a round
+        self.static = StaticSpans(drafts_per_round)
+        self.adaptive: AdaptiveSpans | None = None  # made once; its estimate outlives lever changes
         self.overlap = OverlappedDecode(runner, overlap, take_blocks)  # plain decode's next step launched ahead
-        self.configure(levers)
+        self.spans: StaticSpans | AdaptiveSpans = self.static
+        self.levers: Levers | None = None  # until the engine configures them
 
     def configure(self, levers: Levers) -> None:
         """Take these levers; refused (nothing changed) when the adaptive policy has no cost table.
         Without a drafter the policy has nothing to choose and needs none."""
-        if levers.policy == "adaptive" and self.per_round and self.cost_table is None:
+        adaptive = levers.policy == "adaptive" and self.per_round
+        if adaptive and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
-        self.ahead.drop()
         self.hedger.configure(levers)
-        if levers.policy == "adaptive" and self.per_round and self._span_policy is None:
-            self._span_policy = SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host)
+        if adaptive and self.adaptive is None:
+            self.adaptive = AdaptiveSpans(self.cost_table, self.per_round, learn_host=self.learn_host)
+        if self.adaptive is not None:
+            self.adaptive.ahead.drop()
+        self.spans = self.adaptive if adaptive else self.static
 
     @property
     def policy(self) -> SpanPolicy | None:
-        """The adaptive policy while the levers ask for it. Its acceptance estimate outlives lever
-        changes: it describes the workload, and a policy restarted from its optimistic seed at batch 256
-        spent its first rounds at K=15 (the H200 study's adaptive arm, re-created at every arm switch)."""
-        return self._span_policy if self.levers.policy == "adaptive" else None
+        """The adaptive policy's state while the levers ask for it (benches and tests read it)."""
+        return self.spans.policy
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table, measured on this device (refused, nothing changed, when the
-        policy cannot use it): the policy learns the host time it misses. A policy already made keeps
-        its acceptance estimate on the new table."""
-        policy = SpanPolicy(table, self.per_round) if self.per_round else None
+        """The adaptive policy's cost table, measured on this device: the policy learns the host time
+        the table misses and keeps its acceptance estimate."""
+        if self.per_round:
+            check_table(table)
         self.cost_table, self.learn_host = table, True
-        self.ahead.drop()
-        self.ahead.flush(self._span_policy)
-        if self._span_policy is not None and policy is not None:
-            policy.conditional = list(self._span_policy.conditional)
-            self._span_policy = policy
+        if self.adaptive is not None:
+            self.adaptive.set_table(table)
 
     def step_wall(self, batch: int, ms: float | None) -> None:
-        """The engine's wall for the step that ran the last round (None: it captured a graph): the
-        policy's host term learns from it (nothing to learn for a plain step or a prefill)."""
-        k, self._policy_k = self._policy_k, None
-        if k is not None and ms is not None and self.policy:
-            self.policy.observe_wall(batch, k, ms)
+        """The engine's wall for the step that ran the last decode-side round (None: it captured a graph)."""
+        self.spans.wall(batch, ms)
 
     def pause(self) -> None:
         """A prefill ran: no hedging sample."""
@@ -140,17 +129,14 @@ class Rounds:
         committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:
             self.hedger.pause()
-            self._policy_k = None
+            self.spans.settled(None)
             return
         self.stats.count_gated(committed)
         if self.trace:
             for r, done in zip(reqs, committed, strict=True):
                 log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
         self.hedger.gated()
-        if self.policy:
-            self.ahead.flush(self.policy)
-            self.policy.gated()
-            self._policy_k = 0
+        self.spans.settled(0)
 
     def _one_step(self, reqs: list[Request], gated: bool, draining: bool | None, admitting: bool) -> list[int]:
         """This step (the one launched ahead if it is this one, else launched now), then, where it may,
@@ -159,11 +145,10 @@ class Rounds:
         if launched is None:
             self.runner.stage(reqs)
             res = self.runner.decode(reqs)
-        if draining is not None:  # the adaptive policy plans the next round while this one runs
-            self.ahead.after_gated(self.policy, reqs, self.levers, draining)
-        # Under the adaptive policy a gated round launches its successor where that plan gates them again.
-        next_gated = not (gated and self.policy) or (draining is not None and self.ahead.gates(reqs))
-        ahead = next_gated and self.overlap.eligible(reqs, admitting)
+        if draining is not None:  # the policy chose this gated round: it plans the next one meanwhile
+            self.spans.launched(reqs, self.levers, draining, None)
+        # A gated round launches its successor only where that is a gated round of the same requests.
+        ahead = (not gated or self.spans.gates_next(reqs)) and self.overlap.eligible(reqs, admitting)
         if launched is None:
             self._mark("target")
             if not ahead:
@@ -184,19 +169,11 @@ class Rounds:
     def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
         admitting: as one_token's, for the gated round the policy may choose."""
-        runner, lv = self.runner, self.levers
-        if self.policy is None:
-            k = round_drafts(self.per_round, lv.max_drafts)
-        else:
-            k = self.ahead.take(self.policy, reqs, ahead_key(lv, draining))
-            if k is None:
-                remaining = [r.remaining for r in reqs]  # one pass: at batch 256 each is ~20 us of a gated round
-                k = self.policy.decide(
-                    len(reqs), lv.max_drafts, lv.max_batch, remaining if draining else None, max(remaining) - 1
-                )
-            if k == 0:
-                self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
-                return
+        runner = self.runner
+        k = self.spans.choose(reqs, self.levers, draining)
+        if k == 0:
+            self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
+            return
         limits = [draft_limit(k, r.remaining) for r in reqs]
         self._store_pending_context(reqs)
         runner.stage(reqs, limits)
@@ -210,17 +187,14 @@ class Rounds:
             drafts = runner.draft(reqs)
             self._mark("draft")
             res, device_rows = runner.verify(reqs, drafts, k, self.accept)
-            if self.policy:
-                self.ahead.after_verify(self.policy, reqs, limits, lv, draining)
+            self.spans.launched(reqs, self.levers, draining, limits)
             self._mark("target")
             greedy = all(r.params.greedy for r in reqs)
             rows = device_rows.tolist() if greedy else self._accept_on_host(res, drafts[:, :k], reqs, limits)
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
-        if self.policy:
-            self.ahead.observed(limits, [o.accepted_draft for o in outcomes])
-            self._policy_k = k
+        self.spans.settled(k, limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
         if self.trace:  # a request's hedge line follows its round line

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from engine.kv_cache import BlockManager
+from engine.levers import Levers, gated
 from engine.request import Request
 
 
@@ -39,7 +40,7 @@ def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: 
         raise ValueError("no active request to plan for")
     if not has_drafter or not all_ready:
         return Plan.DECODE
-    if max_batch and num_active >= max_batch:
+    if gated(num_active, max_batch):
         return Plan.GATED
     return Plan.SPECULATIVE
 
@@ -59,7 +60,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         headroom: int,
         has_drafter: bool,
-        max_batch: int,
+        levers: Levers,
         max_model_len: int,
         vocab_size: int,
         round_rows: int = 1,
@@ -69,7 +70,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.headroom = headroom
         self.has_drafter = has_drafter
-        self.max_batch = max_batch
+        self.levers = levers  # the engine's, replaced whole when they change (Engine.set_levers)
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.round_rows = round_rows  # rows past num_kv a speculative round writes (span, drafter block)
         self.reserve_budget = False  # True: admit with the whole budget reserved, never preempt (benchmarks)
@@ -134,7 +135,7 @@ class Scheduler:
             decode = [r for r in self.running if r.output_ids]
             if not decode:
                 return None
-            plan = decide_plan(len(decode), self.has_drafter, all(r.draft_ready for r in decode), self.max_batch)
+            plan = decide_plan(len(decode), self.has_drafter, all(r.draft_ready for r in decode), self.levers.max_batch)
             if self._grow(decode, self.round_rows if plan is Plan.SPECULATIVE else 1, grown):
                 return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
 

@@ -23,7 +23,7 @@ class Policy:
     def observe(self, limits, accepted):
         self.calls.append(("observe", list(limits), list(accepted)))
 
-    def plan(self, batch, max_drafts, max_batch, remaining, useful):
+    def plan(self, batch, max_drafts, remaining, useful):
         self.calls.append(("plan", batch, remaining, useful))
         return Decision(4)
 

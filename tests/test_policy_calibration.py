@@ -12,6 +12,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.policy import calibration as cal
+from engine.policy import warmup
 from engine.policy.costs import CostTable
 from tests.policy_tables import table as policy_table
 
@@ -47,7 +48,7 @@ def test_calibration_gives_a_complete_table_and_leaves_the_engine_idle(shipped_t
     engine = start(shipped_tiny)
     table = engine.rounds.policy.table
     per_round = engine.drafts_per_round
-    assert table.spans() == cal.policy_spans(per_round) and {1, 1 + per_round} <= set(table.spans())
+    assert table.spans() == warmup.policy_spans(per_round) and {1, 1 + per_round} <= set(table.spans())
     assert sorted(table.draft) == [1, 2] and sorted({b for b, _ in table.verify}) == [1, 2]
     assert all(ms > 0 for ms in [*table.verify.values(), *table.draft.values()])
     assert engine.rounds.policy.decide(2) in {0, *(s - 1 for s in table.spans())}
@@ -115,7 +116,7 @@ def test_every_adaptive_set_levers_asks_for_the_policy_graphs(shipped_tiny, cach
     """The engine asks on every switch to the policy, busy or not; capture_policy_graphs captures once,
     on an idle engine (tests/test_policy_graphs.py)."""
     asked = []
-    monkeypatch.setattr("engine.engine.capture_policy_graphs", lambda engine: asked.append(engine) or 0)
+    monkeypatch.setattr("engine.engine.capture_policy_graphs", lambda engine, accept: asked.append(engine) or 0)
     engine = start(shipped_tiny, "static")
     spans = range(1, 2 + engine.drafts_per_round)
     engine.set_cost_table(policy_table(lambda b, s: 10.0 + s, lambda b: 1.0, spans, batches=(1, 2)))
@@ -136,12 +137,12 @@ def test_a_plain_engine_needs_no_table(shipped_tiny, cache):
 
 def test_the_cache_key_names_what_the_costs_depend_on(shipped_tiny, cache, one_thread):
     engine = start(shipped_tiny, "static")
-    key = cal.cache_key(engine, cal.plan_calibration(engine))
+    key = cal.cache_key(engine, warmup.plan_calibration(engine))
     assert key["device"].startswith("cpu:") and key["buckets"] == engine.runner.graphs.buckets
     assert key["target"]["hidden_size"] == engine.target_cfg.geometry.hidden_size
     assert key["drafter"]["block_size"] == engine.draft_cfg.block_size and key["torch"]
-    assert key["batches"] == [1, 2] and key["context"] == cal.CONTEXT
-    other = cal.cache_key(engine, cal.plan_calibration(engine, context=cal.CONTEXT + 1))
+    assert key["batches"] == [1, 2] and key["context"] == warmup.CONTEXT
+    other = cal.cache_key(engine, warmup.plan_calibration(engine, context=warmup.CONTEXT + 1))
     assert cal.cache_path(other) != cal.cache_path(key) and cal.cache_path(key).parent == cache / "costs"
 
 
@@ -164,7 +165,7 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     config = dict(model=str(target), draft_model=str(draft), device="cuda", max_num_seqs=8, max_model_len=256)
     engine = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
     table, accept = engine.rounds.policy.table, engine.rounds.accept
-    assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == cal.policy_spans(engine.drafts_per_round)
+    assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == warmup.policy_spans(engine.drafts_per_round)
     captured = set(engine.runner.graphs.captured)
     assert {("verify", s - 1, accept, b) for s in table.spans() for b in (1, 2, 4, 8)} <= captured
     assert {("draft", (), b) for b in (1, 2, 4, 8)} <= captured

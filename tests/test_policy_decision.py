@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.levers import Levers
 from engine.policy.costs import expected_committed, read_cost_table
 from engine.policy.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from engine.policy.span import (
@@ -68,11 +69,11 @@ def test_low_acceptance_picks_a_short_span():
     assert 0 < k < 4
 
 
-def test_max_drafts_caps_and_max_batch_forces_zero():
+def test_max_drafts_caps_and_the_gate_is_the_levers_rule():
     policy = SpanPolicy(free_rows(), PER_ROUND)
     assert policy.decide(8, max_drafts=2) == 2
-    assert policy.decide(8, max_drafts=2, max_batch=8) == 0
-    assert policy.k == 2  # the K in force waits for the batch to shrink under MAX_BATCH
+    # MAX_BATCH is the scheduler's (Levers.gates): the policy never sees a gated batch's round
+    assert Levers(max_batch=8).gates(8) and not Levers(max_batch=8).gates(7) and not Levers().gates(10**6)
     assert policy.decide(64) == PER_ROUND  # the cap lifted: all drafts, 5x the value, taken at once
 
 
@@ -295,7 +296,7 @@ def test_a_plan_changes_nothing_and_applied_decides_as_decide_does():
         for i in range(400):
             batch = rng.choice([1, 3, 16, 64, 200])
             remaining = [rng.randint(1, 40) for _ in range(batch)] if i % 3 else None
-            args = (batch, rng.choice([0, 0, 4]), rng.choice([0, 0, 0, 128]), remaining, rng.randint(0, 8))
+            args = (batch, rng.choice([0, 0, 4]), remaining, rng.randint(0, 8))
             before = _state(planning)
             decision = planning.plan(*args)
             assert _state(planning) == before

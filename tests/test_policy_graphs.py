@@ -1,4 +1,4 @@
-"""The adaptive engine's graph capture before it serves (engine/policy_graphs.py), on a stand-in runner
+"""The adaptive engine's graph capture before it serves (engine/policy/warmup.py), on a stand-in runner
 that records what the capture ran: every bucket the pool admits, the decode graph, the drafter, then
 every policy span but 1 verified on the drafter's own buffer; once, on an idle engine; nothing
 without graphs. On a GPU the
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.policy import warmup as policy_graphs
-from engine.policy.calibration import CalibrationPlan
+from engine.policy.warmup import CalibrationPlan
 
 
 class Runner:
@@ -56,23 +56,23 @@ def engine(monkeypatch):
 
     monkeypatch.setattr(policy_graphs, "dummy_requests", dummies)
     busy = SimpleNamespace(has_work=lambda: False)
-    return SimpleNamespace(runner=Runner(True), rounds=SimpleNamespace(accept="greedy"), scheduler=busy)
+    return SimpleNamespace(runner=Runner(True), scheduler=busy)
 
 
 def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
-    assert policy_graphs.capture_policy_graphs(engine) == 5 * (2 + 5)
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 5 * (2 + 5)
     per_bucket = [("decode",), ("draft",), *(("verify", k, "greedy") for k in (1, 2, 4, 8, 15))]
     assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
-    assert policy_graphs.capture_policy_graphs(engine) == 0 and len(engine.runner.calls) == 35  # once
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 35  # once
 
 
 def test_a_busy_engine_captures_nothing_until_it_is_idle(engine):
     engine.scheduler.has_work = lambda: True
-    assert policy_graphs.capture_policy_graphs(engine) == 0 and engine.runner.calls == []
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and engine.runner.calls == []
     engine.scheduler.has_work = lambda: False
-    assert policy_graphs.capture_policy_graphs(engine) == 35
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 35
 
 
 def test_without_graphs_nothing_runs(engine):
     engine.runner = Runner(False)
-    assert policy_graphs.capture_policy_graphs(engine) == 0 and engine.runner.calls == []
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and engine.runner.calls == []

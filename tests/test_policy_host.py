@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.policy.host import WINDOW, HostTerm
-from engine.policy.span import SpanPolicy, round_times
+from engine.policy.span import Decision, SpanPolicy, round_times
 from tests.policy_tables import table
 
 PER_ROUND = 15
@@ -142,7 +142,7 @@ def test_a_waves_last_round_teaches_no_host_term_a_capped_batchs_does():
         policy.observe_wall(64, 0, 30.0)
     assert not policy.host.ms
     for _ in range(4):
-        assert policy.decide(64, max_batch=32) == 0  # MAX_BATCH: a steady gated round
+        assert policy.apply(Decision(0)) == 0  # a steady forced gated round (state kept) teaches
         policy.observe_wall(64, 0, round_times(t, 64, [0])[0] + 0.25)
     assert policy.host.predict(64, False) == pytest.approx(0.25)
 

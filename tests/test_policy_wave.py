@@ -102,9 +102,9 @@ def calls(monkeypatch):
     seen = []
     real = SpanPolicy.decide
 
-    def spy(self, batch, max_drafts=0, max_batch=0, remaining=None, useful=None):
+    def spy(self, batch, max_drafts=0, remaining=None, useful=None):
         seen.append((batch, remaining))
-        return real(self, batch, max_drafts, max_batch, remaining, useful)
+        return real(self, batch, max_drafts, remaining, useful)
 
     monkeypatch.setattr(SpanPolicy, "decide", spy)
     return seen

@@ -11,6 +11,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.config import SamplingParams as SP
 from engine.kv_cache import BlockManager
+from engine.levers import Levers
 from engine.request import Request, Status
 from engine.scheduler import Plan, Scheduler
 from tests.checkpoints import make_dspark_drafter
@@ -90,7 +91,7 @@ def _req(i: int, prompt_len: int, max_tokens: int) -> Request:
 
 
 def _scheduler(num_blocks: int, round_rows: int = 1) -> Scheduler:
-    return Scheduler(BlockManager(num_blocks, BLOCK), 4, 64, 0, False, 0, 4096, 64, round_rows=round_rows)
+    return Scheduler(BlockManager(num_blocks, BLOCK), 4, 64, 0, False, Levers(), 4096, 64, round_rows=round_rows)
 
 
 def test_admission_takes_the_prompts_blocks_and_keeps_a_round_free():

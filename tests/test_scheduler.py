@@ -6,6 +6,7 @@ import pytest
 
 from engine.config import SamplingParams
 from engine.kv_cache import BlockManager
+from engine.levers import Levers
 from engine.request import Request
 from engine.scheduler import Plan, Scheduler, decide_plan
 
@@ -42,7 +43,9 @@ def _req(i: int, prompt_len: int, max_tokens: int) -> Request:
 def _scheduler(num_blocks=9, block_size=4, max_num_seqs=4, tokens=64, headroom=0, drafter=False, max_batch=0):
     blocks = BlockManager(num_blocks, block_size)
     rows = max(headroom, 1)
-    return Scheduler(blocks, max_num_seqs, tokens, headroom, drafter, max_batch, 4096, 64, round_rows=rows)
+    return Scheduler(
+        blocks, max_num_seqs, tokens, headroom, drafter, Levers(max_batch=max_batch), 4096, 64, round_rows=rows
+    )
 
 
 def test_prefill_first_then_decode_plan():

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.round import draft_limit, round_drafts
+from engine.policy.choice import round_drafts
+from engine.round import draft_limit
 from trace_tools import levers_trace_rows
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]

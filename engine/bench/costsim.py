@@ -22,6 +22,7 @@ from typing import TypeAlias
 
 from engine.bench.costmodel import committed_pmf
 from engine.bench.stepcosts import StepCosts
+from engine.levers import gated
 from engine.policy.span import SpanPolicy
 from engine.scheduler import Plan
 
@@ -81,10 +82,10 @@ def simulate_closed_loop(
             if drafts is None:
                 plan = Plan.DECODE.value
             else:
-                if policy is not None:  # nothing waiting: the wave's remaining tokens, as the engine passes
-                    k = policy.decide(n, drafts, gate, None if waiting else list(running), max(running) - 1)
-                gated = (gate and n >= gate) or k == 0
-                plan = Plan.GATED.value if gated else Plan.SPECULATIVE.value
+                gate_on = gated(n, gate)
+                if policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
+                    k = policy.decide(n, drafts, None if waiting else list(running), max(running) - 1)
+                plan = Plan.GATED.value if gate_on or k == 0 else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
             ms = costs.step_ms(plan, n, _bucket(n, buckets), k)
             res.ms += ms

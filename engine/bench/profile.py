@@ -153,7 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         headroom=headroom,
     )
     reqs = prefill_requests(engine, max(batches), args.context, max(spans))
-    rows = profile_costs(engine, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s)
+    rows = profile_costs(
+        engine.runner, engine.rounds.accept, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s
+    )
     mark_over(rows, args.threshold)
     meta = run_meta("profile", device, list(argv) if argv is not None else None)
     meta.update(

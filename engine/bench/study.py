@@ -106,7 +106,9 @@ def measure_costs(engine: Engine, batches: list[int], spans: list[int], context:
     """Profile rows (graph replays at `context` tokens per request) on an idle engine, which is left
     idle again with its graphs captured (the sweep replays the same ones)."""
     reqs = prefill_requests(engine, max(batches), context, max(spans) + 1)
-    rows = profile_costs(engine, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s)
+    rows = profile_costs(
+        engine.runner, engine.rounds.accept, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s
+    )
     while engine.has_unfinished():  # the profile's requests run out their few tokens
         engine.step()
     return rows

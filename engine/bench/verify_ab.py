@@ -35,7 +35,9 @@ def verify_rows(
     for rep in range(repeats):
         for arm in names[rep % 2 :] + names[: rep % 2]:
             with runs[arm]():
-                points = time_forwards(engines[arm], reqs[arm], batches, spans, 1, iters)
+                points = time_forwards(
+                    engines[arm].runner, engines[arm].rounds.accept, reqs[arm], batches, spans, 1, iters
+                )
             rows += [
                 {"arm": arm, "repeat": rep, **{k: p[k] for k in ("batch", "span", "rows", "ms")}}
                 for p in points

@@ -109,5 +109,5 @@ class PolicyAhead:
         useful: int,
         exact: bool = True,
     ) -> None:
-        decision = policy.plan(len(reqs), levers.max_drafts, levers.max_batch, remaining if draining else None, useful)
+        decision = policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful)
         self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact)

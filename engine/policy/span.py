@@ -81,12 +81,10 @@ def round_times(table: CostTable, batch: int, candidates: Sequence[int]) -> dict
 
 
 def choose_span(
-    table: CostTable, batch: int, conditional: Sequence[float], candidates: Sequence[int], max_batch: int = 0
+    table: CostTable, batch: int, conditional: Sequence[float], candidates: Sequence[int]
 ) -> tuple[int, dict[int, float]]:
     """The K with the highest expected committed tokens per ms (ties: the smaller K) and every
-    candidate's value. MAX_BATCH at or under the batch forces 0."""
-    if max_batch and batch >= max_batch:
-        return 0, {}
+    candidate's value."""
     return best_span(round_times(table, batch, candidates), batch, conditional)
 
 
@@ -106,6 +104,12 @@ def resolve_table(source: str | Path | CostTable | None) -> CostTable | None:
     return read_cost_table(source)
 
 
+def check_table(table: CostTable) -> None:
+    """Refuse a table the policy cannot decide from."""
+    if 1 not in table.spans() or not table.draft:
+        raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
+
+
 class SpanPolicy:
     def __init__(
         self,
@@ -120,8 +124,7 @@ class SpanPolicy:
         host_relax: float = 0.002,
         learn_host: bool = True,
     ):
-        if 1 not in table.spans() or not table.draft:
-            raise ValueError("the adaptive policy's cost table needs verify rows of span 1 and drafter rows")
+        check_table(table)
         self.table, self.per_round = table, per_round
         self.prior = list(prior) if prior is not None else [1.0] * per_round
         if len(self.prior) != per_round or not all(0.0 <= a <= 1.0 for a in self.prior):
@@ -151,18 +154,16 @@ class SpanPolicy:
         self,
         batch: int,
         max_drafts: int = 0,
-        max_batch: int = 0,
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> int:
         """K for the next round of `batch` requests: `apply(plan(...))` (arguments: see `plan`)."""
-        return self.apply(self.plan(batch, max_drafts, max_batch, remaining, useful))
+        return self.apply(self.plan(batch, max_drafts, remaining, useful))
 
     def plan(
         self,
         batch: int,
         max_drafts: int = 0,
-        max_batch: int = 0,
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> Decision:
@@ -173,8 +174,8 @@ class SpanPolicy:
         the smallest variant covering it (the best of those), as unacceptable drafts only cost: at
         3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of one-token stragglers,
         45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
-        if (max_batch and batch >= max_batch) or (useful is not None and useful < 1):
-            return Decision(0, None, useful is None or useful >= 1)  # forced: the K in force stays
+        if useful is not None and useful < 1:  # forced: the K in force stays, the wall teaches nothing
+            return Decision(0, None, False)
         times = self._round_times(batch, max_drafts)
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)

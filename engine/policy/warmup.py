@@ -1,48 +1,164 @@
-"""The CUDA graphs an adaptive engine's rounds replay, captured before it serves (SPEC 9: K comes from
-the graph-backed span variants).
+"""Forwards on an idle engine before it serves: dummy requests, and every graph a round can replay.
 
-A static engine replays one verify span and one drafter forward per batch bucket, and captures each
-the first time a batch reaches that bucket. The adaptive policy moves between the gated round (the
-decode graph), every span variant and the drafter at every bucket a wave drains through, so captured
-lazily its graphs land inside serving rounds: on the H200 the small pair's adaptive arm spent twice
-the spec arm's target time in the rounds that captured (`d429459`, 15 % slower over the sweep with
-96 % of its rounds at the same K). So once the policy is in force, every (bucket, variant) graph up
-to the batch the KV pool admits is captured here, on the calibration's dummy requests.
+`dummy_requests` prefills requests outside the engine's request table (no counter, index or output of
+the engine changes) and hands their slots and KV back on exit. `warm_graphs` runs the one-token step,
+the drafter and the verify of each K at each batch on them, so that each graph is captured there
+rather than inside a served round; the calibration (engine/policy/calibration.py), the adaptive
+policy's start-up capture and the bench all warm through it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
-from engine.policy.calibration import EngineView, dummy_requests, plan_calibration
+import torch
+
+from engine.config import EngineConfig, SamplingParams
+from engine.kv_cache import BlockManager
+from engine.models.config import DFlashConfig, Qwen3Config
+from engine.policy.span import SPAN_VARIANTS
+from engine.request import Finish, Request
+from engine.runner import AcceptRule, ModelRunner
+from engine.scheduler import Plan, Scheduler
 
 log = logging.getLogger(__name__)
 
+CONTEXT = 64  # tokens in each dummy request's cache: a short decode context
 
-def capture_policy_graphs(engine: EngineView) -> int:
-    """Capture the decode, drafter and verify graphs (every policy span but 1: the gated round runs
-    the decode graph) at every graph bucket the idle engine's KV pool admits, once; the number
-    captured (0 without graphs, on a busy engine: a later idle call captures them, or once done; the
-    calibration captured the buckets it timed)."""
+
+class EngineView(Protocol):
+    """The parts of engine.Engine these forwards read (engine.py imports this module)."""
+
+    config: EngineConfig
+    device: torch.device
+    dtype: torch.dtype
+    target_cfg: Qwen3Config
+    draft_cfg: DFlashConfig | None
+    drafter: object | None
+    runner: ModelRunner
+    scheduler: Scheduler
+    blocks: BlockManager
+    max_model_len: int
+
+    @property
+    def drafts_per_round(self) -> int: ...
+
+
+def policy_spans(per_round: int) -> list[int]:
+    """Verify spans the policy can choose: 1 + K for K in the span variants and all drafts."""
+    return sorted({1 + k for k in (*SPAN_VARIANTS, per_round) if k <= per_round})
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationPlan:
+    """What a calibration measures: dummy requests of `context` tokens, verify spans, batches."""
+
+    context: int
+    spans: list[int]
+    batches: list[int]
+
+
+def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationPlan:
+    """The policy's spans; powers of two up to max_num_seqs and max_num_seqs itself, as many as the free
+    KV pool holds; the context shortened to what max_model_len admits."""
+    _require_idle(engine)
+    spans = policy_spans(engine.drafts_per_round)
+    room = engine.max_model_len - engine.scheduler.headroom - max(spans) - 1  # the budget is max span + 1
+    context = min(context, room)
+    if context < 1:
+        raise RuntimeError(f"calibration: max_model_len {engine.max_model_len} leaves no room for a span")
+    per_request = engine.scheduler.blocks_needed(_dummy(0, context, max(spans), 1))
+    most = min(engine.config.max_num_seqs, engine.blocks.num_free // per_request)
+    if most < 1:
+        raise RuntimeError(f"calibration: the KV pool has no room for one request of {context} tokens")
+    return CalibrationPlan(context, spans, sorted({1 << i for i in range(most.bit_length())} | {most}))
+
+
+def _require_idle(engine: EngineView) -> None:
+    if engine.scheduler.has_work():
+        raise RuntimeError(f"calibration needs an idle engine: {engine.scheduler.describe()}")
+
+
+def _dummy(i: int, context: int, budget: int, vocab: int) -> Request:
+    ids = [(7 * i + 3 * t + 1) % vocab for t in range(context)]  # any in-vocabulary ids: only costs are read
+    return Request(-1 - i, ids, SamplingParams(max_tokens=budget + 1, ignore_eos=True), frozenset())
+
+
+@contextlib.contextmanager
+def dummy_requests(engine: EngineView, count: int, context: int, budget: int) -> Iterator[list[Request]]:
+    """`count` prefilled, draft-ready requests of `context` tokens with KV reserved for `budget` more
+    rows, outside the engine's request table; their slots and blocks are handed back on exit."""
+    _require_idle(engine)  # a busy scheduler could plan a step of live requests here
+    scheduler, runner = engine.scheduler, engine.runner
+    vocab = engine.target_cfg.geometry.vocab_size
+    reqs = [_dummy(i, context, budget, vocab) for i in range(count)]
+    reserve, scheduler.reserve_budget = scheduler.reserve_budget, True
+    try:
+        for r in reqs:
+            scheduler.add(r)
+        while scheduler.waiting:
+            step = scheduler.schedule()
+            if step is None or step.plan is not Plan.PREFILL:
+                raise RuntimeError(f"calibration: the dummy requests do not fit ({scheduler.describe()})")
+            runner.assign_blocks(step.grown)
+            _, greedy = runner.prefill(step.reqs)
+            for r, token in zip(step.reqs, greedy.tolist(), strict=True):
+                r.prefilled(token, context_stored=engine.drafter is not None)
+        yield reqs
+    finally:
+        scheduler.reserve_budget = reserve
+        for r in reqs:
+            r.finish(Finish.ABORT)
+            scheduler.release(r)
+        runner.reset()
+
+
+def warm_graphs(
+    runner: ModelRunner,
+    accept: AcceptRule,
+    reqs: Sequence[Request],
+    batches: Sequence[int],
+    ks: Sequence[int],
+    one_token: bool = True,
+    stop: Callable[[int], bool] | None = None,
+) -> int:
+    """At each batch (the first `batch` of `reqs`): the one-token step, the drafter and the verify of
+    each K (on the drafter's own buffer, as rounds run it). stop(batch): end before that batch. Returns
+    the graphs captured (0 without graphs)."""
+    before = runner.graphs.captures
+    for b in sorted(batches):
+        if stop is not None and stop(b):
+            break
+        sub = list(reqs[:b])
+        if one_token:
+            runner.stage(sub)
+            runner.decode(sub)
+        runner.stage(sub)
+        drafts = runner.draft(sub)
+        for k in ks:
+            runner.stage(sub, [k] * b)
+            runner.verify(sub, drafts, k, accept)
+    return runner.graphs.captures - before
+
+
+def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:
+    """Once, on an idle engine with graphs: every (bucket, variant) graph the adaptive policy's rounds
+    can replay, up to the batch the KV pool admits (the gated round replays the decode graph). Returns
+    the graphs captured (0 without graphs, on a busy engine, or once done)."""
     runner = engine.runner
     if not runner.graphs.enabled or runner.graphs.policy_captured or engine.scheduler.has_work():
         return 0
-    how = plan_calibration(engine)  # the batches stop where the KV pool does
+    how = plan_calibration(engine)
     buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
-    before, start = runner.graphs.captures, time.perf_counter()
+    start = time.perf_counter()
     with dummy_requests(engine, max(buckets), how.context, max(how.spans)) as reqs:
-        for b in buckets:
-            sub = reqs[:b]
-            runner.stage(sub)
-            runner.decode(sub)
-            runner.stage(sub)
-            drafts = runner.draft(sub)  # the verify graphs take the draft graph's buffer, as rounds do
-            for k in (span - 1 for span in how.spans if span > 1):
-                runner.stage(sub, [k] * b)
-                runner.verify(sub, drafts, k, engine.rounds.accept)
+        captured = warm_graphs(runner, accept, reqs, buckets, [s - 1 for s in how.spans if s > 1])
     runner.graphs.policy_captured = True
-    captured = runner.graphs.captures - before
     log.info(
         "policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), time.perf_counter() - start
     )
