@@ -69,9 +69,6 @@ class Launched:
     after: HostTokens
 
 
-# The next row's block taken at launch where a request lacks it; False: no launch at a block boundary
-# (the engine before, for the A/B benches).
-GROW_AHEAD = True
 # The scheduler's take_ahead: the blocks of one more row for these requests, or None where the pool is short.
 TakeBlocks = Callable[[list[Request]], list[Request] | None]
 
@@ -84,7 +81,7 @@ class OverlappedDecode:
 
     def eligible(self, reqs: list[Request], admitting: bool) -> bool:
         """Whether the step after this one (of these requests, about to be committed) can launch now.
-        Where a request lacks the block of the row that step writes, it takes it here (GROW_AHEAD)."""
+        Where a request lacks the block of the row that step writes, it takes it here."""
         if not self.enabled or admitting:
             return False
         if not all(r.params.greedy and r.params.logprobs is None and r.remaining >= 2 for r in reqs):
@@ -93,7 +90,7 @@ class OverlappedDecode:
         short = [r for r in reqs if len(r.blocks) * rows < r.num_kv + 2]
         if not short:
             return True
-        grown = self.take_blocks(short) if GROW_AHEAD and self.take_blocks else None
+        grown = self.take_blocks(short) if self.take_blocks else None
         if grown is None:
             return False
         self.runner.assign_blocks(grown)  # in stream order, before the step that writes there

@@ -29,9 +29,6 @@ from engine.prefill import staged_buffers
 from engine.request import Request
 
 STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
-# Block-table rows copied from pinned memory without a host wait (assign_blocks); False: a pageable copy,
-# which waits for the stream (the engine before, for the A/B benches).
-PINNED_BLOCK_ROWS = True
 # The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -143,7 +140,7 @@ class ModelRunner:
         in almost every step. On the H200 (4B geometry, 5f824ad) plain decode of prompts staggered over
         a block's 16 offsets ran 1.031x at c=8 and 1.055x at c=64 with this copy; the 4B study's adaptive
         `chat` c=64 arm, desynchronised by one 8-draft probe, went from 15 % under plain to 7 %."""
-        pinned = self.device.type == "cuda" and PINNED_BLOCK_ROWS
+        pinned = self.device.type == "cuda"
         rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32, pin_memory=pinned)
         for i, r in enumerate(reqs):
             rows[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)

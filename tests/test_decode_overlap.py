@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import Engine, EngineConfig, SamplingParams, decode_overlap
+from engine import Engine, EngineConfig, SamplingParams
 from engine.timing import PhaseTimer
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16, 17], [3, 4]]
@@ -196,23 +196,20 @@ def test_rounds_the_adaptive_policy_gates_launch_their_successor_where_its_plan_
     assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
 
 
-@pytest.mark.parametrize("grow", [True, False])
-def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_thread, monkeypatch, grow):
+def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_thread):
     """A step launched ahead writes one row past the committed ones: that row's block is taken at its
-    launch (GROW_AHEAD) and written to the device's table, or the step is not launched ahead. A dry
-    pool takes nothing and launches nothing."""
-    monkeypatch.setattr(decode_overlap, "GROW_AHEAD", grow)
+    launch and written to the device's table. A dry pool takes nothing and launches nothing."""
     engine = make(tiny_target, True)
     rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True))
     engine.step()  # the prefill: 4 rows, one 4-row block
     req, ov = engine._requests[rid], engine.rounds.overlap
     req.num_kv = 3  # this step writes row 3, the one launched after it row 4: the next block
     assert not ov.eligible([req], admitting=True) and len(req.blocks) == 1
-    assert ov.eligible([req], admitting=False) is grow and len(req.blocks) == 1 + grow
+    assert ov.eligible([req], admitting=False) and len(req.blocks) == 2
     assert engine.runner.block_tables[req.slot, : len(req.blocks)].tolist() == req.blocks
     engine.blocks.allocate(engine.blocks.num_free)
     req.num_kv = 4 * len(req.blocks) - 1
-    assert not ov.eligible([req], admitting=False) and len(req.blocks) == 1 + grow
+    assert not ov.eligible([req], admitting=False) and len(req.blocks) == 2
 
 
 def test_every_step_but_the_last_launches_its_successor(tiny_target, one_thread):
