@@ -184,7 +184,7 @@ class Rounds:
             res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
             self._mark("target")
         else:
-            drafts = runner.draft(reqs)
+            drafts = runner.draft(reqs, k)  # the LM head over the K positions verified
             self._mark("draft")
             res, device_rows = runner.verify(reqs, drafts, k, self.accept)
             self.spans.launched(reqs, self.levers, draining, limits)

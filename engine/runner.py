@@ -248,32 +248,39 @@ class ModelRunner:
         """Feature rows as drafter context K/V at these positions and KV slots (eagerly)."""
         self.drafter.store_context(features, self.to_device(positions), self.to_device(slots), self.draft_kv)
 
-    def draft(self, reqs: list[Request]) -> torch.Tensor:
+    def draft(self, reqs: list[Request], heads: int | None = None) -> torch.Tensor:
         """One batched drafter forward over the staged requests: blocks [current, mask x (B-1)] run
-        non-causally over each drafter context. Returns drafts [N, drafts_per_round] (device)."""
-        return self._draft(reqs, ())[0]
+        non-causally over each drafter context, the LM head (and the Markov walk) over the first `heads`
+        draft positions only (the K the round verifies; None: all). Returns drafts [N, heads] (device),
+        bit-identical to the first `heads` of the full head's where the LM head is row-invariant."""
+        per_round = self.drafter.cfg.drafts_per_round
+        heads = per_round if heads is None else heads
+        if not 1 <= heads <= per_round:
+            raise ValueError(f"draft heads {heads} outside [1, {per_round}]")
+        return self._draft(reqs, (), heads)[0]
 
     def draft_chains(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         """`draft` with a Markov head, plus every request's hedge chain at each branch position:
         (drafts [N, D], chains [N, P, D]) on the device."""
         if self.drafter.markov is None or not positions:
             raise ValueError("hedge chains need a Markov-head drafter and at least one branch position")
-        return self._draft(reqs, positions)
+        return self._draft(reqs, positions, self.drafter.cfg.drafts_per_round)
 
-    def _draft(self, reqs: list[Request], branch: tuple[int, ...]) -> tuple:
+    def _draft(self, reqs: list[Request], branch: tuple[int, ...], heads: int) -> tuple:
         self._check_staged(reqs)
         for r in reqs:
             if r.draft_kv_len != r.num_kv:
                 raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len} rows != {r.num_kv} committed")
         n = len(reqs)
-        fn = partial(self._block_forward, self.graphs.rows(n), branch)
-        out = self.graphs.run(("draft", branch), fn, n, {}, {})
+        fn = partial(self._block_forward, self.graphs.rows(n), branch, heads)
+        out = self.graphs.run(("draft", branch, heads), fn, n, {}, {})
         self._last_drafts = out[0]
         return tuple(t[:n] for t in out)
 
-    def _block_forward(self, m: int, branch: tuple[int, ...] = ()) -> tuple:
-        """Drafts [m, D] (argmax per row, or the Markov walk), plus chains [m, P, D] with branch
-        positions. Static shapes and no host reads: captured whole."""
+    def _block_forward(self, m: int, branch: tuple[int, ...], heads: int) -> tuple:
+        """Drafts [m, heads] (argmax per row, or the Markov walk: causal, so its first `heads` steps need
+        only those rows' logits), plus chains [m, P, D] with branch positions (heads = D). Static shapes
+        and no host reads: captured whole."""
         cfg = self.drafter.cfg
         b = cfg.block_size
         anchors = self.field("token", m)
@@ -282,8 +289,8 @@ class ModelRunner:
         positions, meta = self._span_meta(self.field("row", m), self.field("num_kv", m), b, causal=False)
         hidden = self.drafter.forward_block(ids.reshape(-1), positions, meta, self.draft_kv)
         first = 0 if cfg.anchor_first else 1
-        d = b - first
-        logits = self.target.logits(hidden.view(m, b, -1)[:, first:].reshape(m * d, -1))
+        d = heads
+        logits = self.target.logits(hidden.view(m, b, -1)[:, first : first + d].reshape(m * d, -1))
         if self.drafter.markov is None:
             return (self.ops.argmax(logits).view(m, d),)
         w1, w2 = self.drafter.markov

@@ -19,8 +19,8 @@ def engine_drafts(target, drafter, prompts: Sequence, budgets: Sequence[int], **
     seen: dict[str, list[list[int]]] = {}
     real = engine.runner.draft
 
-    def record(reqs):
-        out = real(reqs)
+    def record(reqs, heads=None):
+        out = real(reqs, heads)
         for r, row in zip(reqs, out.tolist(), strict=True):
             seen.setdefault(r.id, []).append(row)
         return out

@@ -75,8 +75,8 @@ def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list
             rows.append((truth, main))
         return rows
 
-    def draft(reqs):
-        real = real_draft(reqs)
+    def draft(reqs, heads=None):
+        real = real_draft(reqs, heads)
         return torch.tensor([m for _, m in main_rows(reqs, real.shape[1])])
 
     def draft_chains(reqs, positions):

@@ -49,8 +49,8 @@ def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
     engine = adaptive_engine(tiny_target, tiny_drafter, cost_table)
     real_draft = engine.runner.draft
 
-    def oracle(reqs):
-        real = real_draft(reqs)
+    def oracle(reqs, heads=None):
+        real = real_draft(reqs, heads)
         rows = [(plain[tuple(r.prompt_ids)][len(r.output_ids) :] + [0] * real.shape[1])[: real.shape[1]] for r in reqs]
         return torch.tensor(rows, dtype=real.dtype)
 
@@ -213,9 +213,9 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     engine.set_cost_table(flat)  # as measured on this device: the host term learns
     oracle = engine.runner.draft
 
-    def host_bound(reqs):
+    def host_bound(reqs, heads=None):
         time.sleep(0.15)
-        return oracle(reqs)
+        return oracle(reqs, heads)
 
     engine.runner.draft = host_bound
     outs = engine.generate(prompts, params)

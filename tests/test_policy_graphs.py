@@ -1,8 +1,8 @@
 """The adaptive engine's graph capture before it serves (engine/policy/warmup.py), on a stand-in runner
-that records what the capture ran: every bucket the pool admits, the decode graph, the drafter, then
-every policy span but 1 verified on the drafter's own buffer; once, on an idle engine; nothing
-without graphs. On a GPU the
-real captures are checked in tests/test_policy_calibration.py."""
+that records what the capture ran: at every bucket the pool admits the decode graph, then for every
+policy span but 1 the drafter with its head over K positions and the verify of K drafts on the
+drafter's own buffer; once, on an idle engine; nothing without graphs. On a GPU the real captures are
+checked in tests/test_policy_calibration.py."""
 
 from __future__ import annotations
 
@@ -30,13 +30,13 @@ class Runner:
         assert self.staged == (len(reqs), None)
         self._ran(("decode", len(reqs)))
 
-    def draft(self, reqs):
+    def draft(self, reqs, heads):
         assert self.staged == (len(reqs), None)
-        self._ran(("draft", len(reqs)))
-        return f"drafts@{len(reqs)}"
+        self._ran(("draft", heads, len(reqs)))
+        return f"drafts@{len(reqs)}x{heads}"
 
     def verify(self, reqs, drafts, k, accept):
-        assert self.staged == (len(reqs), (k,) * len(reqs)) and drafts == f"drafts@{len(reqs)}"
+        assert self.staged == (len(reqs), (k,) * len(reqs)) and drafts == f"drafts@{len(reqs)}x{k}"
         self._ran(("verify", k, accept, len(reqs)))
 
     def _ran(self, key):
@@ -60,17 +60,18 @@ def engine(monkeypatch):
 
 
 def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 5 * (2 + 5)
-    per_bucket = [("decode",), ("draft",), *(("verify", k, "greedy") for k in (1, 2, 4, 8, 15))]
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 5 * (1 + 2 * 5)
+    per_k = [(("draft", k), ("verify", k, "greedy")) for k in (1, 2, 4, 8, 15)]
+    per_bucket = [("decode",), *(key for pair in per_k for key in pair)]
     assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 35  # once
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 55  # once
 
 
 def test_a_busy_engine_captures_nothing_until_it_is_idle(engine):
     engine.scheduler.has_work = lambda: True
     assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and engine.runner.calls == []
     engine.scheduler.has_work = lambda: False
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 35
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 55
 
 
 def test_without_graphs_nothing_runs(engine):

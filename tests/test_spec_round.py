@@ -33,8 +33,8 @@ def spec_engine(tiny_target, tiny_drafter, plain, corrupt_at: int | None, **leve
     )
     real_draft = engine.runner.draft
 
-    def oracle(reqs):
-        real = real_draft(reqs)
+    def oracle(reqs, heads=None):
+        real = real_draft(reqs, heads)
         rows = []
         for r in reqs:
             truth = plain[tuple(r.prompt_ids)][len(r.output_ids) :]

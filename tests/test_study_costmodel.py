@@ -76,6 +76,18 @@ def test_from_rows_reads_profile_csv_rows_and_plain_rows():
         CostTable.from_rows([{"kind": "verify", "batch": 1, "span": 1, "ms": 0}])
 
 
+def test_draft_rows_of_fewer_heads_cost_the_rounds_that_verify_that_many():
+    """Drafter rows with span < the most: the LM head over that many positions (a round verifying K
+    drafts); a K without its own rows, or a batch outside them, costs the full head."""
+    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + s} for b in (1, 8) for s in (1, 3, 5, 16)]
+    rows += [{"kind": "draft", "batch": b, "span": 15, "ms": 2.0 * b} for b in (1, 8)]
+    rows += [{"kind": "draft", "batch": b, "span": 2, "ms": 1.0 * b} for b in (1, 4)]
+    t = CostTable.from_rows(rows)
+    assert t.draft == {1: 2.0, 8: 16.0} and t.heads == {(1, 2): 1.0, (4, 2): 4.0}
+    assert (t.draft_ms(2), t.draft_ms(2, 15), t.draft_ms(2, 2), t.draft_ms(2, 4), t.draft_ms(8, 2)) == (4, 4, 2, 4, 16)
+    assert t.round_ms(2, 2) == 2.0 + 4.0 and t.round_ms(2, 4) == 4.0 + 6.0
+
+
 def test_steady_throughput_and_the_best_arm():
     t = table()
     plain = steady_tok_s(t, 4, None)

@@ -105,8 +105,8 @@ class RecordedDraws:
         self.runner, self.inner, self.draws = engine.runner, engine.runner.draft, []
         self.runner.draft = self
 
-    def __call__(self, reqs):
-        drafts = self.inner(reqs)
+    def __call__(self, reqs, heads=None):
+        drafts = self.inner(reqs, heads)
         token = self.runner.field("token", len(reqs))
         self.draws += (drafts == token[:, None]).to(torch.int64).cumprod(1).sum(1).tolist()
         return drafts

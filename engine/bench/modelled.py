@@ -130,12 +130,12 @@ class ModelledDrafter:
         u = self._table[key & (self.rows - 1)]
         return (u < self._cond).to(torch.int64).cumprod(1).sum(1)
 
-    def draft(self, reqs: Sequence) -> torch.Tensor:
-        drafts = self._real(reqs)
-        n = drafts.shape[0]
+    def draft(self, reqs: Sequence, heads: int | None = None) -> torch.Tensor:
+        drafts = self._real(reqs, heads)
+        n, d = drafts.shape
         token = self.runner.field("token", n)
         self.request_rounds += n
-        wrong = self._positions[None, :] == self.accepted(token, self.runner.field("num_kv", n))[:, None]
+        wrong = self._positions[None, :d] == self.accepted(token, self.runner.field("num_kv", n))[:, None]
         torch.bitwise_xor(token[:, None], wrong, out=drafts)
         return drafts
 

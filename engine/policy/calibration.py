@@ -58,17 +58,24 @@ def time_forwards(
     warmup: int = 2,
 ) -> list[dict]:
     """Rows {kind: verify|draft, batch, span, rows, bucket, ms (median), ms_min, ms_max} for the first
-    `batch` of `reqs` (prefilled, draft-ready); verify at every span, the drafter at each batch."""
+    `batch` of `reqs` (prefilled, draft-ready); verify at every span, the drafter at each batch (span:
+    the positions its LM head ran over). A time budget cuts only the points past span 1 and the full
+    drafter."""
     device, vocab = runner.device, runner.target.g.vocab_size
     gen = torch.Generator().manual_seed(1)
-    # Span 1 and the drafter first: a time budget that cuts the rest still leaves a table the policy takes.
+    # Span 1 and the full drafter first, whatever the time budget: the least table the policy takes.
     points = [("verify", b, 1) for b in batches if 1 in spans]
-    if runner.drafter is not None:
-        points += [("draft", b, runner.drafter.cfg.drafts_per_round) for b in batches]
+    heads: list[int] = []
+    if runner.drafter is not None:  # then the head over each verified K (else costed as the full head)
+        per_round = runner.drafter.cfg.drafts_per_round
+        points += [("draft", b, per_round) for b in batches]
+        heads = [s - 1 for s in spans if 1 < s < 1 + per_round]
+    required = len(points)
     points += [("verify", b, s) for s in spans if s != 1 for b in batches]
+    points += [("draft", b, k) for k in heads for b in batches]
     rows, start = [], time.perf_counter()
-    for kind, b, span in points:
-        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+    for i, (kind, b, span) in enumerate(points):
+        if i >= required and time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             log.warning("time budget: stopped after %d of %d points", len(rows), len(points))
             break
         sub = list(reqs[:b])
@@ -80,9 +87,9 @@ def time_forwards(
                 return runner.verify(sub, drafts, k, accept)
         else:
 
-            def fn(sub=sub):
+            def fn(sub=sub, heads=span):
                 runner.stage(sub)
-                return runner.draft(sub)
+                return runner.draft(sub, heads)
 
         samples = time_ms(fn, device, repeats, iters, warmup)  # the first call captures the graph
         ms = statistics.median(samples)

@@ -30,35 +30,40 @@ def expected_committed(conditional: Sequence[float], drafts: int) -> float:
 @dataclass
 class CostTable:
     """verify[(batch, span)] and draft[batch] in ms (graph replays of the speculative engine, whose
-    target forward also stores the drafter's context); plain[batch]: a plain engine's one-row step
-    (verify span 1 when absent); host_ms(batch) = host_a + host_b * batch is the per-step host time
-    the device table does not see (0 unless calibrated)."""
+    target forward also stores the drafter's context; draft: the LM head over every draft position);
+    heads[(batch, K)]: the drafter with its LM head over the first K positions only (a round verifying
+    K drafts), where measured; plain[batch]: a plain engine's one-row step (verify span 1 when
+    absent); host_ms(batch) = host_a + host_b * batch is the per-step host time the device table does
+    not see (0 unless calibrated)."""
 
     verify: dict[tuple[int, int], float]
     draft: dict[int, float] = field(default_factory=dict)
     plain: dict[int, float] = field(default_factory=dict)
     host_a: float = 0.0
     host_b: float = 0.0
+    heads: dict[tuple[int, int], float] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], plain_rows: Iterable[dict] = ()) -> CostTable:
         """From profile rows (dicts or CSV rows of strings) with kind, batch, span, ms; plain_rows: a
         plain engine's span-1 verify rows."""
         plain = {int(r["batch"]): float(r["ms"]) for r in plain_rows if r["kind"] == "verify" and int(r["span"]) == 1}
-        verify, draft = {}, {}
+        verify, heads = {}, {}
         for r in rows:
             kind, batch, span, ms = r["kind"], int(r["batch"]), int(r["span"]), float(r["ms"])
             if ms <= 0:
                 raise ValueError(f"profile row {r}: ms must be > 0")
             if kind == "verify":
                 verify[(batch, span)] = ms
-            elif kind == "draft":
-                draft[batch] = ms
+            elif kind == "draft":  # span: the draft positions the LM head ran over
+                heads[(batch, span)] = ms
             else:
                 raise ValueError(f"profile row {r}: unknown kind {kind!r} (verify or draft)")
         if not verify:
             raise ValueError("a cost table needs verify rows")
-        return cls(verify, draft, plain)
+        full = max((k for _, k in heads), default=0)
+        draft = {b: ms for (b, k), ms in heads.items() if k == full}
+        return cls(verify, draft, plain, heads={key: ms for key, ms in heads.items() if key[1] != full})
 
     def spans(self) -> list[int]:
         return sorted({s for _, s in self.verify})
@@ -77,9 +82,13 @@ class CostTable:
             raise ValueError(f"span {span} was not profiled (spans {self.spans()})")
         return interpolate(points, batch, f"verify span {span}")
 
-    def draft_ms(self, batch: int) -> float:
+    def draft_ms(self, batch: int, heads: int | None = None) -> float:
+        """The drafter forward with its LM head over `heads` positions (None or unmeasured: all)."""
         if not self.draft:
             raise ValueError("no drafter rows in the cost table")
+        points = {b: ms for (b, k), ms in self.heads.items() if k == heads}
+        if points and min(points) <= batch <= max(points):
+            return interpolate(points, batch, f"draft heads {heads}")
         return interpolate(self.draft, batch, "draft")
 
     def host_ms(self, batch: int) -> float:
@@ -97,7 +106,7 @@ class CostTable:
 
     def round_ms(self, batch: int, drafts: int) -> float:
         """One speculative round: the drafter forward plus a verify of 1 + drafts rows per request."""
-        return self.draft_ms(batch) + self.verify_ms(batch, 1 + drafts) + self.host_ms(batch)
+        return self.draft_ms(batch, drafts) + self.verify_ms(batch, 1 + drafts) + self.host_ms(batch)
 
 
 def interpolate(points: dict[int, float], x: int, what: str, measured: str = "profiled") -> float:

@@ -127,8 +127,8 @@ def warm_graphs(
     one_token: bool = True,
     stop: Callable[[int], bool] | None = None,
 ) -> int:
-    """At each batch (the first `batch` of `reqs`): the one-token step, the drafter and the verify of
-    each K (on the drafter's own buffer, as rounds run it). stop(batch): end before that batch. Returns
+    """At each batch (the first `batch` of `reqs`): the one-token step, then for each K the drafter
+    with its head over K positions and the verify of K drafts. stop(batch): end before that batch. Returns
     the graphs captured (0 without graphs)."""
     before = runner.graphs.captures
     for b in sorted(batches):
@@ -138,9 +138,9 @@ def warm_graphs(
         if one_token:
             runner.stage(sub)
             runner.decode(sub)
-        runner.stage(sub)
-        drafts = runner.draft(sub)
-        for k in ks:
+        for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
+            runner.stage(sub)
+            drafts = runner.draft(sub, k)
             runner.stage(sub, [k] * b)
             runner.verify(sub, drafts, k, accept)
     return runner.graphs.captures - before
