@@ -58,28 +58,17 @@ class Engine:
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
         self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
-        # No request comes until the running ones finish (generate(), a bench's last wave): engine/drain.py
+        # No request comes until the running ones finish (generate(), a bench's last wave): a draining wave
         self.no_more_requests = False
+        block = self.draft_cfg.block_size if self.draft_cfg else 0
+        rows = max(block, 1 + self.drafts_per_round) if self.draft_cfg else 1  # past num_kv a round writes
+        vocab = self.target_cfg.geometry.vocab_size
         self.scheduler = Scheduler(
-            self.blocks,
-            config.max_num_seqs,
-            config.max_num_batched_tokens,
-            self.draft_cfg.block_size if self.draft_cfg else 0,
-            has_drafter=self.drafter is not None,
-            levers=self.levers,
-            max_model_len=self.max_model_len,
-            vocab_size=self.target_cfg.geometry.vocab_size,
-            round_rows=max(self.draft_cfg.block_size, 1 + self.drafts_per_round) if self.draft_cfg else 1,
-        )
-        self.rounds = Rounds(
-            self.runner,
-            self.drafts_per_round,
-            hedger,
-            trace,
-            cost_table,
-            overlap=config.decode_overlap,
-            take_blocks=self.scheduler.take_ahead,
-        )
+            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, block, self.drafter is not None,
+            self.levers, self.max_model_len, vocab, round_rows=rows,
+        )  # fmt: skip
+        take = self.scheduler.take_ahead
+        self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, trace, cost_table, config.decode_overlap, take)
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
         self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
@@ -151,10 +140,9 @@ class Engine:
         self._unreported[req.id] = req
 
     def set_levers(self, **changes: object) -> None:
-        """Change the levers between steps (benchmarks interleave lever arms on one set of weights);
-        a value of None keeps the current one. Hedge scratch KV is sized at start: an engine started
-        with the hedge off cannot hedge later, and chains beyond the reserved scratch are not verified.
-        policy=adaptive without a cost table measures one first (engine/calibration.py; idle engine only)."""
+        """Change the levers between steps (None keeps a value) and push them to the scheduler and the
+        rounds. Hedge scratch KV is sized at start: an engine started with the hedge off cannot hedge
+        later. policy=adaptive without a cost table measures one first (idle engine only)."""
         levers = self.levers.replace(changes)
         adaptive = levers.policy == "adaptive" and self.drafter is not None
         if adaptive and self.rounds.cost_table is None:
@@ -165,9 +153,7 @@ class Engine:
             capture_policy_graphs(self, self.rounds.accept)  # once, on an idle engine: the graphs its rounds replay
 
     def set_cost_table(self, table: CostTable) -> None:
-        """The adaptive policy's cost table, measured on this device (e.g. by a benchmark): the policy
-        keeps its acceptance estimate and learns the host time the table misses. A table given at
-        start (EngineConfig.cost_table, PEGAINFER_SPEC_COST_TABLE) is taken as the whole cost."""
+        """A cost table measured on this device (a bench's): the policy learns the host time it misses."""
         self.rounds.set_cost_table(table)
 
     def has_unfinished(self) -> bool:

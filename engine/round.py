@@ -8,9 +8,10 @@ plain decode (no drafter, or a request not draft-ready) drops the drafter state 
 Speculative round, per request: k drafts enter the verify (MAX_DRAFTS trims them), a request may
 accept at most `draft_limit` of them (its budget), the target verifies [current, d1..dk] in one
 forward, n = the longest accepted prefix, commit d1..dn plus the target's token after dn (the bonus).
-Hedging hooks in at one place: it drafts chains, verifies them with the main spans, and picks the
-winner (engine/hedge/hedger.py). Under the adaptive policy (engine/policy.py) k is the policy's
-choice for the round; k = 0 runs the gated one-token round instead.
+Two hooks: the span choice (engine/policy/choice.py: the static levers or the adaptive policy) gives
+k, where k = 0 runs the gated one-token round instead; hedging drafts chains, verifies them with the
+main spans and picks the winner (engine/hedge/hedger.py). The drafter's LM head runs over the k
+positions the round verifies.
 """
 
 from __future__ import annotations

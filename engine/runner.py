@@ -134,12 +134,9 @@ class ModelRunner:
         return self.staged[STAGED.index(name), :m]
 
     def assign_blocks(self, reqs: Sequence[Request]) -> None:
-        """The requests' block-table rows from their block lists, in one host -> device copy. From pinned
-        memory, so the host does not wait for the stream: a pageable copy waited for the step launched
-        ahead (engine/decode_overlap.py), and where requests do not move in lockstep some request grows
-        in almost every step. On the H200 (4B geometry, 5f824ad) plain decode of prompts staggered over
-        a block's 16 offsets ran 1.031x at c=8 and 1.055x at c=64 with this copy; the 4B study's adaptive
-        `chat` c=64 arm, desynchronised by one 8-draft probe, went from 15 % under plain to 7 %."""
+        """The requests' block-table rows from their block lists, in one host -> device copy from pinned
+        memory: the host does not wait for a step launched ahead (docs/benchmarks/qwen3-4b-geometry-
+        decode-h200.md has the A/B)."""
         pinned = self.device.type == "cuda"
         rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32, pin_memory=pinned)
         for i, r in enumerate(reqs):
@@ -180,8 +177,8 @@ class ModelRunner:
         return self._span_out[0][:rows]
 
     def _span_outputs(self, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A span step's logits and features: views of one buffer each (not each graph's own: ~40 GiB at
-        the 4B study's 167 graphs), or (None, fresh features) when eager."""
+        """A span step's logits and features: views of one buffer each (not each graph's own), or (None,
+        fresh features) when eager."""
         if self._span_out is None or rows > self._span_out[0].shape[0]:
             return None, self.features(rows)
         logits, features = self._span_out
