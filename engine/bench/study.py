@@ -47,7 +47,7 @@ from engine.bench.sweep import run_sweep
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.models.config import DFlashConfig
-from engine.policy.calibration import policy_spans
+from engine.policy.warmup import policy_spans
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from engine.bench.arms import Arm, arm_drafts
-from engine.bench.profile import prefill_requests
 from engine.engine import Engine
-from engine.policy.calibration import policy_spans
+from engine.policy.warmup import dummy_requests, policy_spans, warm_graphs
 
 log = logging.getLogger(__name__)
 
@@ -53,55 +52,23 @@ def capture_graphs(
     context: int,
     budget_s: float | None,
 ) -> int:
-    """Run the verify of each K, the drafter and (one_token) the one-token step at each batch on
-    requests of `context` tokens, capturing what is not yet captured; the engine is left idle.
-    Stops at the time budget or the device-memory floor. Returns the graphs captured."""
-    graphs, runner = engine.runner.graphs, engine.runner
-    if not graphs.enabled or not batches:
+    """The one-token step (one_token), the drafter and the verify of each K at each batch, on dummy
+    requests of `context` tokens (engine/policy/warmup.py), capturing what is not yet captured; the
+    engine is left as it was. Stops at the time budget or the device-memory floor. Returns the graphs
+    captured."""
+    runner = engine.runner
+    if not runner.graphs.enabled or not batches:
         return 0
-    before, start = graphs.captures, time.perf_counter()
-    vocab = engine.target_cfg.geometry.vocab_size
-    reqs = prefill_requests(engine, max(batches), context, max(ks, default=0) + 2)
-    try:
-        for b in sorted(batches):
-            sub = reqs[:b]
-            steps = [_verify(engine, sub, k, vocab) for k in ks] + [_draft(engine, sub)]
-            steps += [_one_token(engine, sub)] if one_token else []
-            if _stop(engine.device, start, budget_s):
-                log.warning("graph capture stopped before batch %d: the sweep captures the rest", b)
-                break
-            for step in steps:
-                step()
-    finally:
-        runner.reset()
-        while engine.has_unfinished():  # the requests run out their few tokens (in graphs of batch max)
-            engine.step()
-    return graphs.captures - before
+    start = time.perf_counter()
 
+    def stop(batch: int) -> bool:
+        if _stop(engine.device, start, budget_s):
+            log.warning("graph capture stopped before batch %d: the sweep captures the rest", batch)
+            return True
+        return False
 
-def _verify(engine: Engine, sub: list, k: int, vocab: int) -> Callable[[], object]:
-    def step():
-        drafts = torch.randint(0, vocab, (len(sub), k), device=engine.device)
-        engine.runner.stage(sub, [k] * len(sub))
-        return engine.runner.verify(sub, drafts, k, engine.rounds.accept)
-
-    return step
-
-
-def _draft(engine: Engine, sub: list) -> Callable[[], object]:
-    def step():
-        engine.runner.stage(sub)
-        return engine.runner.draft(sub)
-
-    return step
-
-
-def _one_token(engine: Engine, sub: list) -> Callable[[], object]:
-    def step():
-        engine.runner.stage(sub)
-        return engine.runner.decode(sub)
-
-    return step
+    with dummy_requests(engine, max(batches), context, max(ks, default=0) + 1) as reqs:
+        return warm_graphs(runner, engine.rounds.accept, reqs, batches, ks, one_token, stop)
 
 
 def _stop(device: torch.device, start: float, budget_s: float | None) -> bool:
