@@ -1,9 +1,7 @@
 """CUDA graphs for uniform steps: one graph per (step kind, shape, batch bucket), replayed only for
-exactly the shape it was captured at; anything else runs eagerly.
-
-A step of n row groups is padded to the smallest bucket >= n; the caller says what padded rows hold
-(rows pointing at the null KV block). Inputs passed as `shared` are persistent bucket-sized buffers
-(the staged inputs, the draft graph's output): captured as they are, never padded or copied.
+exactly the shape it was captured at. A step of n row groups is padded to the smallest bucket >= n with
+the values the caller gives (rows pointing at the null KV block); `shared` inputs are persistent
+bucket-sized buffers, captured as they are, never padded or copied.
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ class StepGraphs:
         self.enabled, self.buckets = enabled, buckets
         self.captured: dict[tuple, CapturedStep] = {}
         self.captures = 0  # graphs captured so far: a step that captured one is no timing sample
-        self.policy_captured = False  # every graph the adaptive policy replays (engine/policy_graphs.py)
+        self.policy_captured = False  # every graph the adaptive policy replays (engine/policy/warmup.py)
         self._pool = torch.cuda.graph_pool_handle() if enabled else None
 
     def bucket(self, n: int) -> int | None:

@@ -1,9 +1,5 @@
-"""Paged KV blocks: the block manager and the cache tensors.
-
-Blocks are taken as tokens are produced (engine/scheduler.py): the prefill's at admission, then
-before each step the rows it can write; when the pool runs dry the scheduler preempts the youngest
-running request. Hedge scratch blocks lie outside this pool (engine/hedge/scratch.py).
-Block 0 is never handed out: padded rows of a captured step point at it.
+"""Paged KV blocks: the block manager and the cache tensors. Block 0 is never handed out (padded rows of
+a captured step point at it); hedge scratch blocks lie outside the pool (engine/hedge/scratch.py).
 """
 
 from __future__ import annotations

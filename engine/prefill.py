@@ -1,12 +1,8 @@
 """The prefill step: whole prompts (`prefill_ids`) through the target, and with a drafter their feature
-rows into its KV as context; from a CUDA graph where the step fits one, else eagerly.
-
-A prefill of short prompts is launch-bound: on the H200 one 16-token prompt took 21 ms on the plain
-4B engine (31 ms with the drafter's context stored) for ~4.4 ms of device time, the host issuing ~400
-Triton launches (docs/benchmarks/spec-levers-h200.md). So up to PREFILL_GRAPH_TOKENS tokens a prefill
-replays the graph of its (token bucket, longest-prompt bucket, request bucket), its inputs staged in
-two persistent buffers by one copy each. Padded tokens are token 0 at position 0 with slot -1: no
-K/V is written and no sequence's span holds them; padded requests sit on the null row with no tokens.
+rows into its KV as context. Up to PREFILL_GRAPH_TOKENS tokens a prefill replays the graph of its (token
+bucket, longest-prompt bucket, request bucket), its inputs staged in two persistent buffers, else runs
+eagerly. Padded tokens are token 0 at position 0 with slot -1 (no K/V written, in no sequence's span);
+padded requests sit on the null row with no tokens.
 """
 
 from __future__ import annotations

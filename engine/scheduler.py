@@ -1,14 +1,8 @@
 """Admission (waiting -> running on the prompt), KV growth and preemption, and the per-step plan.
 
-KV blocks are taken as tokens are produced: a request is admitted with the blocks of what its prefill
-writes, and before each decode-side step every request of the step takes the blocks that step can
-write (a speculative round: the verify span and the drafter's block ahead of `num_kv`; a one-token
-step: one row). When the pool runs dry the youngest running request is preempted: its blocks and
-slot are freed, its committed tokens kept, and it waits at the front of the queue to be re-prefilled
-on prompt + output. Admission keeps one round of growth free for every running request, so a
-request admitted now is not preempted by the next step; the oldest request always fits (a request
-whose prompt, budget and headroom exceed the pool is rejected up front), so every decode step
-commits tokens.
+KV blocks are taken as tokens are produced (a prefill's at admission, then before each decode-side step
+the rows it can write); a dry pool preempts the youngest running request. Admission keeps one round of
+growth free for every running request, so the oldest always fits and every decode step commits tokens.
 """
 
 from __future__ import annotations
@@ -30,12 +24,9 @@ class Plan(Enum):
 
 
 def decide_plan(num_active: int, has_drafter: bool, all_ready: bool, max_batch: int) -> Plan:
-    """The decode-side plan for a step with no pending prefill. max_batch 0 = gate off.
-
-    Two distinct fallbacks from speculation: NotReady (some request has no captured context) is a
-    plain decode, which drops the drafter state; Gated (all draft-ready, the batch at or above
-    max_batch, as upstream's gate) is a one-token round that keeps the capture. MAX_BATCH=1 gates
-    every round, so the one-token verify path is the only one exercised."""
+    """The decode-side plan for a step with no pending prefill (max_batch 0 = gate off): DECODE when some
+    request has no captured context (the drafter state is dropped), GATED while the batch is at or above
+    max_batch (a one-token round that keeps the capture), else SPECULATIVE."""
     if num_active < 1:
         raise ValueError("no active request to plan for")
     if not has_drafter or not all_ready:

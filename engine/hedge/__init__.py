@@ -1,4 +1,4 @@
-"""Hedged verify and the auto-hedge controller (SPEC 2.7)."""
+"""Hedged verify and the auto-hedge controller (docs/design/hedging.md)."""
 
 from engine.hedge.auto import AutoHedge
 from engine.hedge.chains import Candidate, effective_positions, plan_chains

@@ -1,5 +1,5 @@
 """The auto-hedge controller: how many branch positions (C) to use, from measured committed tokens
-per second in windows of rounds per C (SPEC 2.7)."""
+per second in windows of rounds per C (docs/design/hedging.md, section 3)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,10 @@ log = logging.getLogger(__name__)
 
 
 class AutoHedge:
-    """Self-pricing chain count: committed tokens per second, measured in windows of rounds per C.
-
-    Explores C = 0..max_chains, one window each in rotation, for `cycles` cycles; then commits to
-    the best median window rate, walking C upward and taking a larger C only when it beats the
-    best so far by `margin` (uncertainty resolves toward fewer chains); holds for `hold` rounds,
-    then re-explores with shorter windows. Time is the host gap between consecutive ticks; a gap
-    longer than `gap_s` (idle engine) and `break_window()` (a gated round) discard the partial
-    window and re-anchor, so such intervals are charged to no C. A window is booked to the C that
-    actually ran: a round that ran a different C than the window so far restarts the window."""
+    """Explores C = 0..max_chains, one window of rounds each in rotation, for `cycles` cycles; commits to
+    the best median window rate (a larger C only when it beats the best so far by `margin`); holds for
+    `hold` rounds, then re-explores with `rewindow`-round windows. Time is the host gap between ticks; a
+    gap over `gap_s` and `break_window()` discard the partial window, so such intervals count to no C."""
 
     def __init__(
         self,

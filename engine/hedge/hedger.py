@@ -1,9 +1,6 @@
-"""Hedged verify (SPEC 2.7), behind one hook of the round: plan the chains, draft them, verify them
-in the main spans' target forward, pick each request's winner, and make the winner canonical.
-
-A chain verifies into scratch KV, so a losing chain leaves no trace. A winning chain's accepted span
-rows are copied over its request's blocks, and its feature rows replace the main span's as the
-request's drafter context (stored at the next draft).
+"""Hedged verify, behind one hook of the round: plan the chains, draft them, verify them in the main spans'
+target forward (chains on scratch KV), pick each request's winner, and make the winner's KV and feature
+rows canonical (docs/design/hedging.md, section 2).
 """
 
 from __future__ import annotations

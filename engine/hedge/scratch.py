@@ -1,11 +1,7 @@
-"""Scratch KV for hedge chains: blocks reserved at engine start outside the block pool.
-
-A chain verifies its span in the same target forward as its request's main chain but must not
-write the request's blocks. Its block-table row is the request's table for the fully committed
-blocks, then scratch blocks; the partially filled block holding position num_kv is copied into the
-first scratch block first, so the chain sees every committed row and writes its span into scratch.
-When a chain wins, its scratch blocks are copied over the request's blocks for the accepted rows:
-rows before num_kv in the first block are bit-identical copies, rows after the accepted run are dead.
+"""Scratch KV for hedge chains: blocks reserved at engine start outside the block pool. A chain's table
+row is its request's committed blocks, then scratch blocks (the partial block at num_kv copied into the
+first), so it sees every committed row and writes its span into scratch only; a winner's scratch blocks
+are copied over the request's blocks for the accepted rows.
 """
 
 from __future__ import annotations

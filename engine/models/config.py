@@ -176,8 +176,7 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "drafter") -> DFlashConfig:
-        # The layout is the checkpoint's schema, never the Markov head: upstream keyed anchor-first
-        # on markov_rank once and acceptance collapsed (a z-lab drafter may carry a Markov head too).
+        # The layout is the checkpoint's schema, never the Markov head (a z-lab drafter may carry one too).
         nested = d.get("dflash_config")
         if isinstance(nested, dict):  # z-lab: block size and Markov keys may also sit at the top level
             layout, src = ZLAB, {k: d[k] for k in ("block_size", "markov_rank", "markov_head_type") if k in d} | nested

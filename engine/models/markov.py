@@ -5,11 +5,9 @@ x_k = argmax logits_k. U_k are the backbone's logits for that row (through the t
 W1 [V, r] is an embedding, W2 [V, r] a Linear r -> V (checkpoint tensors markov_head.markov_w1.weight
 and markov_head.markov_w2.weight).
 
-Hedge chains branch off the main walk: chain j copies it up to positions[j] - 1, takes the runner-up
-(the 2nd best of the main walk's logits) at positions[j], then walks on from that token.
-`markov_walk` is the batched, graph-capturable engine path (static shapes, no host reads); the
-plain one-request references it is tested against live with the fixture's torch drafter
-(engine/fixture/dflash_model.py).
+Hedge chain j copies the main walk up to positions[j] - 1, takes the runner-up of the main walk's
+logits at positions[j], then walks on from that token. `markov_walk` is graph-capturable (static shapes,
+no host reads); its one-request references live in engine/fixture/dflash_model.py.
 """
 
 from __future__ import annotations

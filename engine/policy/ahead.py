@@ -1,18 +1,7 @@
-"""The adaptive policy's host work off a round's critical path (engine/round.py): once a round's forwards
-are launched, and before the host waits for their results, it feeds the policy the outcome of the
-round before and plans the next round's K.
-
-In the engine a decision (`SpanPolicy.plan`) and an acceptance update (`observe`) each cost the host
-30-40 us a round at batch 1 on the dev CPU, 4-8x their cost in a tight loop (`engine.bench
-policy-cost`: the caches are cold between forwards). In turn they ran between one round's sync and
-the next round's launch: on the H200 the small pair's adaptive arm (a round ~0.5 ms at c=1) measured
-7-14 % under `spec` at `34e01fe` with 95 % of its rounds at the same K, its drafter phase 15-30 %
-longer. A gated round's plan is taken only for exactly the requests it was made for (each commits one token,
-so the next batch is known). A speculative round's outcome decides which requests finish, and at
-c >= 16 some request is near its end in almost every round; its plan is taken for any batch in the
-same power-of-two bucket (the host term's: 2, 3-4, 5-8, ...), where the table's costs differ little. Both
-need the same levers, and the estimate a plan reads is one round late.
-"""
+"""The adaptive policy's host work off a round's critical path (engine/round.py): once a round is launched,
+feed the policy the round before's outcome and plan the next round's K (on an estimate one round late). A
+gated round's plan holds for exactly its requests (each commits one token), a speculative round's for any
+batch of the same power-of-two bucket (the host term's); both only under the same levers."""
 
 from __future__ import annotations
 
@@ -79,8 +68,7 @@ class PolicyAhead:
 
     def after_gated(self, policy: SpanPolicy, reqs: list[Request], levers: Levers, draining: bool) -> None:
         """A gated round is on the device: each request commits exactly one token, so the next batch is
-        this one less those it finishes on their budget (the H200 study's adaptive arm paid its decision
-        before each gated round's launch, ~0.06 ms a round at c=256)."""
+        this one less those it finishes on their budget."""
         self.flush(policy)
         nxt = [r for r in reqs if r.remaining > 1]
         if nxt:
@@ -90,10 +78,9 @@ class PolicyAhead:
     def after_verify(
         self, policy: SpanPolicy, reqs: list[Request], limits: Sequence[int], levers: Levers, draining: bool
     ) -> None:
-        """A speculative round is on the device: each request commits 1 to 1 + limit tokens. Planned
-        only where the most drafts a request may still accept after it, whatever it accepts, covers
-        every K, so no outcome on the budget caps the next round (a wave's values read each request's
-        most tokens left, one round early)."""
+        """A speculative round is on the device: each request commits 1 to 1 + limit tokens. Planned only
+        where, whatever it accepts, no request's budget can cap the next round's K (a wave's values read
+        each request's most tokens left, one round early)."""
         self.flush(policy)
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
         if useful >= min(levers.max_drafts or policy.per_round, policy.per_round):  # the largest K

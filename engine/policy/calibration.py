@@ -1,19 +1,8 @@
-"""The adaptive policy's cost table, measured by the engine on its own device (SPEC 9).
-
-`time_forwards` times one target verify (per batch and span) and one drafter forward (per batch) on
-requests already in the cache: CUDA-graph replays of the engine's own step functions on the GPU
-(the graphs the rounds replay later), eager forwards on CPU. `engine.bench profile` uses it too.
-
-`calibrated_table` gives an idle engine its table: read from the cache when one was measured for the
-same device, geometry, dtype, graph buckets, spans and library versions, else measured on dummy
-requests that take free slots and KV blocks and hand them back afterwards (no request, counter or
-request index of the engine changes), then cached. The cache lives under $PEGASPEC_CACHE/costs
-(default ~/.cache/pegaspec/costs), one JSON file per key, written under a file lock.
-
-The host term (host_a, host_b) stays 0: the per-request host work of a round (settling, the
-scheduler, the trace) runs on live requests only, so dummy rows cannot time it; the policy learns it
-online from the rounds' walls instead (engine/host_term.py HostTerm).
-"""
+"""The adaptive policy's cost table, measured by the engine on its own device: `time_forwards` times the
+target verify per (batch, span) and the drafter forward per batch on requests in the cache (graph
+replays on the GPU, eager on CPU). `calibrated_table` reads the table cached for this engine's key under
+$PEGASPEC_CACHE/costs (default ~/.cache/pegaspec/costs, one JSON file per key, under a file lock), else
+measures it on dummy requests and caches it. Its host term stays 0: the policy learns it online."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The span choice a speculative round calls (engine/round.py): the static levers or the adaptive policy.
-
-Both answer the same four calls, in round order: `choose` (this round's K; 0 = a gated round that keeps
-the capture), `launched` (the round's forwards are on the device: the adaptive policy plans the next
-round meanwhile), `settled` (the round's outcome, or None for a plain decode step) and `wall` (the
-step's measured ms). `gates_next` tells the
-one-token round whether the step after it may be launched ahead (it must be a gated step too).
-"""
+"""The span choice a speculative round calls (engine/round.py): the static levers or the adaptive policy,
+behind the same calls in round order: `choose` (this round's K; 0 = a gated round, which keeps the capture),
+`launched` (its forwards are on the device), `settled` (its outcome; None: a plain decode step), `wall`
+(the step's ms); `gates_next` tells a one-token round whether its successor may launch ahead (gated too)."""
 
 from __future__ import annotations
 
@@ -68,7 +64,7 @@ class AdaptiveSpans:
     def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int:
         k = self.ahead.take(self.policy, reqs, ahead_key(levers, draining))
         if k is None:
-            remaining = [r.remaining for r in reqs]  # one pass: at batch 256 each is ~20 us of a gated round
+            remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
             k = self.policy.decide(len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1)
         return k
 

@@ -1,10 +1,6 @@
-"""What a speculative round costs and commits, for the adaptive span policy (engine/policy.py) and the
-bench's cost model above it: expected committed tokens from per-position acceptance, and a cost table
-of measured round times (`engine.bench profile` rows: verify ms per (batch, span), drafter ms per batch).
-
-Batches between measured points are interpolated linearly; a span or batch outside the table is an
-error, never a guess.
-"""
+"""What a speculative round costs and commits (the adaptive policy, the bench's cost model): expected
+committed tokens from per-position acceptance, and a table of measured round ms (`engine.bench profile`
+rows) interpolated linearly between batches; a span or batch outside the table is an error, never a guess."""
 
 from __future__ import annotations
 
@@ -29,12 +25,11 @@ def expected_committed(conditional: Sequence[float], drafts: int) -> float:
 
 @dataclass
 class CostTable:
-    """verify[(batch, span)] and draft[batch] in ms (graph replays of the speculative engine, whose
-    target forward also stores the drafter's context; draft: the LM head over every draft position);
-    heads[(batch, K)]: the drafter with its LM head over the first K positions only (a round verifying
-    K drafts), where measured; plain[batch]: a plain engine's one-row step (verify span 1 when
-    absent); host_ms(batch) = host_a + host_b * batch is the per-step host time the device table does
-    not see (0 unless calibrated)."""
+    """verify[(batch, span)] and draft[batch] in ms (graph replays of the speculative engine, whose target
+    forward also stores the drafter's context; draft: the LM head over every draft position); heads[(batch,
+    K)]: the drafter with its LM head over the first K positions (a round of K drafts), where measured;
+    plain[batch]: a plain engine's one-row step (verify span 1 when absent); host_ms(batch) = host_a +
+    host_b * batch: per-step host ms the device table misses."""
 
     verify: dict[tuple[int, int], float]
     draft: dict[int, float] = field(default_factory=dict)

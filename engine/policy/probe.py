@@ -1,4 +1,4 @@
-"""The adaptive policy's probes (engine/policy.py): now and then one round tries a larger K than the
+"""The adaptive policy's probes (engine/policy/span.py): now and then one round tries a larger K than the
 one in force, so an estimate that the batch's cost keeps gated (nothing observed) or the positions past
 the K in force are refreshed."""
 
@@ -23,28 +23,16 @@ def choose_probe(
     gated_bar: float,
     jump: float,
 ) -> tuple[int, ProbeState]:
-    """This round's K and its probe state: the K in force, or the best larger K when it is worth
-    PROBE_FLOOR of it and the rounds under the K in force since the last probe took its spacing times
-    the probe's expected loss (a starved estimate relaxes instead): its ms times the share of value it
-    gives up, scaled so a probe at PROBE_FLOOR waits its spacing times its ms, one near break-even a
-    third of that (by ms alone, `code` c=64 on the H200 at f4464a4 gated a whole wave: a 4-draft probe
-    at ~0.85 of the gated round came due too late). Only where what a probe may find pays: where its K
-    at PROBE_CEILING acceptance leads the K in force there by less than `jump`, the probe waits its
-    whole ms (at 76da6b5 near break-even probes of 2-8 drafts at `code` c=128, which at best lead the
-    gated round by 16-24 %, came due three times as often and cost those runs 6-7 %). The spacing doubles
-    up to PROBE_MAX while probes change nothing. It and the ms since a probe are kept per batch bucket
-    (powers of two) and K in force (`probes`; the caller passes none where the estimate moved K at an
-    unchanged batch): kept per K alone, they restarted whenever the load moved K, and the H200 study's
-    cells probed anew in every 64-token wave (532fe16: `code` c=128 waves that probed ran 0.82-0.92 of
-    plain, the others 0.96-1.03). Waves probe too (3cd81a7 probed none: `code` c=64 gated every wave on
-    `chat` c=32's estimate, -24 % against trim 8), but a probe due near a wave's end (wave_left: the
-    fewest tokens any request has left) waits for the next: a lockstep wave ends with its slowest
-    request, so a late probe cannot shorten it (bc80d89: c=128 cells probed in their last rounds, -8-10
-    % to plain). Out of the gated round (gated_bar: the value per ms it must beat by the policy's
-    margin), no probe tries a K that would not beat it at PROBE_CEILING acceptance (c1e25cd, 54c876b:
-    4-draft probes of 31 ms against 5.2 ms gated rounds at c=256, ahead by 2-6 % only with every draft
-    accepted, cost the adaptive arm 2-9 % of a run: in a lockstep wave of 256 a probe cannot shorten the
-    wave)."""
+    """This round's K and its probe state: the K in force, or the best larger K when its value is at
+    least PROBE_FLOOR of the K in force's and the ms under the K in force since the last probe reach the
+    spacing times the probe's expected loss: its ms times the share of value it gives up (at least
+    PROBE_LOSS_LEAST), scaled so a probe at PROBE_FLOOR waits the spacing times its ms, which is also the
+    wait of a probe whose K, at PROBE_CEILING acceptance, leads the K in force by no more than `jump`.
+    The spacing doubles up to PROBE_MAX while probes change nothing; it and the ms since a probe are kept
+    per (batch bucket, K in force) in `probes` (the caller passes none where the estimate moved K at an
+    unchanged batch). No probe at K 0 on a `starved` estimate (it relaxes instead), in a wave whose
+    fewest tokens left (`wave_left`) are under PROBE_WAVE_LEFT of its spans, or, out of the gated round,
+    for a K that would not beat `gated_bar` (the value per ms the gated round sets) at PROBE_CEILING."""
     key = (batch.bit_length(), k_in_force)
     since, spacing = probes.get(key, (0.0, PROBE_FIRST))
     larger = {k: v for k, v in values.items() if k > k_in_force and _at_ceiling(k) / times[k] > gated_bar}

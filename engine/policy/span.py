@@ -1,31 +1,11 @@
-"""The adaptive span policy (SPEC 9): before each speculative round, choose K drafts to verify.
+"""The adaptive span policy: before each speculative round, choose K, the drafts to verify.
 
-K is taken from the span variants {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated one-token
-round that keeps the capture) to maximise expected committed tokens per millisecond of the batch:
-E[committed | K] from a per-position acceptance estimate, the round's time from a cost table
-(engine/costs.py) plus the host time the table cannot see. `choose_span` is the pure decision;
-`SpanPolicy` keeps the online acceptance estimate (an EMA of conditional acceptance per draft position,
-per request-round observed there, seeded optimistic: at 16 requests a round moves it ~20 %, at one
-request 1.5 %, so a few unlucky rounds of a lone request no longer gate it), the online host term
-(`HostTerm`: each round's measured wall minus the table's device time, per kind of round and batch) and
-the hysteresis: K moves only after the best variant beat the current one by `margin` for `patience`
-consecutive rounds, or at once when it is ahead by more than `jump`. The hysteresis damps acceptance
-noise; a batch or cap that changed under the K in force is no noise (the H200 study's c=256 adaptive arm
-held K=15 at batch 256 for three rounds left over from the last drain, 71 ms each). A gated round
-observes nothing. Where the estimate itself says 0 even for one request, it relaxes toward its seed
-there, so the policy probes again rather than latching at 0; where only the batch's cost says 0, it
-stays: the batch draining brings speculation back, and an estimate drifted up by hundreds of gated
-rounds would buy 16-row probes at batch 256 (the same study's next run). Yet an estimate that only the
-batch's cost gates is never refreshed there, nor the positions past the K in force: when acceptance rose
-meanwhile the policy latched (the H200 study at b0194de: `code` c=64 gated 69 % of its rounds on an
-estimate left by `chat`, 23 % under trim 8). So one round probes (engine/probe.py) the best larger K
-when its value on the estimate is at least PROBE_FLOOR of the K in force's and the rounds since the last
-probe took PROBE_FIRST times its expected value loss, doubling up to PROBE_MAX while the probes change
-nothing (per batch bucket): the probes give up under 0.3 / 16 of the value (spaced by rounds instead,
-8-draft probes at batch 128 cost the `chat` arm ~15 %, ca36d9c), and none runs where more drafts are far
-behind (batch 256 on the 4B table: 0.62 of the gated round). While the batch only drains (no request
-will come) and speculation is near break-even (WAVE_BAND), K is valued over the whole wave instead of
-one round (engine/drain.py); while draining, K moves without patience.
+K is the span variant in {0, 1, 2, 4, 8, all} (capped by MAX_DRAFTS; 0 = the gated one-token round, which
+keeps the capture) with the most expected committed tokens per ms of the batch: E[committed | K] from a
+per-position acceptance estimate (an EMA per request-round, seeded optimistic), ms from the cost table plus
+the learnt host term (engine/policy/host.py), under hysteresis, with probes (engine/policy/probe.py) and,
+while a wave only drains, K valued over the whole wave (engine/policy/wave.py). Why each mechanism is
+there, with the measurements behind it: docs/design/policy.md.
 """
 
 from __future__ import annotations
@@ -43,21 +23,13 @@ from engine.policy.probe import choose_probe
 from engine.policy.wave import WaveValues
 
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
-# A speculative K must expect this much more than the gated round: its estimate is the optimistic one
-# (on the H200 4B study the cost model over-predicted speculative arms at c >= 64, and the policy's
-# break-even picks at chat c=64 lost 7 % to plain while the gated round's cost is what it measures).
-SPEC_DISCOUNT = 0.05
-# A draining wave is valued as a whole only where one round's best K leads the gated round by less than
-# this: the wave lowers a speculative K's value against the gated round's (by 7-23 % in the study's
-# lockstep cells), never raises it, and one evaluation costs 0.3-0.9 ms of host time (the 2-core dev CPU).
-WAVE_BAND = 1.3
+SPEC_DISCOUNT = 0.05  # a speculative K must expect this much more than the gated round: its estimate is optimistic
+WAVE_BAND = 1.3  # a draining wave is valued whole only where one round's best K leads the gated round by less
 
 
 class Decision(NamedTuple):
     """A round's K, the policy state it leaves (None: a forced gated round changes none) and whether
-    its wall teaches the host term (not a wave's last round: every request finishes in it, and their
-    completion, paid once per request whatever K, taught the H200 study's gated term at batch 64 1.8
-    ms against ~0.3 a steady round at 54c876b, and `chat` c=64 verified 2 drafts, 11 % under plain)."""
+    its wall teaches the host term (not a wave's last round, whose requests all finish in it)."""
 
     k: int
     state: tuple | None = None
@@ -111,6 +83,10 @@ def check_table(table: CostTable) -> None:
 
 
 class SpanPolicy:
+    """K per round (`decide`, or `plan` then `apply`), learning from `observe`, `gated` and `observe_wall`.
+    ema: an estimate's weight per request-round; K moves once the best beat it by `margin` for `patience`
+    rounds, at once when ahead by `jump`; relax: a starved estimate's step toward `prior` per gated round."""
+
     def __init__(
         self,
         table: CostTable,
@@ -167,13 +143,11 @@ class SpanPolicy:
         remaining: Sequence[int] | None = None,
         useful: int | None = None,
     ) -> Decision:
-        """The next round's decision, changing no state (`apply` takes it): it can be made while the
-        device runs the round before. remaining: each request's tokens left, given when no request
-        waits for a slot (a draining wave: K valued over the whole wave). useful: the most drafts any
-        request may still accept (tokens left minus the bonus): below 1 the gated round, else no K past
-        the smallest variant covering it (the best of those), as unacceptable drafts only cost: at
-        3cfef9c the H200 study's c=256 waves ended in 8- and 15-draft rounds of one-token stragglers,
-        45-70 ms against a 5 ms gated round (-13 to -17 % to plain)."""
+        """The next round's decision, changing no state (`apply` takes it), so it can be made while the
+        device runs the round before. remaining: each request's tokens left, given when no request waits
+        for a slot (a draining wave: K valued over the whole wave). useful: the most drafts any request
+        may still accept (tokens left minus the bonus): below 1 the gated round, else no K past the
+        smallest variant covering it (the best of those)."""
         if useful is not None and useful < 1:  # forced: the K in force stays, the wall teaches nothing
             return Decision(0, None, False)
         times = self._round_times(batch, max_drafts)
@@ -182,9 +156,7 @@ class SpanPolicy:
         if draining and best and values[best] < WAVE_BAND * values[0]:  # near break-even: over the wave
             values = self.waves(remaining, max_drafts, self.conditional, self.host.predict)
             best = max(values, key=lambda k: (values[k], -k))
-        # A wave's values already average its rounds' acceptance, and a wave is short: each round spent
-        # waiting out the patience runs the wrong K over a share of it (H200 study at f53b035: `chat`
-        # c=64 kept the last cell's K=4 for its first rounds and lost 13-15 % to plain).
+        # A wave is short, its values already averaged over its rounds: a draining K moves at once.
         patience = 1 if draining else self.patience
         k_in_force, streak = self.k, self._streak
         if k_in_force not in values:
@@ -252,9 +224,8 @@ class SpanPolicy:
         self.host.add(batch, k, wall_ms, device)
 
     def _starved_at_one(self, max_drafts: int) -> bool:
-        """Even one request's round gains no `margin` over the gated round on this estimate. Asked at
-        every gated decision, answered again only when its inputs moved (a third of a gated decision's
-        host time at batch 256 otherwise)."""
+        """Even one request's round gains no `margin` over the gated round on this estimate (answered
+        again only when its inputs moved)."""
         key = (max_drafts, tuple(self.conditional), self.host.predict(1, False), self.host.predict(1, True))
         if key != self._starved_key:
             best, values = best_span(self._round_times(1, max_drafts), 1, self.conditional)

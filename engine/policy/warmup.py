@@ -1,11 +1,6 @@
-"""Forwards on an idle engine before it serves: dummy requests, and every graph a round can replay.
-
-`dummy_requests` prefills requests outside the engine's request table (no counter, index or output of
-the engine changes) and hands their slots and KV back on exit. `warm_graphs` runs the one-token step,
-the drafter and the verify of each K at each batch on them, so that each graph is captured there
-rather than inside a served round; the calibration (engine/policy/calibration.py), the adaptive
-policy's start-up capture and the bench all warm through it.
-"""
+"""Forwards on an idle engine before it serves: dummy requests outside the engine's request table (no
+counter, index or output changes; slots and KV handed back on exit), and `warm_graphs`, which captures
+every graph a round can replay there rather than inside a served round."""
 
 from __future__ import annotations
 
@@ -127,9 +122,9 @@ def warm_graphs(
     one_token: bool = True,
     stop: Callable[[int], bool] | None = None,
 ) -> int:
-    """At each batch (the first `batch` of `reqs`): the one-token step, then for each K the drafter
-    with its head over K positions and the verify of K drafts. stop(batch): end before that batch. Returns
-    the graphs captured (0 without graphs)."""
+    """At each batch (the first `batch` of `reqs`): the one-token step, then per K the drafter with its
+    head over K positions and the verify of K drafts on its buffer, as rounds run them; stop(batch): end
+    before it. Returns the graphs captured."""
     before = runner.graphs.captures
     for b in sorted(batches):
         if stop is not None and stop(b):
@@ -147,9 +142,8 @@ def warm_graphs(
 
 
 def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:
-    """Once, on an idle engine with graphs: every (bucket, variant) graph the adaptive policy's rounds
-    can replay, up to the batch the KV pool admits (the gated round replays the decode graph). Returns
-    the graphs captured (0 without graphs, on a busy engine, or once done)."""
+    """Once, on an idle engine with graphs: every (bucket, variant) graph the adaptive policy's rounds can
+    replay, up to the batch the KV pool admits. Returns the graphs captured (0: none, busy, or done)."""
     runner = engine.runner
     if not runner.graphs.enabled or runner.graphs.policy_captured or engine.scheduler.has_work():
         return 0

@@ -1,15 +1,9 @@
-"""The draining wave (SPEC 9): when no request waits for a finished request's slot, the batch only
-shrinks, and the wave's time is that of its slowest request. Committed tokens per ms of one round
-then overrate speculation: drafts spread the requests' progress, so the batch thins early and its
-tail runs at small batches, where a row costs more, while one-token rounds keep the whole batch in
-lockstep to the end. On the H200 4B study at 4eb2fd8 the per-round choice at `code` c=128 was K=8
-(6 % ahead of the gated round per round on the table), and the arm lost 13-24 % to plain.
-
-`wave_ms` is the expected time to finish the wave under one K held from now on: request i needs the
-first round count t with S_t >= r_i (its remaining tokens), S_t a sum of t independent committed
-counts (1 + accepted drafts, from the per-position conditional acceptance), taken as normal; the
-expected batch at round t is the sum over requests of P(S_t < r_i), and each round costs the round
-time at that batch. K=0 is exact (every round commits one token)."""
+"""The draining wave: when no request waits for a finished request's slot, the batch only shrinks and
+the wave lasts as long as its slowest request, so K is valued over the wave, not one round. `wave_ms`:
+the expected time to finish the wave under one K held from now on. Request i needs the first round count
+t with S_t >= r_i (its remaining tokens), S_t a sum of t independent committed counts (1 + accepted
+drafts, from the per-position conditional acceptance) taken as normal; the expected batch at round t is
+the sum over requests of P(S_t < r_i); each round costs the round time at that batch. K=0 is exact."""
 
 from __future__ import annotations
 
@@ -74,12 +68,10 @@ def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var
 
 
 class WaveValues:
-    """The adaptive policy's values over a draining wave: per candidate K held from now on, the wave's
-    remaining tokens per expected ms to finish it, a speculative K's divided by 1 + `discount` (as the
-    policy discounts one round's). round_times(batch, cap) gives the table's ms per candidate K; it
-    is read once per cap for every batch up to the next power of two. `__call__` reuses its values
-    for REUSE rounds at one batch and cap (one evaluation costs 0.3-0.9 ms of host time on the 2-core
-    development CPU) until `forget` (a speculative round's outcome: the estimate moved)."""
+    """Per candidate K held from now on: the wave's remaining tokens per expected ms to finish it, a
+    speculative K's divided by 1 + `discount`. round_times(batch, cap): the table's ms per candidate K,
+    read once per cap for every batch up to the next power of two. `__call__` reuses its values for REUSE
+    rounds at one batch and cap until `forget` (a speculative round's outcome)."""
 
     REUSE = 4
 
