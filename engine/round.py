@@ -91,9 +91,9 @@ class Rounds:
         self.levers = levers
         self.hedger.configure(levers)
         if adaptive and self.adaptive is None:
-            self.adaptive = AdaptiveSpans(self.cost_table, self.per_round, learn_host=self.learn_host)
+            self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
         if self.adaptive is not None:
-            self.adaptive.ahead.drop()
+            self.adaptive.ahead = None  # a plan made under other levers
         self.spans = self.adaptive if adaptive else self.static
 
     @property
@@ -125,7 +125,7 @@ class Rounds:
     # -- the one-token round ---------------------------------------------------------------------------
     def one_token(self, reqs: list[Request], gated: bool, draining: bool | None = None, admitting: bool = True) -> None:
         """Plain decode (gated False) or a gated round (gated True: capture kept, traced, counted).
-        draining: given where the adaptive policy gated the round (PolicyAhead.after_gated). admitting:
+        draining: given where the span choice gated the round (it plans the next one meanwhile). admitting:
         the next step could be a prefill, so none is launched ahead (engine/decode_overlap.py)."""
         committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:

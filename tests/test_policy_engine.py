@@ -246,7 +246,11 @@ def test_a_gated_round_plans_the_next_while_the_device_runs(tiny_target, tiny_dr
     decided = counting_decides(planned)
     outs, rows = run(planned, capsys)
     in_turn = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
-    in_turn.rounds.adaptive.ahead.after_gated = lambda *args: None
+    spans = in_turn.rounds.adaptive
+    launched = spans.launched
+    spans.launched = lambda reqs, levers, draining, limits: (
+        limits is not None and launched(reqs, levers, draining, limits)
+    )
     outs_in_turn, rows_in_turn = run(in_turn, capsys)
     assert rows == rows_in_turn and [o.token_ids for o in outs] == [o.token_ids for o in outs_in_turn]
     policy = planned.rounds.policy
@@ -258,13 +262,13 @@ def test_a_plan_for_another_batch_is_dropped(tiny_target, tiny_drafter, plain, o
     engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
     for p, b in zip(PROMPTS, BUDGETS, strict=True):
         engine.add_request(p, SamplingParams(max_tokens=b, ignore_eos=True))
-    while engine.rounds.adaptive.ahead.ahead is None:
+    while engine.rounds.adaptive.ahead is None:
         engine.step()
-    planned_for = engine.rounds.adaptive.ahead.ahead.reqs
+    planned_for = engine.rounds.adaptive.ahead.reqs
     engine.abort(planned_for[0].id)
     decided = counting_decides(engine)
     engine.step()
-    assert decided == [len(planned_for) - 1] and engine.rounds.adaptive.ahead.ahead.reqs == planned_for[1:]
+    assert decided == [len(planned_for) - 1] and engine.rounds.adaptive.ahead.reqs == planned_for[1:]
 
 
 def test_a_speculative_round_plans_the_next_while_the_device_runs(tiny_target, tiny_drafter, plain, capsys, one_thread):
@@ -280,5 +284,5 @@ def test_a_speculative_round_plans_the_next_while_the_device_runs(tiny_target, t
         assert o.token_ids == plain[tuple(p)]
     rounds = engine.rounds.policy.chosen.total()
     assert rounds >= 20 and len(decided) <= rounds // 2
-    engine.rounds.adaptive.ahead.flush(engine.rounds.policy)  # the last round's outcome waits for a next launch
+    engine.rounds.adaptive.flush()  # the last round's outcome waits for a next launch
     assert sum(observed) == sum(not r.gated for r in rows)

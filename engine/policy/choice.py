@@ -6,11 +6,11 @@ behind the same calls in round order: `choose` (this round's K; 0 = a gated roun
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from engine.levers import Levers
-from engine.policy.ahead import PolicyAhead, ahead_key
 from engine.policy.costs import CostTable
-from engine.policy.span import SpanPolicy
+from engine.policy.span import Decision, SpanPolicy
 from engine.request import Request
 
 
@@ -44,46 +44,93 @@ class StaticSpans:
         return True
 
 
-class AdaptiveSpans:
-    """K per round from the cost table and the online acceptance estimate (engine/policy/span.py), with
-    the policy's host work done while the device runs the round before (engine/policy/ahead.py)."""
+@dataclass(frozen=True)
+class Ahead:
+    """A decision for the next round, made while the device ran this one, under these (max_drafts,
+    max_batch, draining): for exactly these requests, or (not exact) any batch of their bucket."""
 
-    def __init__(self, table: CostTable, per_round: int, learn_host: bool = True):
-        self.policy = SpanPolicy(table, per_round, learn_host=learn_host)
-        self.ahead = PolicyAhead()
+    reqs: list[Request]
+    key: tuple[int, int, bool]
+    decision: Decision
+    exact: bool = True
+
+    def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
+        if key != self.key:
+            return False
+        if self.exact:
+            return reqs == self.reqs
+        return (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()  # HostTerm's buckets
+
+
+def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
+    return levers.max_drafts, levers.max_batch, draining
+
+
+class AdaptiveSpans:
+    """K per round from the cost table and the online acceptance estimate (engine/policy/span.py), its
+    host work off the round's critical path: once a round is launched, the policy is fed the round
+    before's outcome and plans the next round's K (on an estimate one round late). A gated round's
+    plan holds for exactly its requests (each commits one token), a speculative round's for any batch
+    of the same power-of-two bucket (the host term's); both only under the same levers."""
+
+    def __init__(self, policy: SpanPolicy):
+        self.policy = policy
+        self.ahead: Ahead | None = None
+        self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
         self._k: int | None = None  # the K of the last round, until its wall arrives
 
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
-        self.ahead.drop()
-        self.ahead.flush(self.policy)
+        self.ahead = None
+        self.flush()
         conditional = self.policy.conditional
         self.policy = SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
 
     def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int:
-        k = self.ahead.take(self.policy, reqs, ahead_key(levers, draining))
-        if k is None:
-            remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
-            k = self.policy.decide(len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1)
-        return k
+        """The plan made for this round where it holds, else a decision in turn (every outcome observed)."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.holds_for(reqs, ahead_key(levers, draining)):
+            return self.policy.apply(ahead.decision)
+        self.flush()
+        remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
+        return self.policy.decide(len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1)
 
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
-        """limits: the verify's draft limits; None for a gated round the policy chose."""
+        """limits: the verify's draft limits; None for a gated round the policy chose. A gated round's
+        next batch is this one less those it finishes; after a verify (1 to 1 + limit tokens each) the
+        next round is planned only where no request's budget can cap its K."""
+        self.flush()
         if limits is None:
-            self.ahead.after_gated(self.policy, reqs, levers, draining)
-        else:
-            self.ahead.after_verify(self.policy, reqs, limits, levers, draining)
+            nxt = [r for r in reqs if r.remaining > 1]
+            if nxt:
+                remaining = [r.remaining - 1 for r in nxt]
+                self._plan(nxt, levers, draining, remaining, max(remaining) - 1, exact=True)
+            return
+        per_round = self.policy.per_round
+        useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
+        if useful >= min(levers.max_drafts or per_round, per_round):  # the largest K
+            self._plan(reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
+
+    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, remaining, useful: int, exact: bool) -> None:
+        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful)
+        self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact)
 
     def settled(self, k: int | None, limits: Sequence[int] = (), accepted: Sequence[int] = ()) -> None:
         """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed); else per
-        request its draft limit and accepted drafts."""
+        request its draft limit and accepted drafts, fed to the policy at the next launch or decision."""
         if k:
-            self.ahead.observed(limits, accepted)
+            self._unobserved = (limits, accepted)
         elif k == 0:
-            self.ahead.flush(self.policy)
+            self.flush()
             self.policy.gated()
         self._k = k
+
+    def flush(self) -> None:
+        """The last speculative round's outcome, now."""
+        if self._unobserved is not None:
+            self.policy.observe(*self._unobserved)
+            self._unobserved = None
 
     def wall(self, batch: int, ms: float | None) -> None:
         """The engine's wall of the step that ran the last round (None: it captured a graph, or it
@@ -93,4 +140,6 @@ class AdaptiveSpans:
             self.policy.observe_wall(batch, k, ms)
 
     def gates_next(self, reqs: list[Request]) -> bool:
-        return self.ahead.gates(reqs)
+        """Whether the plan made for the next round is a gated round of exactly these requests."""
+        a = self.ahead
+        return a is not None and a.exact and a.decision.k == 0 and a.reqs == reqs

@@ -127,21 +127,13 @@ class SpanPolicy:
         self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
     def decide(
-        self,
-        batch: int,
-        max_drafts: int = 0,
-        remaining: Sequence[int] | None = None,
-        useful: int | None = None,
+        self, batch: int, max_drafts: int = 0, remaining: Sequence[int] | None = None, useful: int | None = None
     ) -> int:
         """K for the next round of `batch` requests: `apply(plan(...))` (arguments: see `plan`)."""
         return self.apply(self.plan(batch, max_drafts, remaining, useful))
 
     def plan(
-        self,
-        batch: int,
-        max_drafts: int = 0,
-        remaining: Sequence[int] | None = None,
-        useful: int | None = None,
+        self, batch: int, max_drafts: int = 0, remaining: Sequence[int] | None = None, useful: int | None = None
     ) -> Decision:
         """The next round's decision, changing no state (`apply` takes it), so it can be made while the
         device runs the round before. remaining: each request's tokens left, given when no request waits
