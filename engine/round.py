@@ -130,14 +130,14 @@ class Rounds:
         committed = self._one_step(reqs, gated, draining, admitting)
         if not gated:
             self.hedger.pause()
-            self.spans.settled(None)
+            self.spans.settled(None, reqs)
             return
         self.stats.count_gated(committed)
         if self.trace:
             for r, done in zip(reqs, committed, strict=True):
                 log_round(r.id, True, 0, 0, done, r.draft_context_len, 0)
         self.hedger.gated()
-        self.spans.settled(0)
+        self.spans.settled(0, reqs)
 
     def _one_step(self, reqs: list[Request], gated: bool, draining: bool | None, admitting: bool) -> list[int]:
         """This step (the one launched ahead if it is this one, else launched now), then, where it may,
@@ -195,7 +195,7 @@ class Rounds:
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
-        self.spans.settled(k, limits, [o.accepted_draft for o in outcomes])
+        self.spans.settled(k, reqs, limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
         if self.trace:  # a request's hedge line follows its round line

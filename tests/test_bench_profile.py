@@ -19,8 +19,9 @@ def test_profile_tiny_geometry_produces_its_rows(tmp_path, capsys):
     rows = read_csv(tmp_path / "profile.csv")
     verify = {(int(r["batch"]), int(r["span"])) for r in rows if r["kind"] == "verify"}
     assert verify == {(b, s) for b in (1, 2) for s in (1, 3)}  # batch 1 / span 1 always: the 1-row reference
-    draft = sorted(int(r["batch"]) for r in rows if r["kind"] == "draft")
-    assert draft == [1, 2]
+    draft = {(int(r["batch"]), int(r["span"])) for r in rows if r["kind"] == "draft"}
+    full = max(s for _, s in draft)  # the full head, then the head over the 2 drafts span 3 verifies
+    assert draft == {(b, s) for b in (1, 2) for s in (full, 2)} and full > 2
     for r in rows:
         assert float(r["ms"]) > 0 and float(r["ms_min"]) <= float(r["ms"]) <= float(r["ms_max"])
         assert int(r["rows"]) == int(r["batch"]) * int(r["span"])

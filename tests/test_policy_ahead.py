@@ -23,7 +23,7 @@ class Policy:
     def observe(self, limits, accepted):
         self.calls.append(("observe", list(limits), list(accepted)))
 
-    def plan(self, batch, max_drafts, remaining, useful):
+    def plan(self, batch, max_drafts, remaining, useful, context):
         self.calls.append(("plan", batch, remaining, useful))
         return Decision(4)
 
@@ -31,7 +31,7 @@ class Policy:
         self.calls.append(("apply", decision.k))
         return decision.k
 
-    def decide(self, batch, max_drafts, remaining, useful):
+    def decide(self, batch, max_drafts, remaining, useful, context):
         self.calls.append(("decide", batch))
         return 2
 
@@ -40,7 +40,7 @@ class Policy:
 
 
 def reqs(*remaining):
-    return [SimpleNamespace(remaining=r) for r in remaining]
+    return [SimpleNamespace(remaining=r, num_kv=64) for r in remaining]
 
 
 def spans() -> tuple[AdaptiveSpans, Policy]:
@@ -51,7 +51,7 @@ def spans() -> tuple[AdaptiveSpans, Policy]:
 def test_an_outcome_is_observed_at_the_next_launch_once():
     ahead, policy = spans()
     batch = reqs(40, 50)
-    ahead.settled(8, [8, 8], [3, 8])
+    ahead.settled(8, batch, [8, 8], [3, 8])
     assert policy.calls == []
     ahead.launched(batch, LEVERS, False, [8, 8])
     ahead.launched(batch, LEVERS, False, [8, 8])
@@ -90,7 +90,7 @@ def test_a_plan_for_other_requests_or_levers_is_dropped_and_the_outcome_observed
     for other_reqs, draining in ((batch[:1], False), (batch, True)):
         ahead, policy = spans()
         ahead.launched(batch, LEVERS, False, [8, 8])
-        ahead.settled(8, [8, 8], [1, 2])
+        ahead.settled(8, batch, [8, 8], [1, 2])
         assert ahead.choose(other_reqs, LEVERS, draining) == 2  # decided in turn ...
         assert policy.calls[-2:] == [("observe", [8, 8], [1, 2]), ("decide", len(other_reqs))]  # ... outcome in
 
@@ -103,5 +103,5 @@ def test_a_gated_round_plans_for_the_requests_it_does_not_finish_and_gates_its_s
     assert not ahead.gates_next(batch[1:])  # the plan is K = 4, not a gated round
     ahead.ahead = ahead.ahead.__class__(batch[1:], ahead.ahead.key, Decision(0))
     assert ahead.gates_next(batch[1:]) and not ahead.gates_next(batch)
-    ahead.settled(0)
+    ahead.settled(0, batch[1:])
     assert policy.calls[-1] == ("gated",)

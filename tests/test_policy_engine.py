@@ -83,9 +83,10 @@ def test_every_round_reports_its_wall_and_no_prefill_does(tiny_target, tiny_draf
     engine.set_cost_table(loses_from_3())  # as a benchmark sets one it measured: the host term learns
     policy, walls = engine.rounds.policy, []
 
-    def observe_wall(batch, k, ms):
+    def observe_wall(batch, k, ms, context):
         walls.append((batch, k, ms))
-        learn(batch, k, ms)
+        assert context is not None and context > 0  # the mean context its decision read
+        learn(batch, k, ms, context)
 
     learn, policy.observe_wall = policy.observe_wall, observe_wall
     _, rows = run(engine, capsys)
@@ -101,7 +102,7 @@ def test_a_step_that_captured_a_graph_sends_no_wall(tiny_target, tiny_drafter, p
     engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
     engine.set_cost_table(loses_from_3())
     walls, graphs, run_step = [], engine.runner.graphs, engine._run
-    engine.rounds.policy.observe_wall = lambda batch, k, ms: walls.append(batch)
+    engine.rounds.policy.observe_wall = lambda batch, k, ms, context: walls.append(batch)
 
     def capturing(step):
         run_step(step)

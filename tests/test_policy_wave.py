@@ -102,9 +102,9 @@ def calls(monkeypatch):
     seen = []
     real = SpanPolicy.decide
 
-    def spy(self, batch, max_drafts=0, remaining=None, useful=None):
+    def spy(self, batch, max_drafts=0, remaining=None, useful=None, context=None):
         seen.append((batch, remaining))
-        return real(self, batch, max_drafts, remaining, useful)
+        return real(self, batch, max_drafts, remaining, useful, context)
 
     monkeypatch.setattr(SpanPolicy, "decide", spy)
     return seen

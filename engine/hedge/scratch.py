@@ -6,10 +6,22 @@ are copied over the request's blocks for the accepted rows.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from engine.request import Request
-from engine.runner import ModelRunner
+
+
+class ChainTables(Protocol):
+    """What scratch KV needs of the runner (engine/runner.py ModelRunner)."""
+
+    block_size: int
+    block_tables: torch.Tensor  # [rows, max blocks per request] int32
+    chain_row0: int  # the first block-table row of the hedge chains
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+    def set_table_rows(self, first: int, tables: torch.Tensor) -> None: ...
 
 
 def chain_blocks(span: int, block_size: int) -> int:
@@ -34,7 +46,7 @@ def copy_blocks(kv: list[tuple[torch.Tensor, torch.Tensor]], src: list[int], dst
 
 
 class ScratchKV:
-    def __init__(self, runner: ModelRunner, first_block: int, chains: int, per_chain: int):
+    def __init__(self, runner: ChainTables, first_block: int, chains: int, per_chain: int):
         self.runner, self.first, self.chains, self.per_chain = runner, first_block, chains, per_chain
         self.bs = runner.block_size
 

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # (samples per point: the median is kept, forwards per sample, warm-up calls: the first captures)
 GRAPH_TIMING, EAGER_TIMING = (3, 2, 2), (2, 1, 1)
-FORMAT = 1  # the cache file's layout version
+FORMAT = 2  # the cache file's layout version
 
 
 def time_forwards(
@@ -46,7 +46,7 @@ def time_forwards(
     time_budget_s: float | None = None,
     warmup: int = 2,
 ) -> list[dict]:
-    """Rows {kind: verify|draft, batch, span, rows, bucket, ms (median), ms_min, ms_max} for the first
+    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the first
     `batch` of `reqs` (prefilled, draft-ready); verify at every span, the drafter at each batch (span:
     the positions its LM head ran over). A time budget cuts only the points past span 1 and the full
     drafter."""
@@ -87,6 +87,7 @@ def time_forwards(
                 "kind": kind,
                 "batch": b,
                 "span": span,
+                "context": sum(r.num_kv for r in sub) // b,  # tokens in each request's cache
                 "rows": b * span,
                 "bucket": runner.graphs.rows(b),  # padded rows
                 "ms": ms,
@@ -102,9 +103,12 @@ def time_forwards(
 def calibrate(engine: EngineView, accept: AcceptRule, how: CalibrationPlan) -> tuple[CostTable, list[dict]]:
     """Measure the table on the idle engine: (table, profile rows)."""
     runner = engine.runner
+    repeats, iters, warmup = GRAPH_TIMING if runner.graphs.enabled else EAGER_TIMING
     with dummy_requests(engine, max(how.batches), how.context, max(how.spans)) as reqs:
-        repeats, iters, warmup = GRAPH_TIMING if runner.graphs.enabled else EAGER_TIMING
         rows = time_forwards(runner, accept, reqs, how.batches, how.spans, repeats, iters, warmup=warmup)
+    if how.long_batches:  # the context axis: the same graphs at a longer context
+        with dummy_requests(engine, max(how.long_batches), how.long_context, max(how.spans)) as reqs:
+            rows += time_forwards(runner, accept, reqs, how.long_batches, how.spans, repeats, iters, warmup=warmup)
     return CostTable.from_rows(rows), rows
 
 

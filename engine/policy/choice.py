@@ -34,7 +34,9 @@ class StaticSpans:
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
         pass
 
-    def settled(self, k: int | None, limits: Sequence[int] = (), accepted: Sequence[int] = ()) -> None:
+    def settled(
+        self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
+    ) -> None:
         pass
 
     def wall(self, batch: int, ms: float | None) -> None:
@@ -53,6 +55,7 @@ class Ahead:
     key: tuple[int, int, bool]
     decision: Decision
     exact: bool = True
+    context: float | None = None  # the mean context it was decided at
 
     def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
         if key != self.key:
@@ -60,6 +63,11 @@ class Ahead:
         if self.exact:
             return reqs == self.reqs
         return (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()  # HostTerm's buckets
+
+
+def mean_context(reqs: Sequence[Request]) -> float:
+    """Tokens in each request's cache, on average: the cost table's context axis."""
+    return sum(r.num_kv for r in reqs) / len(reqs)
 
 
 def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
@@ -78,6 +86,7 @@ class AdaptiveSpans:
         self.ahead: Ahead | None = None
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
         self._k: int | None = None  # the K of the last round, until its wall arrives
+        self._context: float | None = None  # the mean context its decision read
 
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
@@ -91,10 +100,14 @@ class AdaptiveSpans:
         """The plan made for this round where it holds, else a decision in turn (every outcome observed)."""
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead.holds_for(reqs, ahead_key(levers, draining)):
+            self._context = ahead.context
             return self.policy.apply(ahead.decision)
         self.flush()
         remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
-        return self.policy.decide(len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1)
+        self._context = mean_context(reqs)
+        return self.policy.decide(
+            len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1, self._context
+        )
 
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose. A gated round's
@@ -113,17 +126,22 @@ class AdaptiveSpans:
             self._plan(reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
 
     def _plan(self, reqs: list[Request], levers: Levers, draining: bool, remaining, useful: int, exact: bool) -> None:
-        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful)
-        self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact)
+        context = mean_context(reqs) + 1  # at least one token committed meanwhile
+        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful, context)
+        self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact, context)
 
-    def settled(self, k: int | None, limits: Sequence[int] = (), accepted: Sequence[int] = ()) -> None:
-        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed); else per
-        request its draft limit and accepted drafts, fed to the policy at the next launch or decision."""
+    def settled(
+        self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
+    ) -> None:
+        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; the
+        scheduler's gate decides none, so its context is read here); else per request its draft limit
+        and accepted drafts, fed to the policy at the next launch or decision."""
         if k:
             self._unobserved = (limits, accepted)
         elif k == 0:
             self.flush()
             self.policy.gated()
+            self._context = mean_context(reqs)
         self._k = k
 
     def flush(self) -> None:
@@ -137,7 +155,7 @@ class AdaptiveSpans:
         was no round of this policy's)."""
         k, self._k = self._k, None
         if k is not None and ms is not None:
-            self.policy.observe_wall(batch, k, ms)
+            self.policy.observe_wall(batch, k, ms, self._context)
 
     def gates_next(self, reqs: list[Request]) -> bool:
         """Whether the plan made for the next round is a gated round of exactly these requests."""

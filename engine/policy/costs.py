@@ -1,11 +1,15 @@
 """What a speculative round costs and commits (the adaptive policy, the bench's cost model): expected
 committed tokens from per-position acceptance, and a table of measured round ms (`engine.bench profile`
-rows) interpolated linearly between batches; a span or batch outside the table is an error, never a guess."""
+rows) interpolated linearly between batches; a span or batch outside the table is an error, never a guess.
+Context: the table's rows are timed at `context` tokens per request; rows timed at longer contexts give
+each (kind, span) the ms one more token of context costs one request (its KV read), so a round at mean
+context c costs the table's ms plus kv_ms * batch * (c - context)."""
 
 from __future__ import annotations
 
 import bisect
 import csv
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +41,19 @@ class CostTable:
     host_a: float = 0.0
     host_b: float = 0.0
     heads: dict[tuple[int, int], float] = field(default_factory=dict)
+    context: int = 0  # tokens in each request's cache when the table's rows were timed
+    kv_ms: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, span) -> ms per request-token
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], plain_rows: Iterable[dict] = ()) -> CostTable:
-        """From profile rows (dicts or CSV rows of strings) with kind, batch, span, ms; plain_rows: a
-        plain engine's span-1 verify rows."""
+        """From profile rows (dicts or CSV rows of strings) with kind, batch, span, ms and optionally
+        context (tokens per request: the least is the table's, longer ones fit kv_ms); plain_rows: a plain
+        engine's span-1 verify rows."""
+        rows = list(rows)
+        contexts = [int(r.get("context") or 0) for r in rows]
+        base = min(contexts, default=0)
+        longer = [(r, c) for r, c in zip(rows, contexts, strict=True) if c > base]
+        rows = [r for r, c in zip(rows, contexts, strict=True) if c == base]
         plain = {int(r["batch"]): float(r["ms"]) for r in plain_rows if r["kind"] == "verify" and int(r["span"]) == 1}
         verify, heads = {}, {}
         for r in rows:
@@ -58,7 +70,9 @@ class CostTable:
             raise ValueError("a cost table needs verify rows")
         full = max((k for _, k in heads), default=0)
         draft = {b: ms for (b, k), ms in heads.items() if k == full}
-        return cls(verify, draft, plain, heads={key: ms for key, ms in heads.items() if key[1] != full})
+        table = cls(verify, draft, plain, heads={key: ms for key, ms in heads.items() if key[1] != full}, context=base)
+        table.kv_ms = _kv_slopes(table, longer)
+        return table
 
     def spans(self) -> list[int]:
         return sorted({s for _, s in self.verify})
@@ -71,37 +85,64 @@ class CostTable:
             raise ValueError(f"the cost table's spans {list(spans)} and drafter rows share no batch range")
         return lo, hi
 
-    def verify_ms(self, batch: int, span: int) -> float:
+    def verify_ms(self, batch: int, span: int, context: float | None = None) -> float:
         points = {b: ms for (b, s), ms in self.verify.items() if s == span}
         if not points:
             raise ValueError(f"span {span} was not profiled (spans {self.spans()})")
-        return interpolate(points, batch, f"verify span {span}")
+        return interpolate(points, batch, f"verify span {span}") + self.kv_extra("verify", span, batch, context)
 
-    def draft_ms(self, batch: int, heads: int | None = None) -> float:
+    def draft_ms(self, batch: int, heads: int | None = None, context: float | None = None) -> float:
         """The drafter forward with its LM head over `heads` positions (None or unmeasured: all)."""
         if not self.draft:
             raise ValueError("no drafter rows in the cost table")
+        extra = self.kv_extra("draft", 0, batch, context)
         points = {b: ms for (b, k), ms in self.heads.items() if k == heads}
         if points and min(points) <= batch <= max(points):
-            return interpolate(points, batch, f"draft heads {heads}")
-        return interpolate(self.draft, batch, "draft")
+            return interpolate(points, batch, f"draft heads {heads}") + extra
+        return interpolate(self.draft, batch, "draft") + extra
+
+    def kv_extra(self, kind: str, span: int, batch: int, context: float | None) -> float:
+        """ms a step of `batch` requests at mean `context` tokens costs past the table's context (a span
+        without its own slope takes the nearest measured span's: the KV read is per request)."""
+        spans = [s for k, s in self.kv_ms if k == kind]
+        if context is None or context <= self.context or not spans:
+            return 0.0
+        nearest = min(spans, key=lambda s: (abs(s - span), s))
+        return self.kv_ms[kind, nearest] * batch * (context - self.context)
 
     def host_ms(self, batch: int) -> float:
         return self.host_a + self.host_b * batch
 
-    def decode_ms(self, batch: int) -> float:
+    def decode_ms(self, batch: int, context: float | None = None) -> float:
         """One plain engine step: a one-row span per request."""
         if self.plain:
-            return interpolate(self.plain, batch, "plain") + self.host_ms(batch)
-        return self.gated_ms(batch)
+            extra = self.kv_extra("verify", 1, batch, context)
+            return interpolate(self.plain, batch, "plain") + extra + self.host_ms(batch)
+        return self.gated_ms(batch, context)
 
-    def gated_ms(self, batch: int) -> float:
+    def gated_ms(self, batch: int, context: float | None = None) -> float:
         """One gated round: a one-row span per request on the speculative engine (features stored)."""
-        return self.verify_ms(batch, 1) + self.host_ms(batch)
+        return self.verify_ms(batch, 1, context) + self.host_ms(batch)
 
-    def round_ms(self, batch: int, drafts: int) -> float:
+    def round_ms(self, batch: int, drafts: int, context: float | None = None) -> float:
         """One speculative round: the drafter forward plus a verify of 1 + drafts rows per request."""
-        return self.draft_ms(batch, drafts) + self.verify_ms(batch, 1 + drafts) + self.host_ms(batch)
+        device = self.draft_ms(batch, drafts, context) + self.verify_ms(batch, 1 + drafts, context)
+        return device + self.host_ms(batch)
+
+
+def _kv_slopes(table: CostTable, longer: list[tuple[dict, int]]) -> dict[tuple[str, int], float]:
+    """Per (kind, span): the median over rows timed at a longer context of (their ms - the table's ms at
+    their batch) / (batch * extra tokens), at least 0; the drafter's under span 0 (any head count)."""
+    slopes: dict[tuple[str, int], list[float]] = {}
+    for r, context in longer:
+        kind, batch, span, ms = r["kind"], int(r["batch"]), int(r["span"]), float(r["ms"])
+        try:
+            base = table.verify_ms(batch, span) if kind == "verify" else table.draft_ms(batch, span)
+        except ValueError:  # a batch or span the table did not time at its own context
+            continue
+        key = (kind, span if kind == "verify" else 0)
+        slopes.setdefault(key, []).append((ms - base) / (batch * (context - table.context)))
+    return {key: max(0.0, statistics.median(xs)) for key, xs in slopes.items()}
 
 
 def interpolate(points: dict[int, float], x: int, what: str, measured: str = "profiled") -> float:

@@ -22,6 +22,7 @@ from engine.policy.host import HostTerm
 from engine.policy.probe import choose_probe
 from engine.policy.wave import WaveValues
 
+CONTEXT_STEP = 64  # tokens: the resolution at which the policy reads the table's context axis
 SPAN_VARIANTS = (0, 1, 2, 4, 8)  # plus "all": the drafter's drafts per round
 SPEC_DISCOUNT = 0.05  # a speculative K must expect this much more than the gated round: its estimate is optimistic
 WAVE_BAND = 1.3  # a draining wave is valued whole only where one round's best K leads the gated round by less
@@ -44,12 +45,19 @@ def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[i
     return sorted(k for k in {*SPAN_VARIANTS, cap} if k <= cap and 1 + k in spans)
 
 
-def round_times(table: CostTable, batch: int, candidates: Sequence[int]) -> dict[int, float]:
-    """ms of one round of `batch` requests per candidate K (0: a gated round). Batches outside the
-    table's range take its nearest end."""
+def round_times(
+    table: CostTable, batch: int, candidates: Sequence[int], context: float | None = None
+) -> dict[int, float]:
+    """ms of one round of `batch` requests at mean `context` tokens per candidate K (0: a gated round).
+    Batches outside the table's range take its nearest end."""
     lo, hi = table.batch_range([1 + k for k in candidates])
     at = min(max(batch, lo), hi)
-    return {k: table.round_ms(at, k) if k else table.gated_ms(at) for k in candidates}
+    return {k: table.round_ms(at, k, context) if k else table.gated_ms(at, context) for k in candidates}
+
+
+def context_bucket(context: float | None) -> int | None:
+    """The batch's mean context rounded to CONTEXT_STEP tokens: the policy's caches are keyed on it."""
+    return None if context is None else CONTEXT_STEP * round(context / CONTEXT_STEP)
 
 
 def choose_span(
@@ -118,22 +126,32 @@ class SpanPolicy:
         self._starved = True  # until a decision says otherwise: a gated round before any relaxes
         self._starved_key: tuple | None = None  # _starved_at_one's inputs at its last answer
         self._starved_answer = True
-        self._times: dict[tuple[int, int], dict[int, float]] = {}  # (batch, max_drafts) -> round_times
+        self._times: dict[tuple, dict[int, float]] = {}  # (batch, max_drafts, context bucket) -> round_times
         self.host = HostTerm()
-        self._device: dict[tuple[int, int], float] = {}  # (batch, K) -> the table's ms
+        self._device: dict[tuple, float] = {}  # (batch, K, context bucket) -> the table's ms
         self.waves = WaveValues(
-            lambda b, cap: round_times(table, b, span_candidates(per_round, cap, table)), SPEC_DISCOUNT
+            lambda b, cap, c: round_times(table, b, span_candidates(per_round, cap, table), c), SPEC_DISCOUNT
         )
         self.learn_host = learn_host  # off: the table is the whole cost (a table given, e.g. a gate's)
 
     def decide(
-        self, batch: int, max_drafts: int = 0, remaining: Sequence[int] | None = None, useful: int | None = None
+        self,
+        batch: int,
+        max_drafts: int = 0,
+        remaining: Sequence[int] | None = None,
+        useful: int | None = None,
+        context: float | None = None,
     ) -> int:
         """K for the next round of `batch` requests: `apply(plan(...))` (arguments: see `plan`)."""
-        return self.apply(self.plan(batch, max_drafts, remaining, useful))
+        return self.apply(self.plan(batch, max_drafts, remaining, useful, context))
 
     def plan(
-        self, batch: int, max_drafts: int = 0, remaining: Sequence[int] | None = None, useful: int | None = None
+        self,
+        batch: int,
+        max_drafts: int = 0,
+        remaining: Sequence[int] | None = None,
+        useful: int | None = None,
+        context: float | None = None,
     ) -> Decision:
         """The next round's decision, changing no state (`apply` takes it), so it can be made while the
         device runs the round before. remaining: each request's tokens left, given when no request waits
@@ -142,11 +160,12 @@ class SpanPolicy:
         smallest variant covering it (the best of those)."""
         if useful is not None and useful < 1:  # forced: the K in force stays, the wall teaches nothing
             return Decision(0, None, False)
-        times = self._round_times(batch, max_drafts)
+        context = context_bucket(context)
+        times = self._round_times(batch, max_drafts, context)
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)
         if draining and best and values[best] < WAVE_BAND * values[0]:  # near break-even: over the wave
-            values = self.waves(remaining, max_drafts, self.conditional, self.host.predict)
+            values = self.waves(remaining, max_drafts, self.conditional, self.host.predict, context)
             best = max(values, key=lambda k: (values[k], -k))
         # A wave is short, its values already averaged over its rounds: a draining K moves at once.
         patience = 1 if draining else self.patience
@@ -197,22 +216,24 @@ class SpanPolicy:
         self.chosen[decision.k] += 1
         return decision.k
 
-    def _round_times(self, batch: int, max_drafts: int) -> dict[int, float]:
+    def _round_times(self, batch: int, max_drafts: int, context: int | None = None) -> dict[int, float]:
         """The table's ms per candidate K plus the host term measured so far."""
-        times = self._times.get((batch, max_drafts))
+        times = self._times.get((batch, max_drafts, context))
         if times is None:
             candidates = span_candidates(self.per_round, max_drafts, self.table)
-            times = self._times[batch, max_drafts] = round_times(self.table, batch, candidates)
+            times = self._times[batch, max_drafts, context] = round_times(self.table, batch, candidates, context)
         gated, spec = self.host.predict(batch, False), self.host.predict(batch, True)
         return {k: ms + (spec if k else gated) for k, ms in times.items()}
 
-    def observe_wall(self, batch: int, k: int, wall_ms: float) -> None:
-        """A decode-side round of `batch` requests at K drafts (0: gated) took `wall_ms` end to end."""
+    def observe_wall(self, batch: int, k: int, wall_ms: float, context: float | None = None) -> None:
+        """A decode-side round of `batch` requests at K drafts (0: gated) and mean `context` tokens took
+        `wall_ms` end to end."""
         if not self.learn_host or not self._teaches:
             return
-        device = self._device.get((batch, k))
+        key = (batch, k, context_bucket(context))
+        device = self._device.get(key)
         if device is None:
-            device = self._device[batch, k] = round_times(self.table, batch, [k])[k]
+            device = self._device[key] = round_times(self.table, batch, [k], key[2])[k]
         self.host.add(batch, k, wall_ms, device)
 
     def _starved_at_one(self, max_drafts: int) -> bool:

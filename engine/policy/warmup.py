@@ -24,6 +24,8 @@ from engine.scheduler import Plan, Scheduler
 log = logging.getLogger(__name__)
 
 CONTEXT = 64  # tokens in each dummy request's cache: a short decode context
+LONG_CONTEXT = 2048  # the second context calibrated: the table's context axis (KV read per token)
+LONG_BATCHES = (1, 8)  # batches timed there (graphs; eager engines time batch 1 only)
 
 
 class EngineView(Protocol):
@@ -51,16 +53,19 @@ def policy_spans(per_round: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class CalibrationPlan:
-    """What a calibration measures: dummy requests of `context` tokens, verify spans, batches."""
+    """What a calibration measures: dummy requests of `context` tokens, verify spans, batches; then
+    `long_batches` at `long_context` tokens (none where max_model_len or the pool has no room)."""
 
     context: int
     spans: list[int]
     batches: list[int]
+    long_context: int = 0
+    long_batches: list[int] = dataclasses.field(default_factory=list)
 
 
 def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationPlan:
     """The policy's spans; powers of two up to max_num_seqs and max_num_seqs itself, as many as the free
-    KV pool holds; the context shortened to what max_model_len admits."""
+    KV pool holds; the contexts shortened to what max_model_len admits."""
     _require_idle(engine)
     spans = policy_spans(engine.drafts_per_round)
     room = engine.max_model_len - engine.scheduler.headroom - max(spans) - 1  # the budget is max span + 1
@@ -71,7 +76,12 @@ def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationP
     most = min(engine.config.max_num_seqs, engine.blocks.num_free // per_request)
     if most < 1:
         raise RuntimeError(f"calibration: the KV pool has no room for one request of {context} tokens")
-    return CalibrationPlan(context, spans, sorted({1 << i for i in range(most.bit_length())} | {most}))
+    batches = sorted({1 << i for i in range(most.bit_length())} | {most})
+    long = min(LONG_CONTEXT, room)
+    fits = engine.blocks.num_free // engine.scheduler.blocks_needed(_dummy(0, long, max(spans), 1))
+    wanted = LONG_BATCHES if engine.runner.graphs.enabled else LONG_BATCHES[:1]
+    long_batches = [b for b in wanted if b <= min(fits, engine.config.max_num_seqs)] if long > 2 * context else []
+    return CalibrationPlan(context, spans, batches, long if long_batches else 0, long_batches)
 
 
 def _require_idle(engine: EngineView) -> None:

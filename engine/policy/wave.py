@@ -69,23 +69,29 @@ def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var
 
 class WaveValues:
     """Per candidate K held from now on: the wave's remaining tokens per expected ms to finish it, a
-    speculative K's divided by 1 + `discount`. round_times(batch, cap): the table's ms per candidate K,
-    read once per cap for every batch up to the next power of two. `__call__` reuses its values for REUSE
-    rounds at one batch and cap until `forget` (a speculative round's outcome)."""
+    speculative K's divided by 1 + `discount`. round_times(batch, cap, context): the table's ms per
+    candidate K, read once per (cap, context) for every batch up to the next power of two. `__call__`
+    reuses its values for REUSE rounds at one batch, cap and context until `forget` (a speculative
+    round's outcome)."""
 
     REUSE = 4
 
-    def __init__(self, round_times: Callable[[int, int], dict[int, float]], discount: float):
+    def __init__(self, round_times: Callable[[int, int, int | None], dict[int, float]], discount: float):
         self.round_times, self.discount = round_times, discount
-        self._tables: dict[int, tuple[list[int], np.ndarray]] = {}  # cap -> (candidates, ms[K, batch])
-        self._last: tuple[tuple[int, int], int, dict[int, float]] | None = None  # (batch, cap), uses, values
+        self._tables: dict[tuple, tuple[list[int], np.ndarray]] = {}  # (cap, context) -> (candidates, ms[K, batch])
+        self._last: tuple[tuple, int, dict[int, float]] | None = None  # (batch, cap, context), uses, values
 
     def __call__(
-        self, remaining: Sequence[int], cap: int, conditional: Sequence[float], host_ms: Callable[[int, bool], float]
+        self,
+        remaining: Sequence[int],
+        cap: int,
+        conditional: Sequence[float],
+        host_ms: Callable[[int, bool], float],
+        context: int | None = None,
     ) -> dict[int, float]:
-        key = (len(remaining), cap)
+        key = (len(remaining), cap, context)
         if self._last is None or self._last[0] != key or self._last[1] >= self.REUSE:
-            self._last = (key, 0, self.evaluate(remaining, cap, conditional, host_ms))
+            self._last = (key, 0, self.evaluate(remaining, cap, conditional, host_ms, context))
         self._last = (key, self._last[1] + 1, self._last[2])
         return self._last[2]
 
@@ -93,10 +99,15 @@ class WaveValues:
         self._last = None
 
     def evaluate(
-        self, remaining: Sequence[int], cap: int, conditional: Sequence[float], host_ms: Callable[[int, bool], float]
+        self,
+        remaining: Sequence[int],
+        cap: int,
+        conditional: Sequence[float],
+        host_ms: Callable[[int, bool], float],
+        context: int | None = None,
     ) -> dict[int, float]:
         """host_ms(bucket, speculative): the host term at a power-of-two batch bucket."""
-        candidates, device = self.table(cap, len(remaining))
+        candidates, device = self.table(cap, len(remaining), context)
         log2 = np.ceil(np.log2(np.arange(1, device.shape[1]))).astype(int)  # batch b's bucket
         buckets = range(int(log2[-1]) + 1)
         host = {s: np.array([host_ms(1 << j, s) for j in buckets])[log2] for s in (False, True)}
@@ -108,12 +119,13 @@ class WaveValues:
             values[k] = total / ms / (1.0 + self.discount if k else 1.0)
         return values
 
-    def table(self, cap: int, batch: int) -> tuple[list[int], np.ndarray]:
+    def table(self, cap: int, batch: int, context: int | None = None) -> tuple[list[int], np.ndarray]:
         """The candidates and the table's ms per candidate (rows) and batch (columns 1 .. >= batch;
         column 0 unused), widened to the next power of two when outgrown."""
-        cached = self._tables.get(cap)
+        cached = self._tables.get((cap, context))
         if cached is None or cached[1].shape[1] <= batch:
-            rows = [self.round_times(b, cap) for b in range(1, 1 << batch.bit_length())]
+            rows = [self.round_times(b, cap, context) for b in range(1, 1 << batch.bit_length())]
             candidates = sorted(rows[0])
-            cached = self._tables[cap] = candidates, np.array([[0.0] + [t[k] for t in rows] for k in candidates])
+            table = np.array([[0.0] + [t[k] for t in rows] for k in candidates])
+            cached = self._tables[cap, context] = candidates, table
         return cached
