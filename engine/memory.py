@@ -25,24 +25,45 @@ def plan_kv_blocks(
     max_blocks_per_seq: int,
     scratch: int,
 ) -> int:
-    """Total KV blocks (one block covers every model in `geometries`), hedge scratch included."""
+    """Total KV blocks (one block covers every model in `geometries`), hedge scratch included. Refused,
+    naming the bytes, where the budget cannot hold one request of max_model_len or the blocks asked for
+    do not fit in the device's free memory."""
+    per_block = sum(
+        kv_bytes_per_block(g.num_layers, config.kv_block_size, g.num_kv_heads, g.head_dim, dtype) for g in geometries
+    )
+    free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else (None, None)
     if config.num_kv_blocks is not None:
         if config.num_kv_blocks - scratch < 2:
             raise ValueError(
                 f"EngineConfig.num_kv_blocks={config.num_kv_blocks} leaves no KV pool after "
-                f"{scratch} hedge scratch blocks"
+                f"{scratch} hedge scratch blocks and the reserved block 0 (usable: N - 1 - scratch)"
+            )
+        need = config.num_kv_blocks * per_block
+        if free is not None and need > free:
+            raise ValueError(
+                f"EngineConfig.num_kv_blocks={config.num_kv_blocks} needs {_gib(need)} of KV cache "
+                f"({per_block} bytes a block) but the device has {_gib(free)} free"
             )
         return config.num_kv_blocks
     want = config.max_num_seqs * max_blocks_per_seq + 1 + scratch
-    per_block = sum(
-        kv_bytes_per_block(g.num_layers, config.kv_block_size, g.num_kv_heads, g.head_dim, dtype) for g in geometries
-    )
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
+    if free is not None:
         budget = int(total * config.gpu_memory_utilization) - (total - free) - ACTIVATION_RESERVE
+        where = f"gpu_memory_utilization={config.gpu_memory_utilization} of the device, less what is in use and "
+        where += f"a {_gib(ACTIVATION_RESERVE)} activation reserve"
     else:
-        budget = CPU_KV_BUDGET
-    fits = max(2 + scratch, budget // per_block)
+        budget, where = CPU_KV_BUDGET, "the CPU KV budget"
+    one = max_blocks_per_seq + 1 + scratch  # one request of max_model_len, block 0 and the hedge scratch
+    fits = max(budget, 0) // per_block
+    if fits < one:
+        raise ValueError(
+            f"the KV cache budget ({_gib(budget)}: {where}) holds {fits} blocks, but one request of max_model_len "
+            f"({max_blocks_per_seq * config.kv_block_size} tokens) needs {one} ({_gib(one * per_block)}): lower "
+            "max_model_len or raise gpu_memory_utilization"
+        )
     if fits < want:
         log.warning("KV cache limited to %d blocks (wanted %d) by the memory budget", fits, want)
     return int(min(want, fits))
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
