@@ -6,6 +6,7 @@ and tokens are unchanged by it."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from tests.checkpoints import make_drafter, make_dspark_drafter
@@ -65,3 +66,32 @@ def test_rounds_draft_only_the_positions_they_verify(tiny_target, drafter, one_t
     k = levers.get("max_drafts") or engine.drafts_per_round
     assert widths and set(widths) == {k}
     assert [o.token_ids for o in outs] == [o.token_ids for o in plain]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend, CUDA graphs)")
+@pytest.mark.parametrize(("dtype", "invariant"), [("float32", False), ("bfloat16", True), ("bfloat16", False)])
+def test_graphed_heads_on_the_gpu(tiny_target, drafter, dtype, invariant):
+    """The graphed drafter with the head over K positions: bit-identical to the full head's first K in
+    fp32 and under batch_invariant; in default bf16 the LM head's GEMM may tile K rows otherwise, so
+    near-ties can flip: at most 1 % of the drafts differ."""
+    engine = Engine(
+        EngineConfig(
+            model=str(tiny_target), draft_model=str(drafter), device="cuda", dtype=dtype, batch_invariant=invariant
+        )
+    )
+    for p in PROMPTS * 3:
+        engine.add_request(p, SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.0))
+    engine.step()
+    reqs, runner = list(engine.scheduler.running), engine.runner
+    runner.stage(reqs)
+    full = runner.draft(reqs).clone()
+    differ = total = 0
+    for k in sorted({1, 2, 4, 8, engine.drafts_per_round}):
+        runner.stage(reqs)
+        heads = runner.draft(reqs, k)
+        differ += int((heads != full[:, :k]).sum())
+        total += heads.numel()
+    if dtype == "float32" or invariant:
+        assert differ == 0
+    else:
+        assert differ <= 0.01 * total, f"{differ} of {total} drafts differ"
