@@ -14,6 +14,7 @@ from engine.costs import CostTable
 from engine.levers import Levers
 from engine.loader import Checkpoint
 from engine.models.checks import is_int
+from engine.tokenizing import text_error
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -62,7 +63,10 @@ class EngineConfig:
     max_model_len: int | None = None  # default: min(model limits, 4096)
     max_num_batched_tokens: int = 8192
     kv_block_size: int = 16
-    num_kv_blocks: int | None = None  # default: enough for max_num_seqs x max_model_len, within memory
+    # Blocks allocated in all, of kv_block_size tokens: block 0 is reserved (padded rows point at it)
+    # and the hedge scratch comes out of them too, so N gives N - 1 - scratch usable blocks.
+    # Default: enough for max_num_seqs x max_model_len, within memory.
+    num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     levers: Mapping[str, object] = field(default_factory=dict)
@@ -89,9 +93,15 @@ class EngineConfig:
             _check_bool("EngineConfig", "trace", self.trace)
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
             setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 1))
-        for name in ("max_model_len", "num_kv_blocks"):
-            if getattr(self, name) is not None:
-                setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 2))
+        if self.max_model_len is not None:
+            self.max_model_len = _check_int("EngineConfig", "max_model_len", self.max_model_len, 2)
+        if self.num_kv_blocks is not None:
+            if not is_int(self.num_kv_blocks) or self.num_kv_blocks < 2:
+                raise ValueError(
+                    f"EngineConfig.num_kv_blocks={self.num_kv_blocks!r}; expected an int >= 2 (blocks in all: "
+                    "block 0 is reserved, so N blocks hold N - 1 usable, less any hedge scratch)"
+                )
+            self.num_kv_blocks = int(self.num_kv_blocks)
         # Request streams are seeded with seed * 1_000_003 + request index, which must stay below 2**64.
         self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32 - 1)
         self.gpu_memory_utilization = _check_real("EngineConfig", "gpu_memory_utilization", self.gpu_memory_utilization)
@@ -114,9 +124,12 @@ _SP = "SamplingParams"
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling, with vLLM's defaults (temperature 1.0: sampled; pass temperature=0
+    for greedy). Every field is checked here; a bad value is a ValueError naming it."""
+
     max_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0 or -1 (vLLM's value): off
     top_p: float = 1.0
     seed: int | None = None  # None: derived from the engine seed and the request id
     ignore_eos: bool = False
@@ -137,7 +150,7 @@ class SamplingParams:
                 f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE} (greedy in all but "
                 "name, and too small to sample from in fp32); use 0 for greedy"
             )
-        put("top_k", _check_int(_SP, "top_k", self.top_k, 0))  # 0: off
+        put("top_k", _check_int(_SP, "top_k", self.top_k, -1))  # 0 or -1: off
         put("top_p", _check_real(_SP, "top_p", self.top_p))
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
@@ -156,6 +169,9 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(t, str) and t for t in stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
+        for i, text in enumerate(stop):
+            if (why := text_error(text)) is not None:
+                raise ValueError(f"SamplingParams.stop[{i}] is not valid text: {why}")
         put("stop", tuple(stop))
         put("min_tokens", _check_int(_SP, "min_tokens", self.min_tokens, 0))
         if self.min_tokens > self.max_tokens:
@@ -172,3 +188,19 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def as_sampling_params(value: object) -> SamplingParams:
+    """SamplingParams as given, a dict of its fields (vLLM users pass those) or None (the defaults);
+    anything else, or a dict naming a field SamplingParams lacks, is a ValueError."""
+    if value is None:
+        return SamplingParams()
+    if isinstance(value, SamplingParams):
+        return value
+    if isinstance(value, Mapping):
+        names = {f.name for f in dataclasses.fields(SamplingParams)}
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ValueError(f"SamplingParams has no field {unknown[0]!r}; its fields: {', '.join(sorted(names))}")
+        return SamplingParams(**value)
+    raise ValueError(f"params must be a SamplingParams or a dict of its fields, got {type(value).__name__}")

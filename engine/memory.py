@@ -30,7 +30,7 @@ def plan_kv_blocks(
         if config.num_kv_blocks - scratch < 2:
             raise ValueError(
                 f"EngineConfig.num_kv_blocks={config.num_kv_blocks} leaves no KV pool after "
-                f"{scratch} hedge scratch blocks"
+                f"{scratch} hedge scratch blocks and the reserved block 0 (usable: N - 1 - scratch)"
             )
         return config.num_kv_blocks
     want = config.max_num_seqs * max_blocks_per_seq + 1 + scratch

@@ -11,7 +11,7 @@ from engine.request import Request, RequestFailure
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Softmax over [.., V] after temperature, top-k and top-p (at least one token always kept)."""
     x = logits.float() / params.temperature
-    if params.top_k and params.top_k < x.shape[-1]:
+    if 0 < params.top_k < x.shape[-1]:  # 0 and -1: off
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     if params.top_p < 1.0:

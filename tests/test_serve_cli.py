@@ -104,7 +104,7 @@ def test_completion_fields_map_to_sampling_params():
     )
     p = parsed.params
     assert parsed.prompts == ["a", [1, 2]] and parsed.n == 2 and parsed.stream
-    assert (p.max_tokens, p.temperature, p.top_k, p.seed) == (7, 0.5, 0, 3)
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed) == (7, 0.5, -1, 3)  # -1: off, as vLLM
     assert (p.stop, p.min_tokens, p.logprobs) == (("\n",), 2, 0)
     chat = parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}, str)
     assert chat.params.logprobs == 3

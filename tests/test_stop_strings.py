@@ -6,15 +6,11 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.shipped import shipped_pair
 from engine.stopping import StopStrings
 
-try:  # the shipped-pair helper may move out of the fixture package
-    from engine.shipped import shipped_pair
-except ImportError:
-    from engine.fixture.paths import shipped_pair
-
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright"]
-FREE = SamplingParams(max_tokens=48, ignore_eos=True)
+FREE = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +43,9 @@ def _stops_inside(text: str) -> tuple[str, ...]:
 
 def test_stop_strings_end_spec_and_plain_at_the_same_token(pair, free_runs):
     spec, plain = pair
-    params = [SamplingParams(max_tokens=48, ignore_eos=True, stop=_stops_inside(f.text)) for f in free_runs]
+    params = [
+        SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, stop=_stops_inside(f.text)) for f in free_runs
+    ]
     before = spec.stats.committed_tokens
     with_spec, without = spec.generate(PROMPTS, params), plain.generate(PROMPTS, params)
     assert spec.stats.committed_tokens > before and spec.stats.tokens_per_round > 1  # rounds commit runs
@@ -62,7 +60,7 @@ def test_min_tokens_ignores_earlier_stops(pair, free_runs):
     spec, plain = pair
     free = free_runs[1]
     early = free.token_ids[2]
-    params = SamplingParams(max_tokens=48, stop_token_ids=(early,), min_tokens=30, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=48, stop_token_ids=(early,), min_tokens=30, ignore_eos=True)
     a, b = spec.generate(PROMPTS[1], params)[0], plain.generate(PROMPTS[1], params)[0]
     assert a.token_ids == b.token_ids and len(a.token_ids) >= 30
     assert a.token_ids == free.token_ids[: len(a.token_ids)]
@@ -72,7 +70,7 @@ def test_min_tokens_ignores_earlier_stops(pair, free_runs):
 
 def test_logprobs_come_from_the_target_distribution(pair):
     spec, plain = pair
-    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     a, b = spec.generate(PROMPTS[0], params)[0], plain.generate(PROMPTS[0], params)[0]
     assert len(a.logprobs) == len(a.token_ids) == 12
     assert [e.token_id for e in a.logprobs] == a.token_ids
@@ -83,7 +81,7 @@ def test_logprobs_come_from_the_target_distribution(pair):
     ids = plain.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
     first = torch.log_softmax(plain.last_logits(ids), dim=-1)[a.token_ids[0]].item()
     assert a.logprobs[0].logprob == pytest.approx(first, abs=1e-4)
-    assert spec.generate(PROMPTS[0], SamplingParams(max_tokens=2))[0].logprobs is None
+    assert spec.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2))[0].logprobs is None
 
 
 @pytest.mark.parametrize(
@@ -95,5 +93,5 @@ def test_bad_sampling_fields_are_refused(kwargs, field):
 
 
 def test_generate_progress_bar(pair, capsys):
-    out = pair[1].generate(PROMPTS[:2], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=True)
+    out = pair[1].generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=True)
     assert len(out) == 2 and "2/2" in capsys.readouterr().err

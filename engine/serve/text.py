@@ -1,4 +1,4 @@
-"""Prompt rendering for chat and the streamed text deltas of one choice."""
+"""The streamed text deltas of one choice, and the logprobs objects of both APIs."""
 
 from __future__ import annotations
 
@@ -7,20 +7,6 @@ import logging
 from engine.request import RequestOutput
 
 log = logging.getLogger(__name__)
-
-
-def chat_renderer(tokenizer):
-    """messages -> prompt text: the tokenizer's chat template, or ChatML (Qwen's format) when the
-    checkpoint ships none (the tiny fixture tokenizer)."""
-    if getattr(tokenizer, "chat_template", None):
-        return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    log.info("the tokenizer has no chat template; chat prompts use ChatML")
-
-    def chatml(messages: list[dict[str, str]]) -> str:
-        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return turns + "<|im_start|>assistant\n"
-
-    return chatml
 
 
 class Choice:
