@@ -6,18 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-# Pending tokens after which text ending in U+FFFD is taken as final: a UTF-8 character is at most
-# 4 bytes and a token that is not skipped carries at least one, so it can only still change when
-# more than a dozen skipped special tokens sit inside one character.
-PENDING_LIMIT = 16
-
 
 class Detokenizer:
     """decode(ids) kept up to date for a token list that only grows. Text up to a token boundary
-    where it ended on a whole character is final (`done` characters, the last `keep` of them held);
-    each feed decodes only the tokens after the previous such boundary, in the context of the ones
+    where it ends on a whole character is final (`done` characters, the last `keep` of them held);
+    each feed decodes only the tokens after the latest such boundary, in the context of the ones
     since the boundary before (vLLM's prefix/read offsets), so tokenizers that strip a leading space
-    decode alike. Byte-level BPE (Qwen's, the fixture's) gives exactly decode(ids)."""
+    decode alike. A boundary that ends on a whole character is one no later token changes, so for
+    byte-level BPE (Qwen's, the fixture's) final text + tail is exactly decode(ids)."""
 
     def __init__(self, decode: Callable[[list[int]], str], keep: int):
         self.decode = decode
@@ -27,20 +23,25 @@ class Detokenizer:
         self.prefix_text = ""  # decode(ids[prefix:read])
         self.done = 0  # characters of final text
         self.kept = ""  # its last `keep` characters
-        self.tail = ""  # text of the tokens after `read`, maybe ending in a partial character (U+FFFD)
+        self.tail = ""  # text of the tokens after `read`, maybe ending inside a character (U+FFFD)
         self.fed = 0  # tokens seen by the last feed
 
     def feed(self, ids: list[int]) -> None:
-        """Take the output so far (the previous ids plus new ones): the previous tail becomes final
-        if it ended on a whole character (or has waited PENDING_LIMIT tokens), then the new tail is
-        decoded."""
-        if self.fed > self.read and (not self.tail.endswith("\ufffd") or self.fed - self.read >= PENDING_LIMIT):
-            self.done += len(self.tail)
-            self.kept = (self.kept + self.tail)[-self.keep :] if self.keep else ""
-            self.prefix, self.read = self.read, self.fed
-            self.prefix_text = self.decode(ids[self.prefix : self.read])
+        """Take the output so far (the previous ids plus new ones): the previous tail becomes final if
+        it ended on a whole character, then the text after the final part is decoded. The window
+        grows only while every token ends inside a character or on a byte that is not UTF-8 (the
+        text then ends in U+FFFD), and shrinks at the first token that ends on a whole one."""
+        if self.fed > self.read and not self.tail.endswith("\ufffd"):
+            self._settle(ids, self.fed, self.tail)
         self.tail = self.decode(ids[self.prefix :])[len(self.prefix_text) :]
         self.fed = len(ids)
+
+    def _settle(self, ids: list[int], end: int, text: str) -> None:
+        """ids[read:end], whose text is `text`, are final."""
+        self.done += len(text)
+        self.kept = (self.kept + text)[-self.keep :] if self.keep else ""
+        self.prefix, self.read = self.read, end
+        self.prefix_text = self.decode(ids[self.prefix : self.read])
 
     @property
     def window(self) -> tuple[str, int]:
@@ -69,7 +70,7 @@ class StopStrings:
         """Character offset, in decode(ids), where the completed stop string starts; None if none."""
         self.text.feed(ids)
         window, origin = self.text.window
-        start = max(0, self.checked - self.longest + 1, origin) - origin
+        start = max(0, self.checked - self.longest + 1, origin) - origin  # final text ends whole: origin <= start
         hits = [(i + origin, s) for s in self.stops if (i := window.find(s, start)) >= 0]
         self.checked = self.text.done + len(self.text.tail.rstrip("\ufffd"))  # a partial character may change
         if not hits:

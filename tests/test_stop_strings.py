@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.shipped import shipped_pair
-from engine.stopping import StopStrings
+from engine.stopping import Detokenizer, StopStrings
 
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright"]
 FREE = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
@@ -95,3 +97,50 @@ def test_bad_sampling_fields_are_refused(kwargs, field):
 def test_generate_progress_bar(pair, capsys):
     out = pair[1].generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=True)
     assert len(out) == 2 and "2/2" in capsys.readouterr().err
+
+
+class _WholeDecode:
+    """The scan as it was before incremental decoding: the whole output decoded after every token."""
+
+    def __init__(self, stops, decode):
+        self.stops, self.decode, self.longest, self.checked = stops, decode, max(map(len, stops)), 0
+
+    def find(self, ids):
+        text = self.decode(ids)
+        start = max(0, self.checked - self.longest + 1)
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+        self.checked = len(text.rstrip("\ufffd"))
+        return min(hits) if hits else None
+
+
+def _streams(tokenizer):
+    """Token streams that split characters: random ids (bytes that often are not UTF-8), and text
+    whose multi-byte characters a small code vocabulary cuts across tokens."""
+    rng = random.Random(7)
+    text = "def f(x):\n    return 'héllo wörld — 日本語 😀' * x  # ünïcödé\n" * 6
+    yield tokenizer.encode(text, add_special_tokens=False)
+    for _ in range(6):
+        yield [rng.randrange(tokenizer.vocab_size) for _ in range(160)]
+
+
+def test_incremental_scan_stops_where_the_whole_decode_did(pair):
+    tokenizer = pair[1].tokenizer
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    rng = random.Random(3)
+    for ids in _streams(tokenizer):
+        full = decode(ids)
+        for _ in range(4):
+            at = rng.randrange(len(full) - 4)
+            stops = (full[at : at + rng.randint(1, 4)], full[rng.randrange(len(full)) :][:2] or "x", "@@never@@")
+            new, old = StopStrings(stops, decode), _WholeDecode(stops, decode)
+            assert [new.find(ids[:n]) for n in range(1, len(ids) + 1)] == [
+                old.find(ids[:n]) for n in range(1, len(ids) + 1)
+            ]
+        text = Detokenizer(decode, 3)
+        for n in range(1, len(ids) + 1):
+            text.feed(ids[:n])
+            window, origin = text.window
+            assert decode(ids[:n])[origin:] == window  # final text + tail is the whole decode
