@@ -119,6 +119,7 @@ class EngineConfig:
 
 
 MAX_LOGPROBS = 20
+MAX_N = 64  # completions per prompt
 _SP = "SamplingParams"
 
 
@@ -138,6 +139,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: the output ends at the token completing one, text trimmed before it
     min_tokens: int = 0  # stop tokens (EOS included) and stop strings are ignored until this many are output
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's log-probability plus the top k
+    # vLLM's penalties, applied to the logits before temperature (and before the greedy argmax):
+    # presence and frequency count the output so far, repetition the prompt and the output.
+    presence_penalty: float = 0.0  # [-2, 2]: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # [-2, 2]: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # > 0, 1: off; a seen token's logit divided by it (multiplied if < 0)
+    min_p: float = 0.0  # [0, 1]: sampled rows drop tokens below min_p x the most likely one's probability
+    n: int = 1  # completions per prompt (generate / chat): RequestOutput.outputs holds n
+    skip_special_tokens: bool = True  # the output text (and stop strings) without special tokens
+    include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
 
     def __post_init__(self) -> None:
         put = partial(object.__setattr__, self)  # frozen: normalised values are set past __setattr__
@@ -178,6 +188,16 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if self.logprobs is not None:
             put("logprobs", _check_int(_SP, "logprobs", self.logprobs, 0, MAX_LOGPROBS))
+        for name, low, high in (("presence_penalty", -2, 2), ("frequency_penalty", -2, 2), ("min_p", 0, 1)):
+            put(name, _check_real(_SP, name, getattr(self, name)))
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"SamplingParams.{name} must be in [{low}, {high}], got {getattr(self, name)}")
+        put("repetition_penalty", _check_real(_SP, "repetition_penalty", self.repetition_penalty))
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+        put("n", _check_int(_SP, "n", self.n, 1, MAX_N))
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            _check_bool(_SP, name, getattr(self, name))
 
     def validate_for(self, vocab_size: int) -> None:
         """What depends on the model: every stop token id inside its vocabulary [0, vocab_size)."""
@@ -187,7 +207,14 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """The token is the raw logits' argmax (what a device-side accept and the overlapped decode
+        use): temperature 0 and no penalty."""
+        return self.temperature == 0.0 and not self.penalized
+
+    @property
+    def penalized(self) -> bool:
+        """A penalty changes the logits, so every row needs its own prior tokens (engine/sampler.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 def as_sampling_params(value: object) -> SamplingParams:

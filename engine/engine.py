@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 
 import torch
 from tqdm import tqdm
@@ -19,7 +20,7 @@ from engine.levers import Levers
 from engine.logprobs import record_logprobs
 from engine.policy import resolve_table
 from engine.policy_graphs import capture_policy_graphs
-from engine.prompts import batch, conversations
+from engine.prompts import batch, completions, conversations, merged
 from engine.request import Finish, Request, RequestFailure, RequestOutput
 from engine.round import Rounds
 from engine.sampler import sample_requests
@@ -123,12 +124,20 @@ class Engine:
         """Queue a request: text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}; params
         a SamplingParams, a dict of its fields or None (the defaults; a bad one raises ValueError). A
         request the engine cannot serve (bad text or ids, too long, ...) finishes at once as `rejected`."""
-        return self._add(prompt, as_sampling_params(params), "prompt")
+        params = as_sampling_params(params)
+        if params.n != 1:
+            raise ValueError(
+                f"SamplingParams.n={params.n}: add_request runs one completion; generate() and chat() run n"
+            )
+        return self._add(prompt, params, "prompt")
 
     def _add(self, prompt: object, params: SamplingParams, label: str) -> str:
         ids, error = encode_prompt(self.tokenizer, prompt, label)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        stops = StopStrings(params.stop, self._decode) if params.stop and self.tokenizer is not None else None
+        decode = (
+            partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens) if self.tokenizer else None
+        )
+        stops = StopStrings(params.stop, decode) if params.stop and decode is not None else None
         text = prompt_parts(prompt)[0]
         req = Request(self._next_index, ids, params, frozenset(stop), stop_strings=stops)
         req.prompt = text if isinstance(text, str) else None  # RequestOutput.prompt, as vLLM's
@@ -195,15 +204,16 @@ class Engine:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Run these prompts to completion; a single string, token-id list or dict prompt is one prompt.
-        params: one for all or one per prompt (SamplingParams or dicts of its fields). A bad prompt is
-        rejected alone (finish_reason "rejected", its error naming "prompt i"). Returns only these
-        requests' outputs: other requests advance too, and their outputs stay with step().
+        params: one for all or one per prompt (SamplingParams or dicts of its fields); n > 1 runs n
+        completions of that prompt, one RequestOutput with n `outputs`. A bad prompt is rejected alone
+        (finish_reason "rejected", its error naming "prompt i"). Returns only these requests' outputs:
+        other requests advance too, and their outputs stay with step().
         use_tqdm: a progress bar of finished requests on stderr."""
         prompts, params = batch(prompts, params)  # a bad params raises here, before any prompt is admitted
         mine: list[Request] = []
         try:  # a bad prompt is rejected alone; an unexpected failure takes back what it had admitted
             for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-                mine.append(self._requests[self._add(p, sp, f"prompt {i}")])
+                mine += [self._requests[self._add(p, c, f"prompt {i}")] for c in completions(sp)]
         except BaseException:
             self._discard(mine)
             raise
@@ -224,7 +234,7 @@ class Engine:
         bar.close()
         for r in mine:
             self._unreported.pop(r.id, None)
-        return [self._report(r) for r in mine]
+        return merged([self._report(r) for r in mine], [sp.n for sp in params])
 
     def chat(
         self, messages: Sequence, params: SamplingParams | Mapping | None = None, use_tqdm: bool = False
@@ -338,6 +348,3 @@ class Engine:
             r.prefilled(None if r.output_ids else next(sampled), context_stored=stored and r.params.speculate)
         record_logprobs([reqs[i] for i in fresh], logits, 1, [1] * len(fresh))
         self.rounds.pause()
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)

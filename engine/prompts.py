@@ -3,10 +3,12 @@ any request is admitted."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from engine.config import SamplingParams, as_sampling_params
+from engine.config import SEED_MAX, SamplingParams, as_sampling_params
 from engine.models.checks import is_int
+from engine.outputs import RequestOutput
 
 CHAT_ROLES = ("system", "user", "assistant")
 
@@ -46,4 +48,24 @@ def conversations(messages: object) -> list[list[dict[str, str]]]:
             if m["role"] not in CHAT_ROLES or not isinstance(m["content"], str):
                 raise ValueError(f"{where}[{i}]: role must be one of {CHAT_ROLES} and content a string, got {m!r}")
         out.append([dict(m) for m in conversation])
+    return out
+
+
+def completions(params: SamplingParams) -> list[SamplingParams]:
+    """The engine requests of one prompt: n of them, each with n=1; with a seed, completion c is
+    seeded seed + c (n seeded completions must differ), else each takes its own derived seed."""
+    if params.n == 1:
+        return [params]
+    seeds = [None if params.seed is None else (params.seed + c) % (SEED_MAX + 1) for c in range(params.n)]
+    return [dataclasses.replace(params, n=1, seed=seed) for seed in seeds]
+
+
+def merged(outputs: list[RequestOutput], counts: list[int]) -> list[RequestOutput]:
+    """One RequestOutput per prompt from its counts[i] consecutive completions: `outputs` lists them
+    (index c), the flat fields are the first one's."""
+    out, at = [], 0
+    for n in counts:
+        group, at = outputs[at : at + n], at + n
+        each = [dataclasses.replace(o.outputs[0], index=c) for c, o in enumerate(group)]
+        out.append(dataclasses.replace(group[0], outputs=each, finished=all(o.finished for o in group)))
     return out

@@ -186,7 +186,10 @@ class Request:
         self.streamed = len(self.output_ids)
         text = ""
         if self.finished and tokenizer is not None and self.output_ids:
-            text = tokenizer.decode(self.output_ids, skip_special_tokens=True)[: self.stop_at]
+            end = self.stop_at
+            if end is not None and self.params.include_stop_str_in_output:
+                end += len(self.stop_reason)
+            text = tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)[:end]
         reason = self.finish_reason.value if self.finish_reason else None
         logprobs = shaped = cumulative = None
         if self.params.logprobs is not None:

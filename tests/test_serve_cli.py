@@ -65,7 +65,7 @@ def test_bad_port_is_refused(raw, capsys):
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),

@@ -96,7 +96,7 @@ def test_a_body_at_the_depth_limit_is_read():
         ("response_format", {"type": "json_object"}),
         ("functions", [{"name": "f"}]),
         ("logit_bias", {"5": 100}),
-        ("presence_penalty", 0.5),
+        ("function_call", "auto"),
         ("echo", True),
         ("guided_json", {"type": "object"}),
     ],
@@ -116,7 +116,7 @@ def test_unknown_fields_are_refused_by_name(http, path):
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_no_op_values_of_unimplemented_fields_are_served(http, path):
     body = {"prompt": "x"} if path == "/completions" else {"messages": USER}
-    quiet = {"presence_penalty": 0.0, "frequency_penalty": 0, "logit_bias": None, "tools": [], "user": "u-1"}
+    quiet = {"logit_bias": None, "tools": [], "tool_choice": "none", "echo": False, "user": "u-1"}
     response = _post(http, path, body | quiet | {"max_tokens": 2})
     assert response.status_code == 200, response.text
 
@@ -152,3 +152,10 @@ def test_chat_is_refused_where_the_tokenizer_has_no_template(shipped_tiny, tmp_p
     with serving(engine) as live, httpx.Client(base_url=live.base_url, timeout=60) as client:
         _refused(_post(client, "/chat/completions", {"messages": USER}), "has no chat template")
         assert _post(client, "/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_penalties_and_min_p_are_served(http):
+    body = {"prompt": "def main():\n", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    penalized = body | {"presence_penalty": 0.6, "frequency_penalty": 0.4, "repetition_penalty": 1.3, "min_p": 0.1}
+    texts = [_post(http, "/completions", b).json()["choices"][0]["text"] for b in (body, penalized, penalized)]
+    assert texts[1] == texts[2] != texts[0]

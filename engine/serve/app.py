@@ -154,7 +154,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 if parsed.n > 1 and params.seed is not None:  # n seeded choices must differ
                     params = dataclasses.replace(params, seed=params.seed + i)
                 tickets.append(worker.submit(prompt, params, outputs))
-                choices.append(Choice(len(choices), engine.tokenizer, parsed.params.stop))
+                choices.append(Choice(len(choices), engine.tokenizer, parsed.params))
         return Job(kind, parsed, model_name, tickets, choices, outputs)
 
     async def _first_outputs(job: Job) -> tuple[list[RequestOutput], list[tuple[Ticket, RequestOutput]]]:

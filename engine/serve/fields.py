@@ -1,6 +1,6 @@
 """Which body fields each endpoint takes. Nothing is silently ignored: a field this server does
-not implement is refused naming it, unless it holds its no-op value (e.g. presence_penalty 0, the
-`openai` client's explicit defaults), and an unknown field is refused too (docs/api.md)."""
+not implement is refused naming it, unless it holds its no-op value (e.g. tools [], which clients
+send as explicit defaults), and an unknown field is refused too (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from engine.serve.errors import BadRequest
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "stop_token_ids"}
 _SAMPLING |= {"stream", "stream_options", "logprobs", "min_tokens", "ignore_eos", "best_of", "user"}
+_SAMPLING |= {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"}
+_SAMPLING |= {"skip_special_tokens", "include_stop_str_in_output"}
 ACCEPTED = {
     "completions": _SAMPLING | {"prompt", "max_completion_tokens"},
     "chat": _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"},
@@ -25,10 +27,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "function_call": ("none",),
     "response_format": ({"type": "text"},),
     "logit_bias": ({},),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),
-    "min_p": (0,),
     "echo": (False,),
     "suffix": ("",),
     "audio": (),
@@ -40,8 +38,6 @@ NOT_IMPLEMENTED: dict[str, tuple[Any, ...]] = {
     "metadata": ({},),
     "service_tier": ("auto", "default"),
     "prompt_logprobs": (),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
     "guided_json": (),
     "guided_regex": (),
     "guided_choice": (),

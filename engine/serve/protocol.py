@@ -105,6 +105,12 @@ def _common(body: dict, prompts: list[str | list[int]], logprobs: int | None) ->
         stop_token_ids=stop_ids,
         min_tokens=_count(body, "min_tokens", 0, 0),
         logprobs=logprobs,
+        presence_penalty=_real(body, "presence_penalty", 0.0),
+        frequency_penalty=_real(body, "frequency_penalty", 0.0),
+        repetition_penalty=_real(body, "repetition_penalty", 1.0),
+        min_p=_real(body, "min_p", 0.0),
+        skip_special_tokens=_get(body, "skip_special_tokens", (bool,), True),
+        include_stop_str_in_output=_get(body, "include_stop_str_in_output", (bool,), False),
     )
     try:
         params = SamplingParams(**kwargs)
