@@ -11,25 +11,12 @@ import pytest
 for _name in ("uvicorn", "starlette", "httpx", "hypothesis"):  # the serve and dev extras
     pytest.importorskip(_name, reason=f"{_name} is not installed (pip install -e '.[serve,dev]')")
 
-import httpx  # noqa: E402
 import hypothesis  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.serve_helpers import MODEL, live_server, wait_for  # noqa: E402
+from tests.serve_helpers import MODEL, wait_for  # noqa: E402
 
 ENDPOINTS = ("/completions", "/chat/completions")
-
-
-@pytest.fixture(scope="module")
-def server(one_thread):
-    with live_server(max_num_seqs=8) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
-        yield client
 
 
 ANY_TEXT = st.text(st.characters(exclude_categories=()), max_size=12)  # lone surrogates included
@@ -123,16 +110,16 @@ def test_random_chat_requests_are_answered(http, body):
     _answered(http, "/chat/completions", _dumps(body))
 
 
-def test_the_server_serves_normally_after_the_property_tests(server, http):
+def test_the_server_serves_normally_after_the_property_tests(live, http):
     # module order: this runs after the property tests above, on the same server
     response = http.post("/completions", json={"prompt": "def main():", "max_tokens": 4, "temperature": 0})
     assert response.status_code == 200 and response.json()["choices"][0]["text"]
     chat = http.post("/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
-    assert http.get(server.url + "/health").text == "ok"
+    assert http.get(live.url + "/health").text == "ok"
 
     def idle() -> bool:  # the snapshot follows the step that delivered the last output
-        snap = server.worker.snapshot
+        snap = live.worker.snapshot
         return snap["running"] == snap["waiting"] == 0 and snap["kv_blocks_free"] == snap["kv_blocks_total"]
 
     wait_for(idle, "every request to finish and every KV block to be free")

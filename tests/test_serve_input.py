@@ -17,22 +17,10 @@ from engine import Engine, EngineConfig  # noqa: E402
 from engine.serve.body import MAX_DEPTH, decode_body, json_depth  # noqa: E402
 from engine.serve.errors import BadRequest  # noqa: E402
 from engine.serve.fields import ACCEPTED, NOT_IMPLEMENTED, check_fields  # noqa: E402
-from tests.serve_helpers import live_server, serving  # noqa: E402
+from tests.serve_helpers import serving  # noqa: E402
 
 ENDPOINTS = ("/completions", "/chat/completions")
 USER = [{"role": "user", "content": "def main():"}]
-
-
-@pytest.fixture(scope="module")
-def server(one_thread):
-    with live_server(max_num_seqs=8) as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.base_url, timeout=120) as client:
-        yield client
 
 
 def _post(http, path: str, body: bytes | dict) -> httpx.Response:
@@ -130,15 +118,15 @@ def test_every_field_is_either_taken_or_named_unimplemented():
 
 
 # -- text ----------------------------------------------------------------------------------------------
-def test_a_lone_surrogate_is_refused_naming_the_prompt_and_position(server, http):
-    before = server.worker.counters.requests
+def test_a_lone_surrogate_is_refused_naming_the_prompt_and_position(live, http):
+    before = live.worker.counters.requests
     raw = b'{"prompt": ["fine", "ok \\ud800"], "max_tokens": 2}'
     _refused(_post(http, "/completions", raw), "prompt[1] is not valid text: a lone surrogate U+D800 at character 3")
     raw = b'{"messages": [{"role": "user", "content": "\\udfff"}]}'
     _refused(_post(http, "/chat/completions", raw), "messages[0].content is not valid text: a lone surrogate U+DFFF")
     raw = b'{"prompt": "x", "stop": ["\\ud800"]}'
     _refused(_post(http, "/completions", raw), "stop[0] is not valid text")
-    assert server.worker.counters.requests == before  # refused before anything reached the engine
+    assert live.worker.counters.requests == before  # refused before anything reached the engine
 
 
 def test_chat_is_refused_where_the_tokenizer_has_no_template(shipped_tiny, tmp_path, one_thread):
