@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 CORE="torch transformers safetensors huggingface_hub tokenizers filelock numpy pytest xdist setuptools"
-EXTRAS="triton ruff openai httpx matplotlib tqdm starlette uvicorn"
+EXTRAS="triton ruff openai httpx hypothesis matplotlib tqdm starlette uvicorn"
 missing() {  # the names in $@ that .venv/bin/python cannot import (setuptools: too old for an offline editable build)
   .venv/bin/python - "$@" <<'PY'
 import importlib.util, sys

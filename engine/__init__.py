@@ -2,5 +2,6 @@
 
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine, RequestOutput, SpecStats
+from engine.outputs import CompletionOutput, Logprob
 
-__all__ = ["Engine", "EngineConfig", "RequestOutput", "SamplingParams", "SpecStats"]
+__all__ = ["CompletionOutput", "Engine", "EngineConfig", "Logprob", "RequestOutput", "SamplingParams", "SpecStats"]

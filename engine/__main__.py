@@ -11,21 +11,24 @@ from engine.cli_args import add_engine_args, engine_config
 from engine.config import SamplingParams
 from engine.serve import cli as serve_cli
 from engine.shipped import shipped_pair
+from engine.config import text_error
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m engine") -> argparse.ArgumentParser:
     target, drafter = shipped_pair("tiny")
-    p = argparse.ArgumentParser(prog="python -m engine", description="pegaspec: Qwen3 + DFlash speculative decoding")
+    p = argparse.ArgumentParser(prog=prog, description="pegaspec: Qwen3 + DFlash speculative decoding")
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate one completion and stream it to stdout")
-    add_engine_args(g, target, f"DFlash drafter dir or hub id (the fixture's: {drafter})")
+    add_engine_args(
+        g, target, f"DFlash drafter dir or hub id (default: none, plain decode; the shipped one: {drafter})"
+    )
     g.add_argument("--prompt", required=True, help="prompt text")
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--max-tokens", type=int, default=64, help="output token budget (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=1.0, help="0: greedy; vLLM's default (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=0, help="0 or -1: off (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass kept (default: %(default)s: off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: from the engine seed)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past EOS up to --max-tokens")
     g.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     serve_cli.add_parser(sub, target)
     return p
@@ -34,9 +37,8 @@ def _parser() -> argparse.ArgumentParser:
 def _generate(args: argparse.Namespace) -> int:
     from engine.engine import Engine
 
-    engine = Engine(engine_config(args, max_num_seqs=1))
-    if engine.tokenizer is None:
-        print("error: this checkpoint has no tokenizer; the CLI takes text prompts", file=sys.stderr)
+    if (why := text_error(args.prompt)) is not None:  # e.g. bytes argv could not decode (surrogateescape)
+        print(f"error: --prompt is not valid text: {why}", file=sys.stderr)
         return 2
     params = SamplingParams(
         max_tokens=args.max_tokens,
@@ -46,6 +48,10 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         ignore_eos=args.ignore_eos,
     )
+    engine = Engine(engine_config(args, max_num_seqs=1))
+    if engine.tokenizer is None:
+        print("error: this checkpoint has no tokenizer; the CLI takes text prompts", file=sys.stderr)
+        return 2
     start = time.perf_counter()
     engine.add_request(args.prompt, params)
     shown, out = "", None
@@ -69,8 +75,8 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m engine") -> int:
+    args = _parser(prog).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

@@ -27,12 +27,14 @@ def flag_type(flag: str, parse: Callable[[str, str], object]) -> Callable[[str],
 
 
 def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafter_help: str) -> None:
-    parser.add_argument("--model", default=str(default_model), help="target checkpoint dir or hub id")
+    parser.add_argument(
+        "--model", default=str(default_model), help="target checkpoint dir or hub id (default: %(default)s)"
+    )
     parser.add_argument("--draft-model", default=None, help=drafter_help)
-    parser.add_argument("--device", default="auto", choices=DEVICES)
-    parser.add_argument("--dtype", default="auto", choices=DTYPES)
-    parser.add_argument("--backend", default="auto", choices=BACKENDS)
-    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--device", default="auto", choices=DEVICES, help="auto: cuda when available")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: triton on cuda, torch on cpu")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly (no graph capture)")
     for name in lever_names():
         flag = "--" + name.replace("_", "-")
         parse = flag_type(flag, partial(_lever, name))

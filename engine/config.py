@@ -26,6 +26,19 @@ SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 0..2**64-1
 MIN_TEMPERATURE = 1e-5
 
 
+def text_error(text: str) -> str | None:
+    """Why `text` is not valid Unicode text, naming the character: a lone surrogate, or an
+    undecodable byte carried in by surrogateescape (argv, file names); None when it is valid."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        if 0xDC80 <= code <= 0xDCFF:
+            return f"an undecodable byte 0x{code - 0xDC00:02x} at character {err.start}"
+        return f"a lone surrogate U+{code:04X} at character {err.start}"
+    return None
+
+
 def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None) -> int:
     """An int (not a bool, not a float, not a string) in [low, high]; returns it as a Python int."""
     if not is_int(value) or value < low or (high is not None and value > high):
@@ -64,7 +77,10 @@ class EngineConfig:
     max_model_len: int | None = None  # default: min(model limits, 4096)
     max_num_batched_tokens: int = 8192
     kv_block_size: int = 16
-    num_kv_blocks: int | None = None  # default: enough for max_num_seqs x max_model_len, within memory
+    # Blocks allocated in all, of kv_block_size tokens: block 0 is reserved (padded rows point at it)
+    # and the hedge scratch comes out of them too, so N gives N - 1 - scratch usable blocks.
+    # Default: enough for max_num_seqs x max_model_len, within memory.
+    num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     levers: Mapping[str, object] = field(default_factory=dict)
@@ -91,9 +107,15 @@ class EngineConfig:
             _check_bool("EngineConfig", "trace", self.trace)
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
             setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 1))
-        for name in ("max_model_len", "num_kv_blocks"):
-            if getattr(self, name) is not None:
-                setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 2))
+        if self.max_model_len is not None:
+            self.max_model_len = _check_int("EngineConfig", "max_model_len", self.max_model_len, 2)
+        if self.num_kv_blocks is not None:
+            if not is_int(self.num_kv_blocks) or self.num_kv_blocks < 2:
+                raise ValueError(
+                    f"EngineConfig.num_kv_blocks={self.num_kv_blocks!r}; expected an int >= 2 (blocks in all: "
+                    "block 0 is reserved, so N blocks hold N - 1 usable, less any hedge scratch)"
+                )
+            self.num_kv_blocks = int(self.num_kv_blocks)
         # Request streams are seeded with seed * 1_000_003 + request index, which must stay below 2**64.
         self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32 - 1)
         self.gpu_memory_utilization = _check_real("EngineConfig", "gpu_memory_utilization", self.gpu_memory_utilization)
@@ -113,14 +135,18 @@ class EngineConfig:
 
 
 MAX_LOGPROBS = 20
+MAX_N = 64  # completions per prompt
 _SP = "SamplingParams"
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """One request's sampling, with vLLM's defaults (temperature 1.0: sampled; pass temperature=0
+    for greedy). Every field is checked here; a bad value is a ValueError naming it."""
+
     max_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0 or -1 (vLLM's value): off
     top_p: float = 1.0
     seed: int | None = None  # None: derived from the engine seed and the request id
     ignore_eos: bool = False
@@ -129,6 +155,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: the output ends at the token completing one, text trimmed before it
     min_tokens: int = 0  # stop tokens (EOS included) and stop strings are ignored until this many are output
     logprobs: int | None = None  # None: off; k >= 0: the chosen token's log-probability plus the top k
+    # vLLM's penalties, applied to the logits before temperature (and before the greedy argmax):
+    # presence and frequency count the output so far, repetition the prompt and the output.
+    presence_penalty: float = 0.0  # [-2, 2]: minus this for every token already in the output
+    frequency_penalty: float = 0.0  # [-2, 2]: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # > 0, 1: off; a seen token's logit divided by it (multiplied if < 0)
+    min_p: float = 0.0  # [0, 1]: sampled rows drop tokens below min_p x the most likely one's probability
+    n: int = 1  # completions per prompt (generate / chat): RequestOutput.outputs holds n
+    skip_special_tokens: bool = True  # the output text (and stop strings) without special tokens
+    include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
 
     def __post_init__(self) -> None:
         put = partial(object.__setattr__, self)  # frozen: normalised values are set past __setattr__
@@ -141,7 +176,7 @@ class SamplingParams:
                 f"SamplingParams.temperature={self.temperature!r} is below {MIN_TEMPERATURE} (greedy in all but "
                 "name, and too small to sample from in fp32); use 0 for greedy"
             )
-        put("top_k", _check_int(_SP, "top_k", self.top_k, 0))  # 0: off
+        put("top_k", _check_int(_SP, "top_k", self.top_k, -1))  # 0 or -1: off
         put("top_p", _check_real(_SP, "top_p", self.top_p))
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
@@ -160,12 +195,25 @@ class SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(t, str) and t for t in stop):
             raise ValueError(f"SamplingParams.stop must be non-empty strings, got {self.stop!r}")
+        for i, text in enumerate(stop):
+            if (why := text_error(text)) is not None:
+                raise ValueError(f"SamplingParams.stop[{i}] is not valid text: {why}")
         put("stop", tuple(stop))
         put("min_tokens", _check_int(_SP, "min_tokens", self.min_tokens, 0))
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}")
         if self.logprobs is not None:
             put("logprobs", _check_int(_SP, "logprobs", self.logprobs, 0, MAX_LOGPROBS))
+        for name, low, high in (("presence_penalty", -2, 2), ("frequency_penalty", -2, 2), ("min_p", 0, 1)):
+            put(name, _check_real(_SP, name, getattr(self, name)))
+            if not low <= getattr(self, name) <= high:
+                raise ValueError(f"SamplingParams.{name} must be in [{low}, {high}], got {getattr(self, name)}")
+        put("repetition_penalty", _check_real(_SP, "repetition_penalty", self.repetition_penalty))
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+        put("n", _check_int(_SP, "n", self.n, 1, MAX_N))
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            _check_bool(_SP, name, getattr(self, name))
 
     def validate_for(self, vocab_size: int) -> None:
         """What depends on the model: every stop token id inside its vocabulary [0, vocab_size)."""
@@ -175,4 +223,27 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """The token is the raw logits' argmax (what a device-side accept and the overlapped decode
+        use): temperature 0 and no penalty."""
+        return self.temperature == 0.0 and not self.penalized
+
+    @property
+    def penalized(self) -> bool:
+        """A penalty changes the logits, so every row needs its own prior tokens (engine/sampler.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+
+def as_sampling_params(value: object) -> SamplingParams:
+    """SamplingParams as given, a dict of its fields (vLLM users pass those) or None (the defaults);
+    anything else, or a dict naming a field SamplingParams lacks, is a ValueError."""
+    if value is None:
+        return SamplingParams()
+    if isinstance(value, SamplingParams):
+        return value
+    if isinstance(value, Mapping):
+        names = {f.name for f in dataclasses.fields(SamplingParams)}
+        unknown = [k for k in value if k not in names]
+        if unknown:
+            raise ValueError(f"SamplingParams has no field {unknown[0]!r}; its fields: {', '.join(sorted(names))}")
+        return SamplingParams(**value)
+    raise ValueError(f"params must be a SamplingParams or a dict of its fields, got {type(value).__name__}")

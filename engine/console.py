@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from inspect import signature
 
 # command -> (module whose main(argv) runs it, whether main wants the command name itself, help)
 COMMANDS = {
@@ -26,7 +27,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub.add_parser(name, help=doc, add_help=False)
         p.parse_args(argv[:1])  # prints the help or the usage error and exits
     module, keeps_name, _ = COMMANDS[argv[0]]
-    return importlib.import_module(module).main(argv if keeps_name else argv[1:])
+    run = importlib.import_module(module).main
+    # A tool whose main takes `prog` prints its usage under this script's name (`pegaspec generate`).
+    named = {"prog": "pegaspec" if keeps_name else f"pegaspec {argv[0]}"} if "prog" in signature(run).parameters else {}
+    return run(argv if keeps_name else argv[1:], **named)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 import torch
 from tqdm import tqdm
 
-from engine.config import EngineConfig, SamplingParams
+from engine.config import EngineConfig, SamplingParams, as_sampling_params
 from engine.hedge import Hedger
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
@@ -19,6 +20,7 @@ from engine.policy.calibration import calibrated_table
 from engine.policy.costs import CostTable
 from engine.policy.span import resolve_table
 from engine.policy.warmup import capture_policy_graphs
+from engine.prompts import batch, completions, conversations, merged
 from engine.request import Finish, Request, RequestFailure, RequestOutput
 from engine.round import Rounds
 from engine.sampler import sample_requests
@@ -27,7 +29,7 @@ from engine.spec_stats import SpecStats
 from engine.startup import build_runner, load_models, max_model_len, resolve_device
 from engine.stopping import StopStrings
 from engine.timing import PhaseTimer
-from engine.tokenizing import encode_prompt
+from engine.tokenizing import encode_prompt, prompt_parts, render_chat
 from engine.trace import enable_trace
 
 __all__ = ["Engine", "Levers", "RequestOutput", "SpecStats"]
@@ -106,13 +108,27 @@ class Engine:
     def timer(self, timer: PhaseTimer | None) -> None:
         self.rounds.timer = timer
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> str:
-        """Queue a request; a request the engine cannot serve finishes at once as `rejected`."""
-        params = params or SamplingParams()
-        ids, error = encode_prompt(self.tokenizer, prompt)
+    def add_request(self, prompt: str | Sequence[int] | Mapping, params: SamplingParams | Mapping | None = None) -> str:
+        """Queue a request: text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}; params
+        a SamplingParams, a dict of its fields or None (the defaults; a bad one raises ValueError). A
+        request the engine cannot serve (bad text or ids, too long, ...) finishes at once as `rejected`."""
+        params = as_sampling_params(params)
+        if params.n != 1:
+            raise ValueError(
+                f"SamplingParams.n={params.n}: add_request runs one completion; generate() and chat() run n"
+            )
+        return self._add(prompt, params, "prompt")
+
+    def _add(self, prompt: object, params: SamplingParams, label: str) -> str:
+        ids, error = encode_prompt(self.tokenizer, prompt, label)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        stops = StopStrings(params.stop, self._decode) if params.stop and self.tokenizer is not None else None
+        decode = (
+            partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens) if self.tokenizer else None
+        )
+        stops = StopStrings(params.stop, decode) if params.stop and decode is not None else None
+        text = prompt_parts(prompt)[0]
         req = Request(self._next_index, ids, params, frozenset(stop), stop_strings=stops)
+        req.prompt = text if isinstance(text, str) else None  # RequestOutput.prompt, as vLLM's
         self._next_index += 1
         self._requests[req.id] = req
         if params.stop and self.tokenizer is None:
@@ -169,19 +185,23 @@ class Engine:
     def generate(
         self,
         prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingParams | Mapping | Sequence[SamplingParams | Mapping] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Run these prompts to completion; a single string or token-id list is one prompt. Returns
-        only these requests' outputs: other requests advance too, and their outputs stay with step().
+        """Run these prompts to completion; a single string, token-id list or dict prompt is one prompt.
+        params: one for all or one per prompt (SamplingParams or dicts of its fields); n > 1 runs n
+        completions of that prompt, one RequestOutput with n `outputs`. A bad prompt is rejected alone
+        (finish_reason "rejected", its error naming "prompt i"). Returns only these requests' outputs:
+        other requests advance too, and their outputs stay with step().
         use_tqdm: a progress bar of finished requests on stderr."""
-        if isinstance(prompts, str) or (len(prompts) and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if isinstance(params, SamplingParams) or params is None:
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        mine = [self._requests[self.add_request(p, sp)] for p, sp in zip(prompts, params, strict=True)]
+        prompts, params = batch(prompts, params)  # a bad params raises here, before any prompt is admitted
+        mine: list[Request] = []
+        try:  # a bad prompt is rejected alone; an unexpected failure takes back what it had admitted
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+                mine += [self._requests[self._add(p, c, f"prompt {i}")] for c in completions(sp)]
+        except BaseException:
+            self._discard(mine)
+            raise
         bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
         before, self.no_more_requests = self.no_more_requests, True
         try:
@@ -199,7 +219,23 @@ class Engine:
         bar.close()
         for r in mine:
             self._unreported.pop(r.id, None)
-        return [self._report(r) for r in mine]
+        return merged([self._report(r) for r in mine], [sp.n for sp in params])
+
+    def chat(
+        self, messages: Sequence, params: SamplingParams | Mapping | None = None, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation ([{"role", "content"}, ...]) or a list of them, each rendered
+        through the tokenizer's chat template with the generation prompt, then generate(); a
+        ValueError where the tokenizer has no template."""
+        prompts = [render_chat(self.tokenizer, c) for c in conversations(messages)]
+        return self.generate(prompts, params, use_tqdm)
+
+    def _discard(self, reqs: list[Request]) -> None:
+        """Forget these requests entirely: aborted (KV freed) and never reported."""
+        for r in reqs:
+            self.abort(r.id)
+            self._unreported.pop(r.id, None)
+            self._requests.pop(r.id, None)
 
     def _advance(self) -> list[Request]:
         """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
@@ -268,7 +304,9 @@ class Engine:
         """fp32 logits after a prefill of prompt_ids on an idle engine (used by the regret oracle)."""
         if self.scheduler.has_work():
             raise RuntimeError("last_logits needs an idle engine")
-        req = Request(self._next_index, [int(t) for t in prompt_ids], SamplingParams(max_tokens=1), frozenset())
+        req = Request(
+            self._next_index, [int(t) for t in prompt_ids], SamplingParams(temperature=0, max_tokens=1), frozenset()
+        )
         error = self.scheduler.admission_error(req)
         if error:
             raise ValueError(error)
@@ -295,6 +333,3 @@ class Engine:
             r.prefilled(None if r.output_ids else next(sampled), context_stored=stored and r.params.speculate)
         record_logprobs([reqs[i] for i in fresh], logits, 1, [1] * len(fresh))
         self.rounds.pause()
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)

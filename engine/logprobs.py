@@ -15,18 +15,20 @@ class TokenLogprob:
     token_id: int
     logprob: float  # under the target's raw distribution (before temperature, top-k, top-p)
     top: tuple[tuple[int, float], ...]  # the k most likely (token id, logprob), most likely first
+    rank: int  # the chosen token's 1-based rank in that distribution (1 + how many are likelier)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
     """logits [len(tokens), V]: row i is the distribution tokens[i] was chosen from."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(list(tokens), device=lp.device)[:, None])[:, 0].tolist()
+    picked = lp.gather(1, torch.tensor(list(tokens), device=lp.device)[:, None])
+    chosen, ranks = picked[:, 0].tolist(), (1 + (lp > picked).sum(dim=-1)).tolist()
     if k:
         values, ids = lp.topk(k, dim=-1)
         tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
     else:
         tops = [()] * len(tokens)
-    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops, strict=True)]
+    return [TokenLogprob(*entry) for entry in zip(tokens, chosen, tops, ranks, strict=True)]
 
 
 def record_logprobs(

@@ -8,20 +8,10 @@ from enum import Enum
 import torch
 
 from engine.config import SamplingParams
+from engine.outputs import CompletionOutput, Logprob, RequestOutput
 from engine.stopping import StopStrings
 
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None
-    error: str | None = None
-    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer); ends before a stop string
-    logprobs: list | None = None  # TokenLogprob per output token when SamplingParams.logprobs is set
+__all__ = ["Finish", "Request", "RequestFailure", "RequestOutput", "Status"]
 
 
 class Status(Enum):
@@ -68,7 +58,10 @@ class Request:
     streamed: int = 0  # output tokens already reported by step()
     stop_strings: StopStrings | None = None
     stop_at: int | None = None  # character offset of the stop string that ended the request
+    stop_reason: int | str | None = None  # the stop token id (not EOS) or stop string that ended it
     logprobs: list = field(default_factory=list)
+    prompt: str | None = None  # the prompt's text, when it was given as text
+    shaped: list = field(default_factory=list)  # vLLM-shaped logprob dicts of the first len(shaped) entries
 
     @property
     def id(self) -> str:
@@ -174,11 +167,12 @@ class Request:
             self.output_ids.append(token)
             honoured = len(self.output_ids) >= self.params.min_tokens
             if honoured and token in self.stop_ids:
+                self.stop_reason = token if token in self.params.stop_token_ids else None
                 self.finish(Finish.STOP)
                 return n
             at = self.stop_strings.find(self.output_ids) if self.stop_strings else None
             if honoured and at is not None:
-                self.stop_at = at
+                self.stop_at, self.stop_reason = at, self.stop_strings.matched
                 self.finish(Finish.STOP)
                 return n
             if self.remaining <= 0:
@@ -192,9 +186,33 @@ class Request:
         self.streamed = len(self.output_ids)
         text = ""
         if self.finished and tokenizer is not None and self.output_ids:
-            text = tokenizer.decode(self.output_ids, skip_special_tokens=True)[: self.stop_at]
+            end = self.stop_at
+            if end is not None and self.params.include_stop_str_in_output:
+                end += len(self.stop_reason)
+            text = tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)[:end]
         reason = self.finish_reason.value if self.finish_reason else None
-        logprobs = list(self.logprobs) if self.params.logprobs is not None else None
+        logprobs = shaped = cumulative = None
+        if self.params.logprobs is not None:
+            logprobs, shaped = list(self.logprobs), self._shaped_logprobs(tokenizer)
+            cumulative = sum(e.logprob for e in self.logprobs)
+        ids = list(self.output_ids)
+        completion = CompletionOutput(0, text, ids, cumulative, shaped, reason, self.stop_reason)
         return RequestOutput(
-            self.id, self.prompt_ids, list(self.output_ids), new, self.finished, reason, self.error, text, logprobs
+            *(self.id, self.prompt_ids, ids, new, self.finished, reason, self.error, text, logprobs),
+            prompt=self.prompt,
+            outputs=[completion],
         )
+
+    def _shaped_logprobs(self, tokenizer) -> list[dict[int, Logprob]]:
+        """vLLM's per-position {token id: Logprob}: the chosen token first, then the top k; built once
+        per entry (a streamed request pays for each token once)."""
+
+        def text(token: int) -> str | None:
+            return tokenizer.decode([token]) if tokenizer is not None else None
+
+        for e in self.logprobs[len(self.shaped) :]:
+            position = {e.token_id: Logprob(e.logprob, e.rank, text(e.token_id))}
+            for rank, (token, value) in enumerate(e.top, start=1):
+                position.setdefault(token, Logprob(value, rank, text(token)))
+            self.shaped.append(position)
+        return list(self.shaped)

@@ -227,5 +227,5 @@ class Rounds:
     ) -> list[list[int]]:
         """The accept rule on targets sampled per span row (greedy or seeded): rows on the host."""
         k = drafts.shape[1]
-        targets = sample_requests(res.logits, res.greedy, groups, 1 + k).view(len(groups), 1 + k)
+        targets = sample_requests(res.logits, res.greedy, groups, 1 + k, drafts).view(len(groups), 1 + k)
         return self.accept(drafts, targets, self.runner.to_device(limits)).tolist()

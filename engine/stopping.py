@@ -1,30 +1,79 @@
 """Stop strings, checked token by token on the decoded output, so a speculative round that commits
-several tokens at once stops exactly where plain decode (one token a step) would."""
+several tokens at once stops exactly where plain decode (one token a step) would. The output is
+decoded incrementally (constant work per token), never whole after each token."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 
+class Detokenizer:
+    """decode(ids) kept up to date for a token list that only grows. Text up to a token boundary
+    where it ends on a whole character is final (`done` characters, the last `keep` of them held);
+    each feed decodes only the tokens after the latest such boundary, in the context of the ones
+    since the boundary before (vLLM's prefix/read offsets), so tokenizers that strip a leading space
+    decode alike. A boundary that ends on a whole character is one no later token changes, so for
+    byte-level BPE (Qwen's, the fixture's) final text + tail is exactly decode(ids)."""
+
+    def __init__(self, decode: Callable[[list[int]], str], keep: int):
+        self.decode = decode
+        self.keep = keep
+        self.prefix = 0  # first token of the decoded context
+        self.read = 0  # tokens whose text is final
+        self.prefix_text = ""  # decode(ids[prefix:read])
+        self.done = 0  # characters of final text
+        self.kept = ""  # its last `keep` characters
+        self.tail = ""  # text of the tokens after `read`, maybe ending inside a character (U+FFFD)
+        self.fed = 0  # tokens seen by the last feed
+
+    def feed(self, ids: list[int]) -> None:
+        """Take the output so far (the previous ids plus new ones): the previous tail becomes final if
+        it ended on a whole character, then the text after the final part is decoded. The window
+        grows only while every token ends inside a character or on a byte that is not UTF-8 (the
+        text then ends in U+FFFD), and shrinks at the first token that ends on a whole one."""
+        if self.fed > self.read and not self.tail.endswith("\ufffd"):
+            self._settle(ids, self.fed, self.tail)
+        self.tail = self.decode(ids[self.prefix :])[len(self.prefix_text) :]
+        self.fed = len(ids)
+
+    def _settle(self, ids: list[int], end: int, text: str) -> None:
+        """ids[read:end], whose text is `text`, are final."""
+        self.done += len(text)
+        self.kept = (self.kept + text)[-self.keep :] if self.keep else ""
+        self.prefix, self.read = self.read, end
+        self.prefix_text = self.decode(ids[self.prefix : self.read])
+
+    @property
+    def window(self) -> tuple[str, int]:
+        """(the held final characters and the tail, the offset in decode(ids) of its first character)."""
+        return self.kept + self.tail, self.done - len(self.kept)
+
+
 class StopStrings:
     """Finds the first stop string that the newest output token completes.
 
     `find(ids)` is called after each committed token with the whole output so far; it searches only
-    text a new token can have changed (the tail from `longest - 1` characters before the previous
-    end), so an occurrence is reported once, at the token that completes it."""
+    text a new token can have changed (from `longest - 1` characters before the previous end), so an
+    occurrence is reported once, at the token that completes it, and the work per token does not
+    grow with the output. `matched` is the stop string found."""
 
     def __init__(self, stops: Sequence[str], decode: Callable[[list[int]], str]):
         if not stops or not all(isinstance(s, str) and s for s in stops):
             raise ValueError(f"stop strings must be non-empty strings, got {stops!r}")
         self.stops = tuple(stops)
-        self.decode = decode
         self.longest = max(len(s) for s in self.stops)
+        self.text = Detokenizer(decode, self.longest - 1)
         self.checked = 0  # characters of stable text (no trailing partial character) already searched
+        self.matched: str | None = None
 
     def find(self, ids: list[int]) -> int | None:
         """Character offset, in decode(ids), where the completed stop string starts; None if none."""
-        text = self.decode(ids)
-        start = max(0, self.checked - self.longest + 1)
-        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
-        self.checked = len(text.rstrip("\ufffd"))  # a partial multi-byte character may still change
-        return min(hits) if hits else None
+        self.text.feed(ids)
+        window, origin = self.text.window
+        start = max(0, self.checked - self.longest + 1, origin) - origin  # final text ends whole: origin <= start
+        hits = [(i + origin, s) for s in self.stops if (i := window.find(s, start)) >= 0]
+        self.checked = self.text.done + len(self.text.tail.rstrip("\ufffd"))  # a partial character may change
+        if not hits:
+            return None
+        at, self.matched = min(hits, key=lambda hit: hit[0])
+        return at

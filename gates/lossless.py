@@ -53,8 +53,8 @@ def build_engines(weights) -> tuple[Engine, Engine]:
 def greedy(max_tokens: int, stop: Sequence[int] = ()) -> SamplingParams:
     """Greedy to max_tokens; with stop tokens, EOS and those end the request (else both are ignored)."""
     if stop:
-        return SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop))
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        return SamplingParams(temperature=0, max_tokens=max_tokens, stop_token_ids=list(stop))
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
 def request_line(request_id: str, prompt_tokens: int, output_tokens: int, max_tokens: int) -> str:

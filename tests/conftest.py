@@ -66,3 +66,21 @@ def _clean_knobs(monkeypatch):
     for name in list(os.environ):
         if name.startswith("PEGAINFER_SPEC_") or name == "PEGAINFER_TEST_LOG":
             monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="module")
+def live(one_thread):
+    """The shipped tiny pair behind the HTTP server on a free loopback port, for one module."""
+    from tests.serve_helpers import live_server
+
+    with live_server(max_num_seqs=8) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def http(live):
+    """An HTTP client of `live`'s /v1 API."""
+    import httpx
+
+    with httpx.Client(base_url=live.base_url, timeout=120) as client:
+        yield client

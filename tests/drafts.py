@@ -27,7 +27,7 @@ def engine_drafts(target, drafter, prompts: Sequence, budgets: Sequence[int], **
 
     engine.runner.draft = record
     outs = [
-        engine.generate([p], SamplingParams(max_tokens=b, ignore_eos=True))[0]
+        engine.generate([p], SamplingParams(temperature=0, max_tokens=b, ignore_eos=True))[0]
         for p, b in zip(prompts, budgets, strict=True)
     ]
     return engine, outs, [seen.get(o.request_id, []) for o in outs]

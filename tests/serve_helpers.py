@@ -12,11 +12,7 @@ import uvicorn
 from engine import Engine, EngineConfig
 from engine.serve.app import build_app
 from engine.serve.worker import EngineWorker
-
-try:  # the shipped-pair helper may move out of the fixture package
-    from engine.shipped import shipped_pair
-except ImportError:
-    from engine.fixture.paths import shipped_pair
+from engine.shipped import shipped_pair
 
 MODEL = "tiny"
 _START_LIMIT_S = 60.0

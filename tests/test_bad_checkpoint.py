@@ -82,7 +82,7 @@ def test_sliding_window_that_never_applies_serves_like_transformers(tmp_path, co
     directory = _copy(tmp_path, tmp_path / "src", config)
     hf = Qwen3ForCausalLM.from_pretrained(str(directory), dtype=torch.float32).eval()
     prompt = list(range(3, 40))
-    out = _load(directory).generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    out = _load(directory).generate([prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert out.token_ids == ref[0, len(prompt) :].tolist()

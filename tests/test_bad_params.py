@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from engine import EngineConfig, SamplingParams
+from engine.config import as_sampling_params
+from engine.config import text_error
 from engine.tokenizing import encode_prompt
 
 
@@ -132,3 +134,80 @@ def test_prompt_token_ids_must_be_ints(prompt, message):
 def test_prompt_token_ids_in_the_usual_containers(prompt):
     ids, why = encode_prompt(None, prompt)
     assert (ids, why) == ([5, 6, 7], None) and all(type(t) is int for t in ids)
+
+
+def test_defaults_are_vllms():
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.max_tokens) == (1.0, 0, 1.0, 16) and not p.greedy
+    assert SamplingParams(top_k=-1).top_k == -1  # vLLM's "off"; other negatives are refused above
+    with pytest.raises(ValueError, match=r"SamplingParams.top_k=-2; expected an int >= -1"):
+        SamplingParams(top_k=-2)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"max_tokens": 2, "temp": 1}, "SamplingParams has no field 'temp'"),
+        ("max_tokens=2", "params must be a SamplingParams or a dict of its fields, got str"),
+        ({"max_tokens": "2"}, "SamplingParams.max_tokens"),
+    ],
+)
+def test_params_given_other_than_as_sampling_params(value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        as_sampling_params(value)
+
+
+def test_params_given_as_a_dict_or_none():
+    assert as_sampling_params({"max_tokens": 3, "temperature": 0}) == SamplingParams(max_tokens=3, temperature=0)
+    assert as_sampling_params(None) == SamplingParams()
+
+
+def test_num_kv_blocks_says_block_zero_is_reserved():
+    with pytest.raises(ValueError, match=r"num_kv_blocks=1; expected an int >= 2 \(blocks in all: block 0 is reserved"):
+        EngineConfig(model="some/model", num_kv_blocks=1)
+
+
+class _Tokenizer:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("ok", None),
+        ("\ud800", "a lone surrogate U+D800 at character 0"),
+        ("abc\udbff\udc00"[:4], "a lone surrogate U+DBFF at character 3"),
+        ("x\udc80", "an undecodable byte 0x80 at character 1"),
+        ("😀 fine \U0010ffff", None),
+    ],
+)
+def test_text_is_checked_naming_the_character(text, why):
+    assert text_error(text) == why
+    ids, error = encode_prompt(_Tokenizer(), text, "prompt 2")
+    assert (error is None) == (why is None) and (not why or error == f"prompt 2 is not valid text: {why}")
+    assert ids == ([] if why else [ord(c) for c in text])
+
+
+def test_stop_strings_must_be_valid_text():
+    with pytest.raises(ValueError, match=r"SamplingParams.stop\[1\] is not valid text: a lone surrogate U\+D800"):
+        SamplingParams(stop=["ok", "\ud800"])
+
+
+@pytest.mark.parametrize(
+    ("prompt", "expected"),
+    [
+        ({"prompt": "ab"}, ([97, 98], None)),
+        ({"prompt_token_ids": [5, 6]}, ([5, 6], None)),
+        ({"prompt_token_ids": (5, 6)}, ([5, 6], None)),
+        ({"prompt": "a", "multi_modal_data": {}}, ([], "prompt has key 'multi_modal_data', which this engine")),
+        ({"prompt": "a", "prompt_token_ids": [1]}, ([], "prompt must have exactly one of")),
+        ({}, ([], "prompt must have exactly one of")),
+        ({"prompt": [1, 2]}, ([], "prompt['prompt'] must be a string, got list")),
+        ({"prompt_token_ids": "12"}, ([], "prompt['prompt_token_ids'] must be token ids, got a string")),
+        ({"prompt_token_ids": [1.5]}, ([], "prompt token ids must be ints; item 0 is 1.5")),
+    ],
+)
+def test_vllm_style_dict_prompts(prompt, expected):
+    ids, why = encode_prompt(_Tokenizer(), prompt)
+    assert ids == expected[0] and (why is None if expected[1] is None else why.startswith(expected[1])), why

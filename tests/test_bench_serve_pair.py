@@ -68,7 +68,7 @@ def test_what_the_pair_cannot_serve_is_refused_with_a_message(server, client):
     with pytest.raises(openai.BadRequestError, match="no vocabulary and no chat template"):
         client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}])
     reply = httpx.post(server.base_url + "/completions", json={"prompt": "def main", "max_tokens": 2}, timeout=60)
-    assert reply.status_code == 500 and "send token ids" in reply.json()["error"]["message"]
+    assert reply.status_code == 400 and "send token ids" in reply.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         client.completions.create(model=NAME, prompt=[4096], max_tokens=2)
     assert httpx.get(server.url + "/health").text == "ok"

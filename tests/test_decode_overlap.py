@@ -52,7 +52,12 @@ def submit_at(schedule: dict[int, list[tuple[list[int], SamplingParams]]]):
 def test_plain_decode_of_uneven_lengths_matches_and_uses_the_launched_steps(tiny_target, one_thread):
     lengths = [3, 10, 17, 12]
     script = submit_at(
-        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths, strict=True)]}
+        {
+            0: [
+                (p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+                for p, n in zip(PROMPTS, lengths, strict=True)
+            ]
+        }
     )
     out, engine = both(tiny_target, script)
     assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
@@ -63,12 +68,12 @@ def test_plain_decode_of_uneven_lengths_matches_and_uses_the_launched_steps(tiny
 def test_a_stop_token_mid_batch_drops_the_launched_step(tiny_target, one_thread):
     free_run = run(
         make(tiny_target, False, kv_block_size=16),
-        submit_at({0: [(PROMPTS[0], SamplingParams(max_tokens=20, ignore_eos=True))]}),
+        submit_at({0: [(PROMPTS[0], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))]}),
     )
     ((tokens, _, _),) = free_run.values()
     stop = tokens[6]  # a token this request produces mid-run: its first occurrence ends it there
-    params = SamplingParams(max_tokens=20, stop_token_ids=[stop], ignore_eos=True)
-    other = SamplingParams(max_tokens=20, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop], ignore_eos=True)
+    other = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     # 16-row blocks: every step of these runs can launch its successor (4-row blocks stop one in four)
     out, engine = both(tiny_target, submit_at({0: [(PROMPTS[0], params), (PROMPTS[1], other)]}), kv_block_size=16)
     assert {reason for _, reason, _ in out.values()} == {"stop", "length"}
@@ -78,7 +83,7 @@ def test_a_stop_token_mid_batch_drops_the_launched_step(tiny_target, one_thread)
 def admit_and_abort(max_tokens: int, admit_at: int, abort_at: int):
     """Two requests from the start, a third admitted before step admit_at, the first aborted before
     step abort_at."""
-    long, ids = SamplingParams(max_tokens=max_tokens, ignore_eos=True), []
+    long, ids = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), []
 
     def script(engine: Engine, n: int) -> None:
         if n == 0:
@@ -109,7 +114,7 @@ def test_a_queue_behind_a_full_batch_still_launches_ahead(tiny_target, one_threa
     """Requests waiting for a slot while every slot runs: the next step cannot be their prefill until a
     request ends, so steps launch ahead; each admission (after a request's last token) drops nothing."""
     lengths = [5, 9, 7, 6]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     submit, queued = submit_at({0: list(zip(PROMPTS, params, strict=True))}), []
 
     def script(engine: Engine, n: int) -> None:
@@ -123,9 +128,9 @@ def test_a_queue_behind_a_full_batch_still_launches_ahead(tiny_target, one_threa
 
 
 def test_sampled_and_logprob_requests_run_step_by_step(tiny_target, one_thread):
-    greedy = SamplingParams(max_tokens=8, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     sampled = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=3)
-    scored = SamplingParams(max_tokens=8, ignore_eos=True, logprobs=2)
+    scored = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
     for odd in (sampled, scored):
         out, engine = both(tiny_target, submit_at({0: [(PROMPTS[0], greedy), (PROMPTS[1], odd)]}))
         assert engine.rounds.overlap.launches == 0
@@ -133,7 +138,7 @@ def test_sampled_and_logprob_requests_run_step_by_step(tiny_target, one_thread):
 
 
 def test_preemption_under_a_small_pool(tiny_target, one_thread):
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     out, engine = both(tiny_target, submit_at({0: [(p, params) for p in PROMPTS]}), num_kv_blocks=22)
     assert engine.preemptions > 0 and all(len(t) == 24 for t, _, _ in out.values())
     assert engine.rounds.overlap.used > 0
@@ -147,7 +152,12 @@ def test_gated_rounds_launch_ahead_and_count_as_step_by_step(tiny_target, tiny_d
     lengths = [6, 14, 9, 20]
     opts = dict(draft_model=str(tiny_drafter), levers={"max_batch": max_batch}, kv_block_size=16)
     script = submit_at(
-        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS, lengths, strict=True)]}
+        {
+            0: [
+                (p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+                for p, n in zip(PROMPTS, lengths, strict=True)
+            ]
+        }
     )
     off_engine = make(tiny_target, False, **opts)
     off = run(off_engine, script)
@@ -170,7 +180,7 @@ def test_rounds_the_scheduler_gates_under_the_adaptive_policy_run_step_by_step(t
         levers={"policy": "adaptive", "max_batch": 1},
         cost_table=CostTable.from_rows(rows),
     )
-    script = submit_at({0: [(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in PROMPTS[:2]]})
+    script = submit_at({0: [(p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)) for p in PROMPTS[:2]]})
     out, engine = both(tiny_target, script, **opts)
     assert engine.stats.gated_rounds > 0 and engine.rounds.overlap.launches == 0
 
@@ -189,7 +199,7 @@ def test_rounds_the_adaptive_policy_gates_launch_their_successor_where_its_plan_
     rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 30.0} for b in (1, 2, 4)]
     opts = dict(draft_model=str(tiny_drafter), levers={"policy": "adaptive"}, cost_table=CostTable.from_rows(rows))
     lengths = [12, 20, 7]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     out, engine = both(tiny_target, submit_at({0: list(zip(PROMPTS, params, strict=False))}), **opts)
     ov = engine.rounds.overlap
     assert engine.stats.gated_rounds > 0 and ov.used > 0 and ov.launches >= ov.used
@@ -200,7 +210,7 @@ def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_threa
     """A step launched ahead writes one row past the committed ones: that row's block is taken at its
     launch and written to the device's table. A dry pool takes nothing and launches nothing."""
     engine = make(tiny_target, True)
-    rid = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True))
+    rid = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     engine.step()  # the prefill: 4 rows, one 4-row block
     req, ov = engine._requests[rid], engine.rounds.overlap
     req.num_kv = 3  # this step writes row 3, the one launched after it row 4: the next block
@@ -215,7 +225,7 @@ def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_threa
 def test_every_step_but_the_last_launches_its_successor(tiny_target, one_thread):
     """One request on 4-row blocks crosses a boundary every fourth step: each of its decode steps but
     the first is one launched ahead, and the tokens are the step-by-step engine's."""
-    params = SamplingParams(max_tokens=14, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
     out, engine = both(tiny_target, submit_at({0: [(PROMPTS[1], params)]}))
     ((tokens, _, _),) = out.values()
     assert len(tokens) == 14 and engine.rounds.overlap.used == engine.rounds.overlap.launches == 12
@@ -224,7 +234,7 @@ def test_every_step_but_the_last_launches_its_successor(tiny_target, one_thread)
 def test_the_bench_timer_runs_over_launched_steps(tiny_target, one_thread):
     engine = make(tiny_target, True)
     engine.timer = PhaseTimer(engine.device)
-    engine.generate(PROMPTS[:2], SamplingParams(max_tokens=9, ignore_eos=True))
+    engine.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
     assert engine.rounds.overlap.used > 0
     assert len(engine.timer.records) == 9 and all(r.total > 0 for r in engine.timer.records)
 
@@ -237,12 +247,17 @@ def test_gpu_graph_replays_launched_ahead_match_step_by_step(tiny_target, dtype)
     opts = dict(device="cuda", backend="triton", dtype=dtype, max_num_seqs=17, kv_block_size=16)
     lengths = [3, 30, 17, 12, 25]
     script = submit_at(
-        {0: [(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p, n in zip(PROMPTS * 2, lengths, strict=False)]}
+        {
+            0: [
+                (p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+                for p, n in zip(PROMPTS * 2, lengths, strict=False)
+            ]
+        }
     )
     out, engine = both(tiny_target, script, **opts)
     assert engine.runner.graphs.captured and engine.rounds.overlap.used > 20
     engine.timer = PhaseTimer(engine.device)
-    engine.generate(PROMPTS[:3], SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.generate(PROMPTS[:3], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     decode = [r for r in engine.timer.records if r.plan == "Decode"]
     assert len(decode) == 19 and all(r.phases["target"] > 0 for r in decode)
 

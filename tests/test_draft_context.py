@@ -47,7 +47,7 @@ def test_context_kv_equals_hf_features_after_every_step(pair, prompt_ids, max_ba
     )
     hf = HFQwen3.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     for ids, budget in zip(prompt_ids, BUDGETS, strict=True):
-        engine.add_request(ids, SamplingParams(max_tokens=budget, ignore_eos=True))
+        engine.add_request(ids, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
     checked = 0
     while engine.has_unfinished():
         engine.step()

@@ -14,7 +14,7 @@ def engine(tiny_target, tiny_drafter, one_thread):
 
 def test_abort_running_and_waiting_requests_frees_everything(engine):
     free = engine.blocks.num_free
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     running, waiting = engine.add_request([5, 6, 7, 8], params), engine.add_request([9, 10, 11], params)
     engine.step()  # max_num_seqs=1: the first is admitted and prefilled, the second waits
     engine.step()
@@ -30,7 +30,7 @@ def test_abort_running_and_waiting_requests_frees_everything(engine):
 
 
 def test_abort_of_an_unknown_or_finished_request_is_a_no_op(engine):
-    (done,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, ignore_eos=True))
+    (done,) = engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     engine.abort(done.request_id)
     engine.abort("req-does-not-exist")
     assert not engine.has_unfinished() and engine.step() == []

@@ -24,7 +24,10 @@ def engine(target, drafter=None, **kw) -> Engine:
 def reference(tiny_target):
     torch_engine = engine(tiny_target, backend="torch", dtype="float32")
     return {
-        n: [o.token_ids for o in torch_engine.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        n: [
+            o.token_ids
+            for o in torch_engine.generate(prompts(n), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        ]
         for n in (1, 3, 9, 17)
     }
 
@@ -33,7 +36,9 @@ def reference(tiny_target):
 def test_triton_greedy_equals_torch_fp32(tiny_target, reference, graphs):
     e = engine(tiny_target, backend="triton", dtype="float32", cuda_graphs=graphs, max_num_seqs=17)
     for n, want in reference.items():  # batch sizes crossing the 1/2/4/8/16 bucket boundaries
-        got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        got = [
+            o.token_ids for o in e.generate(prompts(n), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        ]
         assert got == want, f"batch of {n}"
     if graphs:
         assert e.runner.graphs.captured, "no CUDA graph was captured"
@@ -43,7 +48,9 @@ def test_triton_greedy_equals_torch_fp32(tiny_target, reference, graphs):
 def test_speculative_with_graphs_is_lossless_fp32(tiny_target, tiny_drafter, reference, levers):
     e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17, levers=levers)
     for n, want in reference.items():
-        got = [o.token_ids for o in e.generate(prompts(n), SamplingParams(max_tokens=24, ignore_eos=True))]
+        got = [
+            o.token_ids for o in e.generate(prompts(n), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        ]
         assert got == want, f"batch of {n}"
     assert any(key[0] == "verify" for key in e.runner.graphs.captured), "no verify graph was captured"
 
@@ -52,8 +59,10 @@ def test_short_span_graph_never_serves_a_long_span(tiny_target, tiny_drafter):
     e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32")
     plain = engine(tiny_target, backend="triton", dtype="float32")
     for budget in (2, 3, 24):  # one-token and two-token spans are captured before the full span
-        got = e.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
-        want = plain.generate([PROMPTS[2]], SamplingParams(max_tokens=budget, ignore_eos=True))[0].token_ids
+        got = e.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))[0].token_ids
+        want = plain.generate([PROMPTS[2]], SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))[
+            0
+        ].token_ids
         assert got == want
     verify = {key: graph for key, graph in e.runner.graphs.captured.items() if key[0] == "verify"}
     assert {key[1] for key in verify} == {e.drafts_per_round}  # budgets cut acceptance, not the span
@@ -70,7 +79,7 @@ def test_graphed_steps_store_the_drafter_context_fp32(tiny_target, tiny_drafter,
     e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", levers={"max_batch": max_batch})
     hf = HFQwen3.from_pretrained(str(tiny_target), dtype=torch.float32).eval()
     for p, budget in zip(PROMPTS, (24, 9, 17, 13, 21), strict=True):
-        e.add_request(p, SamplingParams(max_tokens=budget, ignore_eos=True))
+        e.add_request(p, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
     checked = 0
     while e.has_unfinished():
         e.step()
@@ -88,8 +97,8 @@ def test_graphs_share_one_logits_buffer(tiny_target, tiny_drafter):
     """Every span graph writes its logits and features into the runner's one buffer each, so a graph
     costs its intermediates' pool memory only, not its own [rows, V] logits."""
     e = engine(tiny_target, tiny_drafter, backend="triton", dtype="float32", max_num_seqs=17)
-    e.generate(prompts(9), SamplingParams(max_tokens=24, ignore_eos=True))
-    e.generate(prompts(17), SamplingParams(max_tokens=24, ignore_eos=True))
+    e.generate(prompts(9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    e.generate(prompts(17), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     steps = {key: g for key, g in e.runner.graphs.captured.items() if key[0] in ("verify", "decode")}
     assert len({key[-1] for key in steps}) >= 2  # two batch buckets at least
     steps = list(steps.values())
@@ -103,7 +112,7 @@ def test_graphs_share_one_logits_buffer(tiny_target, tiny_drafter):
 def test_batch_invariant_rows_are_bit_identical(tiny_target, graphs):
     e = engine(tiny_target, backend="triton", dtype="bfloat16", batch_invariant=True, cuda_graphs=graphs)
     for p in prompts(7):
-        e.add_request(p, SamplingParams(max_tokens=8, ignore_eos=True))
+        e.add_request(p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     e.step()  # prefill all seven
     reqs = list(e.scheduler.running)
     first = reqs[0]
@@ -119,7 +128,7 @@ def test_bf16_speculative_matches_plain_up_to_the_oracle(tiny_target, tiny_draft
 
     plain = engine(tiny_target, backend="triton")
     spec = engine(tiny_target, tiny_drafter, backend="triton", levers={"max_batch": 3})
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
     outs = spec.generate(PROMPTS, params)
     tally = Tally()
     for prompt, p, got in zip(PROMPTS, params, outs, strict=True):

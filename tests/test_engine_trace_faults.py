@@ -43,7 +43,7 @@ def test_the_trace_agrees_with_the_outputs(pair, prompt_ids, capsys, levers):
     round (a gated round keeps its capture)."""
     engine = spec_engine(pair, **levers)
     capsys.readouterr()
-    outs = engine.generate(prompt_ids, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(prompt_ids, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     rows = levers_trace_rows(capsys.readouterr().err.splitlines())
     assert rows and all(r.draft_ctx is not None and r.span_limit is not None for r in rows)
     assert request_problems(rows, requests_of(outs, BUDGETS), stops=False) == []
@@ -69,14 +69,14 @@ def test_a_stop_token_inside_an_accepted_run_ends_the_request_there(pair, prompt
     found = None
     for ids in prompt_ids:
         capsys.readouterr()
-        (free,) = engine.generate([ids], SamplingParams(max_tokens=48, ignore_eos=True))
+        (free,) = engine.generate([ids], SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
         at = _inside_accepted_run(levers_trace_rows(capsys.readouterr().err.splitlines()), free.token_ids)
         if at is not None:
             found = (ids, free.token_ids, at)
             break
     assert found is not None, "no accepted run on the shipped pair: nothing to place a stop token in"
     ids, output, at = found
-    params = SamplingParams(max_tokens=48, ignore_eos=True, stop_token_ids=[output[at]])
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, stop_token_ids=[output[at]])
     (want,) = plain.generate([ids], params)
     capsys.readouterr()
     (got,) = engine.generate([ids], params)
@@ -112,7 +112,7 @@ def test_auto_hedge_books_no_gated_round_and_reanchors_after_it(tiny_target, tmp
         )
     )
     for ids, budget in zip([[5, 6, 7, 8], [1, 2, 3], list(range(20, 40)), [7] * 9], [30, 6, 20, 14], strict=True):
-        engine.add_request(ids, SamplingParams(max_tokens=budget, ignore_eos=True))
+        engine.add_request(ids, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
     capsys.readouterr()
     steps: list[tuple[str, list[str]]] = []
     while engine.has_unfinished():

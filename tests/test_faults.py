@@ -12,7 +12,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from tests.engine_checks import assert_idle
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 40)), [7] * 9]
-GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 POISON = 13  # the seed of the request whose sampling distribution the patched sampler spoils
 
 

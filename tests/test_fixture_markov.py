@@ -68,6 +68,6 @@ def test_markov_cli_builds_a_loadable_drafter(tmp_path, capsys):
     assert manifest["recipe"]["steps"] == 4 and manifest["train"]["best_step"] in (0, 2, 4)
     engine = Engine(EngineConfig(model=str(shipped_pair("tiny")[0]), draft_model=str(out), device="cpu"))
     assert engine.drafter.markov is not None
-    engine.generate(["def f(x):\n"], SamplingParams(max_tokens=8))
+    engine.generate(["def f(x):\n"], SamplingParams(temperature=0, max_tokens=8))
     with pytest.raises(SystemExit, match="unknown MarkovRecipe field"):
         main(["markov", "--out", str(tmp_path / "x"), "--set", "bogus=1"])

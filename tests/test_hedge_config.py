@@ -25,7 +25,10 @@ def dspark(tmp_path_factory):
 def want(tiny_target):
     engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
     return [
-        o.token_ids for o in engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+        o.token_ids
+        for o in engine.generate(
+            PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
+        )
     ]
 
 
@@ -38,7 +41,7 @@ def test_hedge_without_a_markov_head_says_so_once_and_does_nothing(tiny_target, 
     said = [r.getMessage() for r in caplog.records if "no Markov head" in r.getMessage()]
     assert len(said) == 1 and "hedge=4" in said[0]
     assert engine.rounds.hedger.scratch is None and engine.rounds.hedger.on is None
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     assert [o.token_ids for o in outs] == want
     assert engine.stats.hedge_chains == 0
 
@@ -73,7 +76,7 @@ def test_scratch_is_reserved_from_the_kv_budget(tiny_target, dspark):
 
 
 def test_set_levers_turns_the_hedge_and_its_controller_on_and_off(tiny_target, dspark, want, caplog, capsys):
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
     with caplog.at_level(logging.INFO, logger="engine.hedge.hedger"):
         cold = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu"))
         cold.set_levers(hedge=8)  # no scratch was reserved at start

@@ -28,7 +28,7 @@ LEVERS = [{}, {"max_drafts": 2}, {"hedge_auto": True}]
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("levers", LEVERS, ids=["full", "trim2", "auto"])
 def test_hedged_markov_drafter_equals_the_torch_path_fp32(tiny_target, dspark, graphs, levers):
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in (24, 9, 17, 13, 21)]
     reference = Engine(EngineConfig(model=str(tiny_target), device="cuda", backend="torch", dtype="float32"))
     want = [o.token_ids for o in reference.generate(PROMPTS, params)]
     e = Engine(

@@ -42,7 +42,7 @@ def hf_target(tiny_target):
 @pytest.fixture(scope="module")
 def plain(tiny_target):
     engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
-    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
@@ -97,7 +97,7 @@ def hedged_engine(target, drafter, plain, corrupt_at: int | None, contexts: list
 
 
 def run_checked(engine: Engine, hf, capsys, contexts: list):
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
     ids = [engine.add_request(p, sp) for p, sp in zip(PROMPTS, params, strict=True)]
     done, kv_checks, draft_checks = {}, 0, 0
     while engine.has_unfinished():
@@ -152,7 +152,7 @@ def test_losing_chains_leave_no_trace(tiny_target, dspark, plain, hf_target, cap
 
 def test_gated_rounds_have_no_chains(tiny_target, dspark, plain, capsys):
     engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_batch=3)
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     gated = {(r.request) for r in levers_trace_rows(lines) if r.gated}
     assert gated and hedge_trace_rows(lines)  # gated while >= 3 active, hedged once fewer remain
@@ -165,7 +165,7 @@ def test_gated_rounds_have_no_chains(tiny_target, dspark, plain, capsys):
 def test_trim_limits_branch_positions(tiny_target, dspark, plain, capsys):
     # k = 2: the chain at position 2 can never be verified; spans stay 1 + 2 for main and chains.
     engine = hedged_engine(tiny_target, dspark, plain, 1, [], max_drafts=2)
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     lines = capsys.readouterr().err.splitlines()
     assert max(r.verified_draft for r in levers_trace_rows(lines)) == 2
     hedges = hedge_trace_rows(lines)
@@ -188,7 +188,7 @@ def test_trim_limits_branch_positions(tiny_target, dspark, plain, capsys):
 def test_real_markov_drafter_hedged_is_lossless(tiny_target, dspark, plain, levers, capsys):
     cfg = {"hedge": 8, "hedge_positions": POSITIONS, **levers}
     engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(dspark), device="cpu", trace=True, levers=cfg))
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
     outs = engine.generate(PROMPTS, params)
     for prompt, budget, out in zip(PROMPTS, BUDGETS, outs, strict=True):
         assert out.token_ids == plain[tuple(prompt)][:budget]
@@ -209,7 +209,7 @@ def test_sampled_requests_are_not_hedged(tiny_target, dspark, plain, capsys):
             levers={"hedge": 8, "hedge_positions": POSITIONS},
         )
     )
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
     params[2] = SamplingParams(max_tokens=BUDGETS[2], ignore_eos=True, temperature=0.8, seed=3)
     outs = engine.generate(PROMPTS, params)
     hedged = {h.request for h in hedge_trace_rows(capsys.readouterr().err.splitlines())}
@@ -237,7 +237,7 @@ def test_fixture_dspark_pair_hedged_is_lossless_with_wins_and_discards(capsys):
             levers={"hedge": 8, "hedge_positions": POSITIONS},
         )
     )
-    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     want = [o.token_ids for o in plain.generate(texts, params)]
     assert [o.token_ids for o in spec.generate(texts, params)] == want
     s = summarize_hedge(hedge_trace_rows(capsys.readouterr().err.splitlines()))

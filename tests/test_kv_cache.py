@@ -38,7 +38,7 @@ def test_no_leak_after_every_request_finishes(tiny_target):
     )
     free_before = engine.blocks.num_free
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9], [3, 3], [9] * 13, [4, 5]]
-    outs = engine.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert all(o.finish_reason == "length" for o in outs)
     assert engine.blocks.num_free == free_before
     assert not engine.scheduler.running and not engine.scheduler.waiting
@@ -54,7 +54,7 @@ def test_admission_waits_for_capacity_instead_of_failing(tiny_target, reserve):
     )
     engine.scheduler.reserve_budget = reserve
     for _ in range(3):
-        engine.add_request([1] * 9, SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.add_request([1] * 9, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     engine.step()
     assert len(engine.scheduler.running) == (2 if reserve else 3)
     outs = []

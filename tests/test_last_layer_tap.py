@@ -37,7 +37,7 @@ def test_drafter_context_from_the_last_layer_equals_hf(tmp_path, tiny_target, hf
     make_drafter(tmp_path, taps=taps)
     engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tmp_path), device="cpu"))
     for prompt, budget in zip(PROMPTS, (30, 24, 18), strict=True):
-        engine.add_request(prompt, SamplingParams(max_tokens=budget, ignore_eos=True))
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
     checked = 0
     with torch.no_grad():
         while engine.has_unfinished():

@@ -39,13 +39,13 @@ def test_top_level_help_lists_every_command(capsys):
 @pytest.mark.parametrize(
     ("argv", "prog"),
     [
-        (["generate", "--help"], "python -m engine generate"),
-        (["serve", "--help"], "python -m engine serve"),
+        (["generate", "--help"], "pegaspec generate"),
+        (["serve", "--help"], "pegaspec serve"),
         (["bench", "--help"], "python -m engine.bench"),
         (["bench", "serve-load", "--help"], "python -m engine.bench serve-load"),
         (["bench", "decode", "--help"], "python -m engine.bench decode"),
-        (["fixture", "--help"], "python -m engine.fixture"),
-        (["trace", "--help"], "python -m trace_tools"),
+        (["fixture", "--help"], "pegaspec fixture"),
+        (["trace", "--help"], "pegaspec trace"),
     ],
 )
 def test_each_command_reaches_its_own_parser(argv, prog, capsys):

@@ -55,7 +55,7 @@ def test_calibration_gives_a_complete_table_and_leaves_the_engine_idle(shipped_t
     # No request state changed: every slot and block free, no request or counter left behind.
     assert not engine.scheduler.has_work() and engine.scheduler.num_free_slots == SEQS
     assert engine.blocks.num_free == engine.blocks.capacity and engine.stats.rounds == 0
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = engine.generate(PROMPTS, params)
     assert [o.request_id for o in outs] == ["req-0", "req-1"]
     static = start(shipped_tiny, "static").generate(PROMPTS, params)
@@ -95,7 +95,7 @@ def test_an_unusable_cache_file_is_measured_again_with_a_warning(shipped_tiny, c
 
 def test_switching_a_busy_engine_to_adaptive_is_refused_and_changes_nothing(shipped_tiny, cache, one_thread):
     engine = start(shipped_tiny, "static")
-    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     before = engine.levers
     with pytest.raises(RuntimeError, match="calibration needs an idle engine"):
         engine.set_levers(policy="adaptive")
@@ -121,7 +121,7 @@ def test_every_adaptive_set_levers_asks_for_the_policy_graphs(shipped_tiny, cach
     spans = range(1, 2 + engine.drafts_per_round)
     engine.set_cost_table(policy_table(lambda b, s: 10.0 + s, lambda b: 1.0, spans, batches=(1, 2)))
     assert asked == []
-    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     engine.set_levers(policy="adaptive")  # busy: the policy is in force at once
     assert engine.rounds.policy is not None and asked == [engine]
     engine.set_levers(policy="static")
@@ -170,7 +170,7 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     assert {("verify", s - 1, accept, b) for s in table.spans() for b in (1, 2, 4, 8)} <= captured
     assert {("draft", (), b) for b in (1, 2, 4, 8)} <= captured
     assert not engine.scheduler.has_work() and engine.blocks.num_free == engine.blocks.capacity
-    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [12, 12]
     again = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
     assert again.rounds.policy.table.verify == table.verify  # read from the cache

@@ -28,7 +28,7 @@ def loses_from_3():
 @pytest.fixture(scope="module")
 def plain(tiny_target):
     engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
@@ -59,7 +59,7 @@ def oracle_engine(tiny_target, tiny_drafter, plain, cost_table) -> Engine:
 
 
 def run(engine, capsys):
-    outs = engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     return outs, levers_trace_rows(capsys.readouterr().err.splitlines())
 
 
@@ -189,7 +189,7 @@ def test_the_acceptance_estimate_outlives_lever_changes_and_a_new_table(tiny_tar
             cost_table=loses_from_3(),
         )
     )
-    engine.generate(PROMPTS, [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS])
+    engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS])
     policy = engine.rounds.policy
     learned = list(policy.conditional)
     assert learned != policy.prior  # the rounds taught it something
@@ -206,7 +206,7 @@ def test_host_bound_speculation_is_learnt_and_gated(tiny_target, tiny_drafter, c
     # carries 150 ms the table cannot see (a host-bound drafter's bookkeeping, here a sleep). Learnt from
     # the walls, that turns the policy to K = 0 while both requests still run, losslessly.
     prompts, budgets = [PROMPTS[0], PROMPTS[3]], [96, 80]
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in budgets]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in budgets]
     plain = Engine(EngineConfig(model=str(tiny_target), device="cpu")).generate(prompts, params)
     flat = table(lambda b, s: 5.0, lambda b: 0.1, SPANS)
     reference = {tuple(p): o.token_ids for p, o in zip(prompts, plain, strict=True)}
@@ -262,7 +262,7 @@ def test_a_gated_round_plans_the_next_while_the_device_runs(tiny_target, tiny_dr
 def test_a_plan_for_another_batch_is_dropped(tiny_target, tiny_drafter, plain, one_thread):
     engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
     for p, b in zip(PROMPTS, BUDGETS, strict=True):
-        engine.add_request(p, SamplingParams(max_tokens=b, ignore_eos=True))
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=b, ignore_eos=True))
     while engine.rounds.adaptive.ahead is None:
         engine.step()
     planned_for = engine.rounds.adaptive.ahead.reqs

@@ -127,7 +127,7 @@ def test_generate_passes_remaining_tokens_once_nothing_waits(tiny_target, tiny_d
     it is admitted (generate() adds nothing more, nothing waits) every decision gets each running
     request's tokens left."""
     engine = adaptive_engine(tiny_target, tiny_drafter)
-    engine.generate([[5, 6, 7], [1, 2, 3, 4], [9, 9]], SamplingParams(max_tokens=12, ignore_eos=True))
+    engine.generate([[5, 6, 7], [1, 2, 3, 4], [9, 9]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert not engine.no_more_requests
     waiting = [r for b, r in calls if r is None]
     draining = [r for b, r in calls if r is not None]
@@ -231,7 +231,7 @@ def test_a_server_loop_never_drains_a_closed_loop_drains_its_last_wave(tiny_targ
     the engine once it has submitted the last: only then."""
     engine = adaptive_engine(tiny_target, tiny_drafter)
     for prompt in ([5, 6, 7], [1, 2, 3, 4]):
-        engine.add_request(prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     while engine.has_unfinished():
         engine.step()
     assert calls and all(r is None for _, r in calls)

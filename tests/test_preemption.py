@@ -24,7 +24,7 @@ BLOCK = 4
 
 
 def _params(budgets=BUDGETS) -> list[SamplingParams]:
-    return [SamplingParams(max_tokens=b, ignore_eos=True) for b in budgets]
+    return [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in budgets]
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +79,9 @@ def test_seeded_sampling_survives_preemption(tiny_target):
 
 def test_a_request_that_can_never_fit_is_rejected_up_front(tiny_target):
     engine = tight(tiny_target, blocks=8)  # 7 usable blocks = 28 tokens
-    (out,) = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=25))
+    (out,) = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=25))
     assert out.finish_reason == "rejected" and "KV blocks" in out.error
-    (out,) = engine.generate([PROMPTS[0]], SamplingParams(max_tokens=24, ignore_eos=True))
+    (out,) = engine.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert out.finish_reason == "length" and len(out.token_ids) == 24
 
 

@@ -53,7 +53,7 @@ def test_the_padded_prefill_writes_what_the_plain_one_writes(tiny_target, tiny_d
     runner.graphs, runner.prefill_staged = EagerBuckets(), staged_buffers(8, torch.device("cpu"))
     runner.logits_buffer = lambda rows: torch.empty(rows, vocab)
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2]]  # 6 + 3 + 40 tokens: bucket 64, span 64, 4 requests
-    params = SamplingParams(max_tokens=1, logprobs=3, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=3, ignore_eos=True)
     for got, want in zip(padded.generate(prompts, params), plain.generate(prompts, params), strict=True):
         assert got.token_ids == want.token_ids
         assert got.logprobs[0].logprob == pytest.approx(want.logprobs[0].logprob, abs=1e-5)
@@ -79,11 +79,11 @@ def test_graphed_prefill_matches_the_eager_one(tiny_target, tiny_drafter):
     graphed, eager = _engine(tiny_target, tiny_drafter, True), _engine(tiny_target, tiny_drafter, False)
     for n in (1, 3, 9):
         prompts = [PROMPTS[i % len(PROMPTS)] + [i] for i in range(n)]
-        first = SamplingParams(max_tokens=1, logprobs=3, ignore_eos=True)
+        first = SamplingParams(temperature=0, max_tokens=1, logprobs=3, ignore_eos=True)
         for got, want in zip(graphed.generate(prompts, first), eager.generate(prompts, first), strict=True):
             assert got.token_ids == want.token_ids
             assert got.logprobs[0].logprob == pytest.approx(want.logprobs[0].logprob, abs=1e-4)
-        more = SamplingParams(max_tokens=12, ignore_eos=True)
+        more = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         got = [o.token_ids for o in graphed.generate(prompts, more)]
         assert got == [o.token_ids for o in eager.generate(prompts, more)]
     buckets = {key[-1] for key in graphed.runner.graphs.captured if key[0] == "prefill"}

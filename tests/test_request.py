@@ -9,7 +9,7 @@ from engine.request import Finish, Request, Status
 
 
 def _req(prompt=(5, 6, 7), max_tokens=8, stop=frozenset()) -> Request:
-    return Request(0, list(prompt), SamplingParams(max_tokens=max_tokens), stop)
+    return Request(0, list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), stop)
 
 
 def test_prefill_then_rounds_keep_the_drafter_context_level_with_the_kv():

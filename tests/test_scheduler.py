@@ -37,7 +37,7 @@ def test_no_active_request_is_an_error():
 
 
 def _req(i: int, prompt_len: int, max_tokens: int) -> Request:
-    return Request(i, [1] * prompt_len, SamplingParams(max_tokens=max_tokens), frozenset())
+    return Request(i, [1] * prompt_len, SamplingParams(temperature=0, max_tokens=max_tokens), frozenset())
 
 
 def _scheduler(num_blocks=9, block_size=4, max_num_seqs=4, tokens=64, headroom=0, drafter=False, max_batch=0):

@@ -13,16 +13,15 @@ for _name in ("uvicorn", "starlette", "openai", "httpx"):  # the serve and dev e
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-from tests.serve_helpers import MODEL, live_server, wait_for  # noqa: E402
+from tests.serve_helpers import MODEL, wait_for  # noqa: E402
 
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright"]
 LONG = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
-def server(one_thread):
-    with live_server(max_num_seqs=8) as live:
-        yield live
+def server(live):  # tests/conftest.py: the shipped tiny pair served for this module
+    return live
 
 
 @pytest.fixture(scope="module")

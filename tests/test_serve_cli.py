@@ -65,7 +65,7 @@ def test_bad_port_is_refused(raw, capsys):
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
@@ -104,7 +104,7 @@ def test_completion_fields_map_to_sampling_params():
     )
     p = parsed.params
     assert parsed.prompts == ["a", [1, 2]] and parsed.n == 2 and parsed.stream
-    assert (p.max_tokens, p.temperature, p.top_k, p.seed) == (7, 0.5, 0, 3)
+    assert (p.max_tokens, p.temperature, p.top_k, p.seed) == (7, 0.5, -1, 3)  # -1: off, as vLLM
     assert (p.stop, p.min_tokens, p.logprobs) == (("\n",), 2, 0)
     chat = parse_chat({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 3}, str)
     assert chat.params.logprobs == 3

@@ -19,7 +19,7 @@ LIMIT = MAX_LEN - 6
 def _malformed(rng: random.Random) -> tuple[list[int], SamplingParams, str]:
     """A request the engine must refuse, and a word its reason must contain."""
     kind = rng.randrange(5)
-    ok = SamplingParams(max_tokens=4)
+    ok = SamplingParams(temperature=0, max_tokens=4)
     if kind == 0:
         return [1, 2, VOCAB + rng.randrange(1000)], ok, "vocabulary"
     if kind == 1:
@@ -28,7 +28,7 @@ def _malformed(rng: random.Random) -> tuple[list[int], SamplingParams, str]:
         return [], ok, "empty"
     if kind == 3:
         return [5] * (LIMIT + rng.randrange(10)), ok, "longer"
-    return [6] * 10, SamplingParams(max_tokens=LIMIT - 9 + rng.randrange(20)), "exceeds"
+    return [6] * 10, SamplingParams(temperature=0, max_tokens=LIMIT - 9 + rng.randrange(20)), "exceeds"
 
 
 def _workload(seed: int = 0) -> list[tuple[list[int], SamplingParams, str | None]]:
@@ -45,7 +45,7 @@ def _workload(seed: int = 0) -> list[tuple[list[int], SamplingParams, str | None
                 max_tokens=budget, temperature=rng.uniform(0.5, 1.2), top_k=rng.choice([0, 20]), seed=i
             )
         else:
-            params = SamplingParams(max_tokens=budget, ignore_eos=rng.random() < 0.5)
+            params = SamplingParams(temperature=0, max_tokens=budget, ignore_eos=rng.random() < 0.5)
         work.append((prompt, params, None))
     return work
 

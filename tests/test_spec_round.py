@@ -23,7 +23,7 @@ VOCAB = 300
 @pytest.fixture(scope="module")
 def plain(tiny_target):
     engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
-    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=64, ignore_eos=True))
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     return {tuple(p): o.token_ids for p, o in zip(PROMPTS, outs, strict=True)}
 
 
@@ -49,7 +49,7 @@ def spec_engine(tiny_target, tiny_drafter, plain, corrupt_at: int | None, **leve
 
 
 def run(engine: Engine, capsys, budgets=BUDGETS, stop=()):
-    params = [SamplingParams(max_tokens=b, ignore_eos=True, stop_token_ids=stop) for b in budgets]
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True, stop_token_ids=stop) for b in budgets]
     outs = engine.generate(PROMPTS, params)
     rows = levers_trace_rows(capsys.readouterr().err.splitlines())
     return outs, rows
@@ -140,8 +140,8 @@ def test_gated_rounds_keep_the_capture_and_resume(tiny_target, tiny_drafter, pla
 
 def test_not_ready_request_drops_the_batch_to_plain_decode(tiny_target, tiny_drafter, plain, capsys):
     engine = spec_engine(tiny_target, tiny_drafter, plain, None)
-    params = [SamplingParams(max_tokens=b, ignore_eos=True) for b in BUDGETS]
-    params[1] = SamplingParams(max_tokens=BUDGETS[1], ignore_eos=True, speculate=False)
+    params = [SamplingParams(temperature=0, max_tokens=b, ignore_eos=True) for b in BUDGETS]
+    params[1] = SamplingParams(temperature=0, max_tokens=BUDGETS[1], ignore_eos=True, speculate=False)
     outs = engine.generate(PROMPTS, params)
     rows = levers_trace_rows(capsys.readouterr().err.splitlines())
     # While req-1 is active the whole batch decodes plainly and loses its drafter state: the
@@ -167,7 +167,7 @@ def test_draft_limit(k, remaining, limit):
 def test_steps_read_only_inputs_staged_for_their_requests(tiny_target, tiny_drafter):
     engine = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
     for prompt in PROMPTS[:3]:
-        engine.add_request(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     engine.step()  # the prefill
     reqs, runner = list(engine.scheduler.running), engine.runner
     runner.stage(reqs[:2], [1, 2])

@@ -51,7 +51,7 @@ def test_engine_generates_the_known_continuation():
     ckpt = known_target({**SCALED, "num_hidden_layers": 4}, torch.device("cpu"), torch.float32, seed=1)
     engine = Engine(EngineConfig(model=ckpt, device="cpu", max_num_seqs=4, max_model_len=64, trace=False))
     prompts = random_prompts(4, 8, SCALED["vocab_size"], seed=2)
-    outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert echo_failures(prompts, [o.token_ids for o in outs]) == []
     assert outs[0].token_ids == [prompts[0][-1]] * 24
 
@@ -77,5 +77,5 @@ def test_full_4b_geometry_echoes_on_the_gpu():
     cfg = EngineConfig(model=ckpt, device="cuda", max_num_seqs=64, max_model_len=300, num_kv_blocks=64 * 19 + 4)
     engine = Engine(cfg)
     prompts = random_prompts(64, 16, QWEN3_4B["vocab_size"], seed=11)
-    outs = engine.generate(prompts, SamplingParams(max_tokens=256, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=256, ignore_eos=True))
     assert echo_failures(prompts, [o.token_ids for o in outs]) == []

@@ -72,7 +72,7 @@ def _run(engine, profile: AcceptanceProfile, tokens: int, seed: int = 0) -> tupl
     try:
         before = engine.stats.committed_tokens, engine.stats.rounds
         prompts = random_prompts(4, 6, engine.target_cfg.geometry.vocab_size, seed=seed)
-        outs = engine.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
+        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
     finally:
         modelled.uninstall()
     committed, rounds = engine.stats.committed_tokens - before[0], engine.stats.rounds - before[1]
@@ -112,7 +112,7 @@ def test_arms_share_the_draws_and_a_duplicate_draws_apart(engine):
     profile = AcceptanceProfile("half", (0.5,) * engine.drafts_per_round)
     modelled = ModelledDrafter(engine, profile, seed=1).install()
     prompts = random_prompts(4, 6, engine.target_cfg.geometry.vocab_size, seed=2)
-    params = SamplingParams(max_tokens=41, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=41, ignore_eos=True)
 
     def tau() -> float:
         before = engine.stats.committed_tokens, engine.stats.rounds

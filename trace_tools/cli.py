@@ -79,9 +79,9 @@ def _paste(args: argparse.Namespace) -> None:
     print(f"{doc}: pasted {record}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m trace_tools") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m trace_tools",
+        prog=prog,
         description="Read the engine's DFlash round trace and the lossless children's result lines; "
         "paste a levers-gate run record into a doc.",
     )
@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m trace_tools") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         args.run(args)
     except (OSError, UnicodeDecodeError, TraceError, RecordError) as e:

@@ -69,7 +69,7 @@ def timed_steps(
     The requests are aborted afterwards and the engine is left idle."""
     if engine.has_unfinished():
         raise RuntimeError("calibration needs an idle engine")
-    params = SamplingParams(max_tokens=budget_tokens(warmup + steps, drafts), ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=budget_tokens(warmup + steps, drafts), ignore_eos=True)
     sync(engine.device)
     t0 = time.perf_counter()
     ids = [engine.add_request(list(p), params) for p in prompts]

@@ -58,7 +58,7 @@ def closed_loop(
     if engine.has_unfinished():
         raise RuntimeError("closed_loop needs an idle engine")
     lengths = [max_tokens] if isinstance(max_tokens, int) else list(max_tokens)
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
     if engine.timer is None:
         engine.timer = PhaseTimer(engine.device)
     first_step = len(engine.timer.records)

@@ -88,7 +88,7 @@ def measure(pair: Path, device: str, c: int, new_tokens: int, prompts: Sequence[
     engine = Engine(config)  # static first: the synthetic table replaces a calibration, host term learnt
     engine.set_cost_table(synthetic_table(engine.drafts_per_round))
     engine.set_levers(policy="adaptive")
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     engine.generate(list(prompts[:c]), params)  # warm-up: compiles, graphs
     clock = Clock()
     chosen = engine.rounds.policy.chosen.copy()

@@ -34,7 +34,7 @@ def prefill_requests(engine: Engine, count: int, context: int, budget: int, seed
     the verify and draft forwards run against. budget (max_tokens) reserves KV for the longest span."""
     vocab = engine.target_cfg.geometry.vocab_size
     for ids in random_prompts(count, context, vocab, seed):
-        engine.add_request(ids, SamplingParams(max_tokens=budget, ignore_eos=True))
+        engine.add_request(ids, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
     while engine.scheduler.waiting:
         engine.step()
     reqs = list(engine.scheduler.running)

@@ -127,7 +127,7 @@ def _free(device: torch.device) -> None:
 
 def echo_check(engine: Engine, prompts: list[list[int]], steps: int) -> dict:
     """Plain greedy decode of the prompts: every output token must be its prompt's last token."""
-    outs = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     bad = echo_failures(prompts, [o.token_ids for o in outs])
     return {"prompts": len(prompts), "steps": steps, "failures": bad}
 
@@ -141,7 +141,7 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
             continue
         engine.set_levers(**arm.levers())
         before = engine.stats.committed_tokens
-        outs = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
+        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
         bad = echo_failures(prompts, [o.token_ids for o in outs])
         rows.append(
             {

@@ -91,7 +91,7 @@ def _require_idle(engine: EngineView) -> None:
 
 def _dummy(i: int, context: int, budget: int, vocab: int) -> Request:
     ids = [(7 * i + 3 * t + 1) % vocab for t in range(context)]  # any in-vocabulary ids: only costs are read
-    return Request(-1 - i, ids, SamplingParams(max_tokens=budget + 1, ignore_eos=True), frozenset())
+    return Request(-1 - i, ids, SamplingParams(temperature=0, max_tokens=budget + 1, ignore_eos=True), frozenset())
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,17 +19,26 @@ from starlette.routing import Route
 from engine.request import RequestOutput
 from engine.serve import metrics
 from engine.serve.asgi import Disconnected, EventStream, sse, until_disconnect
+from engine.serve.body import decode_body
 from engine.serve.protocol import BadRequest, Parsed, parse_chat, parse_completion
-from engine.serve.text import Choice, chat_logprobs, chat_renderer, completion_logprobs
+from engine.serve.text import Choice, chat_logprobs, completion_logprobs
 from engine.serve.worker import EngineWorker, Ticket
+from engine.tokenizing import chat_unavailable, render_chat
 
 log = logging.getLogger(__name__)
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+class AsciiJSON(JSONResponse):
+    """JSON escaped to ASCII: an error naming a client's field or text stays encodable whatever it holds."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
+
+
 def error(message: str, status: int = 400, param: str | None = None) -> JSONResponse:
     kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
+    return AsciiJSON({"error": {"message": message, "type": kind, "param": param, "code": None}}, status)
 
 
 @dataclasses.dataclass
@@ -79,7 +89,7 @@ class Job:
 
 def build_app(worker: EngineWorker, model_name: str) -> Starlette:
     engine = worker.engine
-    render = chat_renderer(engine.tokenizer) if engine.tokenizer is not None else None
+    chat_refused = chat_unavailable(engine.tokenizer)
 
     async def health(_: Request) -> Response:
         return PlainTextResponse("ok") if worker.alive else PlainTextResponse("engine loop stopped", 503)
@@ -95,26 +105,24 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
         return await _handle(request, "text_completion", parse_completion)
 
     async def chat(request: Request) -> Response:
-        if render is None:
-            return error("this model has no tokenizer, so it cannot serve chat", 400)
-        return await _handle(request, "chat.completion", lambda body: parse_chat(body, render))
+        if chat_refused is not None:
+            return error(chat_refused, 400)
+        return await _handle(
+            request, "chat.completion", lambda body: parse_chat(body, partial(render_chat, engine.tokenizer))
+        )
 
     async def _handle(request: Request, kind: str, parse) -> Response:
         try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict):
-                raise BadRequest("the request body must be a JSON object")
+            body = decode_body(await request.body())
             if body.get("model") not in (None, model_name):
                 raise BadRequest(
-                    f"model {body['model']!r} does not exist; this server serves {model_name!r}", "model", 404
+                    f"model {str(body['model'])[:80]!r} does not exist; this server serves {model_name!r}", "model", 404
                 )
             parsed = parse(body)
             if engine.tokenizer is None and any(isinstance(p, str) for p in parsed.prompts):
                 raise BadRequest("this model has no tokenizer; send token-id prompts", "prompt")
             if engine.tokenizer is None and (parsed.params.logprobs is not None or parsed.params.stop):
                 raise BadRequest("logprobs and stop strings need a tokenizer; this model has none")
-        except json.JSONDecodeError as err:
-            return error(f"the request body is not valid JSON: {err}")
         except BadRequest as err:
             return error(str(err), err.status, err.param)
         job = _submit(kind, parsed)
@@ -146,7 +154,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 if parsed.n > 1 and params.seed is not None:  # n seeded choices must differ
                     params = dataclasses.replace(params, seed=params.seed + i)
                 tickets.append(worker.submit(prompt, params, outputs))
-                choices.append(Choice(len(choices), engine.tokenizer, parsed.params.stop))
+                choices.append(Choice(len(choices), engine.tokenizer, parsed.params))
         return Job(kind, parsed, model_name, tickets, choices, outputs)
 
     async def _first_outputs(job: Job) -> tuple[list[RequestOutput], list[tuple[Ticket, RequestOutput]]]:

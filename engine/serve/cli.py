@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+from functools import partial
 from pathlib import Path
 
 from engine import knobs
@@ -23,12 +24,17 @@ def _port(raw: str) -> int:
 def add_parser(sub: argparse._SubParsersAction, default_model: Path) -> argparse.ArgumentParser:
     """The `serve` subcommand: generate's engine and lever flags plus the server's own."""
     s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (completions, chat, metrics)")
-    add_engine_args(s, default_model, "DFlash drafter dir or hub id (none: plain decode)")
+    add_engine_args(s, default_model, "DFlash drafter dir or hub id (default: none, plain decode)")
     s.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model's name)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    s.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free one)")
-    s.add_argument("--max-num-seqs", type=flag_type("--max-num-seqs", knobs.parse_count), default=64)
-    s.add_argument("--max-model-len", type=flag_type("--max-model-len", knobs.parse_count), default=None)
+    s.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free one; default: %(default)s)")
+    count = partial(flag_type, parse=knobs.parse_count)
+    s.add_argument(
+        "--max-num-seqs", type=count("--max-num-seqs"), default=64, help="most requests running (default: %(default)s)"
+    )
+    s.add_argument(
+        "--max-model-len", type=count("--max-model-len"), default=None, help="context limit (default: min(model, 4096))"
+    )
     s.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
     s.set_defaults(run=run)
     return s

@@ -1,26 +1,13 @@
-"""Prompt rendering for chat and the streamed text deltas of one choice."""
+"""The streamed text deltas of one choice, and the logprobs objects of both APIs."""
 
 from __future__ import annotations
 
 import logging
 
+from engine.config import SamplingParams
 from engine.request import RequestOutput
 
 log = logging.getLogger(__name__)
-
-
-def chat_renderer(tokenizer):
-    """messages -> prompt text: the tokenizer's chat template, or ChatML (Qwen's format) when the
-    checkpoint ships none (the tiny fixture tokenizer)."""
-    if getattr(tokenizer, "chat_template", None):
-        return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    log.info("the tokenizer has no chat template; chat prompts use ChatML")
-
-    def chatml(messages: list[dict[str, str]]) -> str:
-        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return turns + "<|im_start|>assistant\n"
-
-    return chatml
 
 
 class Choice:
@@ -28,10 +15,11 @@ class Choice:
     trailing incomplete character and the last (longest stop - 1) characters (a stop string may be
     forming) are held back; the finished output's text is the engine's final word."""
 
-    def __init__(self, index: int, tokenizer, stops: tuple[str, ...]):
+    def __init__(self, index: int, tokenizer, params: SamplingParams):
         self.index = index
         self.tokenizer = tokenizer
-        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.skip_special_tokens = params.skip_special_tokens
+        self.hold = max((len(s) for s in params.stop), default=1) - 1
         self.sent = ""
         self.scored = 0  # logprob entries already sent
         self.out: RequestOutput | None = None
@@ -48,7 +36,7 @@ class Choice:
         if out.finished:
             text = out.text
         else:
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True).rstrip("\ufffd")
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=self.skip_special_tokens).rstrip("\ufffd")
             text = text[: max(0, len(text) - self.hold)]
         if len(text) <= len(self.sent):
             return ""
