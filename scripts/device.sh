@@ -71,25 +71,6 @@ run_pair_ab() {
   python3 -m engine.bench.decode_ab --out "$LOG/pair-ab/decode" --concurrency 1 --repeats ${AB_REPEATS:-6} \
     --profile-kernels 1 --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
 }
-stage handoff 120 "what one dependency between CTAs costs: a PDL launch boundary, a grid barrier in one resident launch, and a dependent load alone and beside a full-bandwidth stream (engine.bench.handoff; logs/handoff)"
-run_handoff() { python3 -m engine.bench.handoff --out "$LOG/handoff" ${HANDOFF_ARGS:-}; }
-stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu; one table of them in logs/ncu/ncu.md)"
-run_ncu() {
-  local ncu rc=0
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 3; }
-  mkdir -p "$LOG/ncu"
-  for op in ${NCU_OPS:-qkv attention o gate_up down}; do
-    for rows in ${NCU_ROWS:-1 64}; do
-      "$ncu" --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-        python3 -m engine.bench.ncu_ops --op "$op" --rows "$rows" --ctx "${NCU_CTX:-256}" \
-        >"$LOG/ncu/$op-$rows.txt" 2>&1 || rc=1
-    done
-  done
-  python3 -m engine.bench.ncu_report "$LOG/ncu" || rc=1
-  return $rc
-}
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"

@@ -16,10 +16,10 @@ from tests.kernel_helpers import compile_in_child  # noqa: E402
 
 CHILD = r"""
 import json, sys
-from engine.bench.regs import compile_ptx
+from tests.ptx_helpers import compile_attention_ptx
 out = []
 for block_n, warps, splits, early, bounds in json.loads(sys.argv[1]):
-    lines = compile_ptx(block_n, warps, 2, splits, early, bounds)[0].splitlines()
+    lines = compile_attention_ptx(block_n, warps, 2, splits, early, bounds).splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     before, after = lines[:wait], lines[wait:]
     out.append([sum("prefetch.global.L2" in l for l in before), sum("prefetch.global.L2" in l for l in after),

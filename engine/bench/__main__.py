@@ -30,12 +30,6 @@ COMMANDS = {
         "engine.bench.study_files",
         "a study's report from its files (a run cut short after its sweep)",
     ),
-    "hostgap": ("engine.bench.hostgap", "a closed-loop run's wall outside its timed steps, part by part, and its GC"),
-    "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
-    "policy-cost-engine": (
-        "engine.bench.policy_cost_engine",
-        "the adaptive policy's host cost per round inside an engine run: critical path vs the device's window",
-    ),
 }
 
 
