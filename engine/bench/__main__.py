@@ -15,9 +15,9 @@ COMMANDS = {
     ),
     "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
     "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
-    "decode-ab": (
-        "engine.bench.decode_ab",
-        "the decode dispatch A/B (previous vs current one-row GEMVs), both arms interleaved in one run",
+    "kernels": (
+        "engine.bench.kernels",
+        "Triton kernels vs cuBLAS and the unfused pairs at the 4B shapes; writes the tuned table",
     ),
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
     "preempt": ("engine.bench.preempt", "KV under pressure: preemption by recompute vs whole-budget reservation"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -79,11 +78,9 @@ def make_engine(
     max_num_seqs: int,
     seq_tokens: int,
     headroom: int = 0,
-    options: Mapping[str, object] | None = None,
 ) -> Engine:
     """An engine whose KV is sized for exactly max_num_seqs sequences of seq_tokens (+ the drafter's
-    headroom), so two engines fit on one card (the default takes a share of the whole card).
-    options: EngineConfig fields set over these (an A/B arm's, e.g. decode_overlap=False)."""
+    headroom), so two engines fit on one card (the default takes a share of the whole card)."""
     block = 16
     max_model_len = seq_tokens + headroom + 1
     blocks = max_num_seqs * (-(-(seq_tokens + headroom) // block)) + 2  # + the null block, + slack
@@ -104,7 +101,7 @@ def make_engine(
         levers={"max_batch": 0, "max_drafts": 0},
         trace=False,
     )
-    return Engine(EngineConfig(**cfg | dict(options or {})))
+    return Engine(EngineConfig(**cfg))
 
 
 def drafter_block(drafter: str | Path) -> int:
