@@ -21,9 +21,7 @@ def _compile(kernel, sig: dict, const: dict, attrs: dict, **options):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_attention_ptx(
-    block_n: int, warps: int, stages: int, splits: int, early_lines: int = 2, early_bounds: bool = True
-) -> str:
+def compile_attention_ptx(block_n: int, warps: int, stages: int, splits: int, early_lines: int = 2) -> str:
     """PTX of decode attention (bf16, Qwen3-4B heads) at this config; early_lines: 128-byte lines a
     row prefetched before the PDL wait (2 as launched at 128 dims, 0 none)."""
     from engine.kernels import _triton, attention_kernels
@@ -31,7 +29,7 @@ def compile_attention_ptx(
     kernel = _triton.bind(attention_kernels.__dict__)["paged_attn_kernel"]
     names = list(inspect.signature(kernel.fn).parameters)
     const = dict(HKV=8, HQ=32, G=4, D=128, PAGE=16, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=splits)
-    const |= dict(CAUSAL=True, PRECISION="tf32", EARLY_LINES=early_lines, EARLY_BOUNDS=early_bounds, PDL=True)
+    const |= dict(CAUSAL=True, PRECISION="tf32", EARLY_LINES=early_lines, PDL=True)
     pointers = {n: POINTERS.get(n, "*bf16") for n in names if n.endswith("_ptr") or n in ("k_cache", "v_cache")}
     sig = {n: "constexpr" if n in const else pointers.get(n, "fp32" if n == "qk_scale" else "i32") for n in names}
     divisible = {n for n in STRIDES if STRIDES[n] % 16 == 0} | set(pointers)
