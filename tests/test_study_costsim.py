@@ -14,16 +14,16 @@ import torch
 from engine import Engine, EngineConfig
 from engine.bench.arms import arm_drafts, parse_arm
 from engine.bench.calibrate import calibrate, calibration_stage, centred_warmup
-from engine.bench.common import random_prompts
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
-from engine.bench.known_pair import known_pair
 from engine.bench.load import closed_loop
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study_draws import StudyDraws, read_draws, replay_check
 from engine.bench.study_report import predict
 from engine.bench.sweep import engine_for
+from engine.fixture.known.geometry import random_prompts
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.target import known_pair
 from engine.policy import SpanPolicy
 from engine.scheduler import Plan
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.bench.arms import parse_arms
-from engine.bench.modelled import parse_profile
 from engine.bench.study_draws import DRAWS_FILE, StudyDraws, read_draws, sweep_prompts
+from engine.fixture.known.modelled import parse_profile
 
 
 def test_draws_survive_their_file_and_are_looked_up_by_window_and_position(tmp_path):

@@ -11,8 +11,8 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import parse_arms
-from engine.bench.known_pair import known_pair
 from engine.bench.study_graphs import CaptureLog, capture_graphs, graph_keys, tag_rows
+from engine.fixture.known.target import known_pair
 from engine.graphs import StepGraphs, _pad
 
 

@@ -13,7 +13,6 @@ from engine.bench.arms import arm_drafts, parse_arm
 from engine.bench.calibrate import budget_tokens, calib_batches, calibrate
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
-from engine.bench.modelled import parse_profile
 from engine.bench.report import write_csv
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study import main as study_main
@@ -21,6 +20,7 @@ from engine.bench.study import waves_for
 from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown, round_markdown
 from engine.bench.study_refit import main as refit_main
 from engine.bench.study_refit import refit_study
+from engine.fixture.known.modelled import parse_profile
 from engine.scheduler import Plan
 
 DECODE, GATED, SPEC, PREFILL = (p.value for p in (Plan.DECODE, Plan.GATED, Plan.SPECULATIVE, Plan.PREFILL))

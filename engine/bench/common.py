@@ -142,8 +142,3 @@ def _tokenizer(directory: Path | None, path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(directory))
-
-
-def random_prompts(count: int, length: int, vocab: int, seed: int = 0, low: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(low, vocab, (count, length), generator=gen).tolist()

@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 from engine.bench import roofline
-from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode_report import decode_markdown, summarize
-from engine.bench.geometry import GEOMETRIES, target_config
 from engine.bench.hw import copy_bandwidth, gemm_rate
 from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
@@ -39,6 +38,7 @@ from engine.bench.peer import (
 )
 from engine.bench.report import write_csv, write_json
 from engine.config import SamplingParams
+from engine.fixture.known.geometry import GEOMETRIES, random_prompts, target_config
 from engine.scheduler import Plan
 
 log = logging.getLogger(__name__)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
-from engine.bench.geometry import GEOMETRIES, random_pair
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.calibration import time_forwards as profile_costs  # the engine's own timing (the study imports it here)
 from engine.config import SamplingParams
 from engine.engine import Engine
+from engine.fixture.known.geometry import GEOMETRIES, random_pair, random_prompts
 
 log = logging.getLogger(__name__)
 

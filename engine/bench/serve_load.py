@@ -22,12 +22,12 @@ from pathlib import Path
 
 from engine.bench.arms import Arm, parse_arms
 from engine.bench.common import add_device_args, add_weight_args, resolve_device, setup_logging
-from engine.bench.geometry import GEOMETRIES
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.openloop import arrival_times, run_open_loop
 from engine.bench.report import write_csv, write_json
 from engine.bench.serve_stats import markdown, run_row, summarize
 from engine.bench.serve_workload import Command, file_workload, known_workload
+from engine.fixture.known.geometry import GEOMETRIES
 
 log = logging.getLogger(__name__)
 _METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)

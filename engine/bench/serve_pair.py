@@ -20,11 +20,11 @@ import torch
 
 from engine.bench.arms import Arm, parse_arm
 from engine.bench.common import add_device_args, resolve_device, setup_logging, torch_dtype
-from engine.bench.geometry import GEOMETRIES
-from engine.bench.known_pair import known_pair, known_target
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.fixture.known.geometry import GEOMETRIES
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.target import known_pair, known_target
 from engine.levers import Levers
 from engine.serve.cli import freeze_start_up_heap
 from engine.serve.protocol import BadRequest  # the app's refusal: HTTP 400 with this message

@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.bench.arms import Arm
-from engine.bench.common import drafter_block, load_prompts, random_prompts, resolve_device, weights_of
-from engine.bench.geometry import drafter_config, target_config
-from engine.bench.modelled import parse_profile
+from engine.bench.common import drafter_block, load_prompts, resolve_device, weights_of
+from engine.fixture.known.geometry import drafter_config, random_prompts, target_config
+from engine.fixture.known.modelled import parse_profile
 from engine.models.config import DFlashConfig
 
 Command = Callable[[Arm], list[str]]

@@ -32,12 +32,9 @@ from engine.bench.calibrate import (
     centred_warmup,
     table_context,
 )
-from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.costmodel import CostTable
-from engine.bench.geometry import random_pair
-from engine.bench.known_pair import echo_failures, known_pair
 from engine.bench.meta import run_meta
-from engine.bench.modelled import ModelledDrafter, parse_profile
 from engine.bench.profile import prefill_requests, profile_costs
 from engine.bench.report import write_csv
 from engine.bench.study_draws import draws_stage
@@ -47,6 +44,9 @@ from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
 from engine.config import SamplingParams
 from engine.engine import Engine
+from engine.fixture.known.geometry import random_pair, random_prompts
+from engine.fixture.known.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.target import echo_failures, known_pair
 from engine.models.config import DFlashConfig
 
 log = logging.getLogger(__name__)

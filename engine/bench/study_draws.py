@@ -39,8 +39,8 @@ import torch
 from engine.bench.arms import Arm, arm_drafts, parse_arm, parse_arms
 from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.costsim import Accepted, simulate_closed_loop
-from engine.bench.known_pair import known_pair
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.target import known_pair
 from engine.models.config import DFlashConfig
 from engine.scheduler import Plan
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from engine.bench.arms import parse_arms
 from engine.bench.costmodel import CostTable
-from engine.bench.modelled import parse_profile
 from engine.bench.report import read_csv
 from engine.bench.stepcosts import StepCosts
 from engine.bench.study import _parser, study_prompts, waves_for
 from engine.bench.study_draws import StudyDraws, rebuild_draws
 from engine.bench.study_report import write_study
+from engine.fixture.known.modelled import parse_profile
 
 PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
 

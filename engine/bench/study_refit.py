@@ -21,10 +21,10 @@ import numpy as np
 from engine.bench.arms import arm_drafts, parse_arm
 from engine.bench.costmodel import CostTable
 from engine.bench.costsim import simulate_closed_loop
-from engine.bench.modelled import AcceptanceProfile, parse_profile
 from engine.bench.report import read_csv
 from engine.bench.stepcosts import ENGINES, HOST_PLANS, StepCosts
 from engine.bench.study_fit import prediction_markdown
+from engine.fixture.known.modelled import AcceptanceProfile, parse_profile
 from engine.graphs import batch_buckets
 from engine.scheduler import Plan
 

@@ -13,7 +13,6 @@ from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts,
 from engine.bench.costmodel import committed_pmf, expected_committed, truncated_tau
 from engine.bench.costsim import simulate_closed_loop
 from engine.bench.meta import meta_lines
-from engine.bench.modelled import AcceptanceProfile
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
@@ -22,6 +21,7 @@ from engine.bench.stepcosts import StepCosts
 from engine.bench.study_draws import StudyDraws, replay_check
 from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.summary import summarize
+from engine.fixture.known.modelled import AcceptanceProfile
 from engine.policy import SpanPolicy
 
 TAU_SIGMAS = 3.0  # τ agrees with the model when within this many standard errors
