@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bench.costmodel import expected_committed
+from engine.costs import expected_committed
 from engine.fixture.known.geometry import random_prompts
 from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.fixture.known.target import echo_failures, known_pair

@@ -10,16 +10,16 @@ import statistics
 import pytest
 
 from engine.bench.arms import arm_drafts, parse_arm
-from engine.bench.calibrate import budget_tokens, calib_batches, calibrate
-from engine.bench.costmodel import CostTable
-from engine.bench.costsim import simulate_closed_loop
 from engine.bench.report import write_csv
-from engine.bench.stepcosts import StepCosts
-from engine.bench.study import main as study_main
-from engine.bench.study import waves_for
-from engine.bench.study_fit import calibration_markdown, prediction_fit, prediction_markdown, round_markdown
-from engine.bench.study_refit import main as refit_main
-from engine.bench.study_refit import refit_study
+from engine.bench.study.fit import calibration_markdown, prediction_fit, prediction_markdown, round_markdown
+from engine.bench.study.model import StepCosts
+from engine.bench.study.refit import main as refit_main
+from engine.bench.study.refit import refit_study
+from engine.bench.study.run import main as study_main
+from engine.bench.study.run import waves_for
+from engine.bench.study.sim import simulate_closed_loop
+from engine.bench.study.step_walls import budget_tokens, calib_batches, calibrate
+from engine.costs import CostTable
 from engine.fixture.known.modelled import parse_profile
 from engine.scheduler import Plan
 

@@ -22,13 +22,17 @@ COMMANDS = {
     "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
     "preempt": ("engine.bench.preempt", "KV under pressure: preemption by recompute vs whole-budget reservation"),
     "study": (
-        "engine.bench.study",
+        "engine.bench.study.run",
         "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
     ),
     "spread": ("engine.bench.spread", "a fixture recipe over builds: τ and the c=1 ratio per seed, same-seed weights"),
     "study-files": (
-        "engine.bench.study_files",
+        "engine.bench.study.files",
         "a study's report from its files (a run cut short after its sweep)",
+    ),
+    "study-refit": (
+        "engine.bench.study.refit",
+        "the cost model refit to a finished study's own walls (in-sample: a check of its structure)",
     ),
 }
 

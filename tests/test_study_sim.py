@@ -1,4 +1,4 @@
-"""The closed-loop replay (engine/bench/costsim.py): its arithmetic on synthetic step costs, and its
+"""The closed-loop replay (engine/bench/study/sim.py): its arithmetic on synthetic step costs, and its
 steps against a real engine's: the tiny known-continuation pair under the sweep's closed loop, the
 modelled drafter's draws fed to the replay, must give the same (plan, batch) sequence step by step."""
 
@@ -13,14 +13,14 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import arm_drafts, parse_arm
-from engine.bench.calibrate import calibrate, calibration_stage, centred_warmup
-from engine.bench.costmodel import CostTable
-from engine.bench.costsim import simulate_closed_loop
 from engine.bench.load import closed_loop
-from engine.bench.stepcosts import StepCosts
-from engine.bench.study_draws import StudyDraws, read_draws, replay_check
-from engine.bench.study_report import predict
+from engine.bench.study.draws import StudyDraws, read_draws, replay_check
+from engine.bench.study.model import StepCosts
+from engine.bench.study.report import predict
+from engine.bench.study.sim import simulate_closed_loop
+from engine.bench.study.step_walls import calibrate, calibration_stage, centred_warmup
 from engine.bench.sweep import engine_for
+from engine.costs import CostTable
 from engine.fixture.known.geometry import random_prompts
 from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.fixture.known.target import known_pair

@@ -20,8 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from engine.bench.costmodel import committed_pmf
-from engine.bench.stepcosts import StepCosts
+from engine.bench.study.model import StepCosts, committed_pmf
 from engine.policy import SpanPolicy
 from engine.scheduler import Plan
 

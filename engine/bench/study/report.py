@@ -10,17 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
-from engine.bench.costmodel import committed_pmf, expected_committed, truncated_tau
-from engine.bench.costsim import simulate_closed_loop
 from engine.bench.meta import meta_lines
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
-from engine.bench.stepcosts import StepCosts
-from engine.bench.study_draws import StudyDraws, replay_check
-from engine.bench.study_fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
+from engine.bench.study.draws import StudyDraws, replay_check
+from engine.bench.study.fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
+from engine.bench.study.model import StepCosts, committed_pmf, truncated_tau
+from engine.bench.study.sim import simulate_closed_loop
 from engine.bench.summary import summarize
+from engine.costs import expected_committed
 from engine.fixture.known.modelled import AcceptanceProfile
 from engine.policy import SpanPolicy
 
@@ -212,7 +212,7 @@ def checks_markdown(costs: dict[str, list[dict]], echo: dict | None, lossless: l
 
 
 def write_meta(out: Path, meta: dict, argv: list[str], buckets: list[int]) -> None:
-    """What a report from the files needs beside the CSVs (engine/bench/study_files.py)."""
+    """What a report from the files needs beside the CSVs (study/files.py)."""
     write_json(out / "meta.json", {**meta, "argv": argv, "buckets": buckets})
 
 

@@ -1,27 +1,17 @@
-"""What one engine step costs end to end, for the closed-loop replay (engine/bench/costsim.py): the
-device table (engine/costs.py CostTable: graph replays) plus the two terms it does not see, both
-calibrated on the same engines in the same run (engine/bench/calibrate.py):
+"""The study's cost model of one engine step: the device table (engine/costs.py CostTable: graph
+replays) plus the two terms it does not see, calibrated on the same engines in the same run
+(step_walls.py): host ms per step per plan and batch (linear between calibrated batches; a
+speculative round's also linear in its drafts K), and the wall of a prefill step admitting n
+requests, per engine. And the tokens a round commits under per-position acceptance.
 
-- host time per step, per plan (plain decode, gated round, speculative round) and batch: the wall of
-  `engine.step()` minus the device time of its graph replays (see calibrate.py for why), the median
-  per calibrated batch and linear between them (it also absorbs where a step's graphs differ from
-  the table's at that batch, e.g. the plain decode graph against the profiled span-1 verify); a
-  speculative round's also per calibrated drafts K and linear in K between them (at batch 256 on the
-  H200 4B study the term was +1.6 ms at K = 2 and -1.8 ms at K = 15, where the table's span-16 verify
-  runs slow: their median, -0.3 ms, made every trim 11-18 % too fast there);
-- the wall of a prefill step admitting n requests (a graph replay up to 2,048 tokens, engine/prefill.py;
-  eager and compute-bound above; the table holds no prefill row), per
-  engine (the speculative engine's prefill also stores the drafter's context).
-
-Calibration rows (calibration.csv): {kind, engine, plan, batch, drafts, wall_ms, device_ms, host_ms}:
-kind `host` (the median wall of steady steps of `batch` requests, `drafts` per round, and host_ms =
-wall_ms - device_ms) or `prefill` (the wall of one prefill step admitting `batch` requests).
-"""
+Calibration rows (calibration.csv): {kind, engine, plan, batch, drafts, wall_ms, device_ms, host_ms};
+kind `host` (steady steps of `batch` requests, host_ms = wall_ms - device_ms) or `prefill` (one
+prefill step admitting `batch` requests, its wall)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.costs import CostTable, interpolate
@@ -99,3 +89,25 @@ class StepCosts:
 
 def _medians(samples: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
     return {key: {b: statistics.median(v) for b, v in per.items()} for key, per in samples.items()}
+
+
+def committed_pmf(conditional: Sequence[float], drafts: int) -> list[float]:
+    """pmf[n] = P(exactly n of `drafts` drafts accepted), n = 0..drafts."""
+    pmf, p = [], 1.0
+    for a in conditional[:drafts]:
+        pmf.append(p * (1.0 - a))
+        p *= a
+    return [*pmf, p]
+
+
+def truncated_tau(conditional: Sequence[float], drafts: int, tokens: int) -> float:
+    """Committed tokens per round over a request of `tokens` tokens whose rounds accept at most the
+    tokens left minus the bonus (the engine's draft limit): tokens / E[rounds], by dynamic programming."""
+    if tokens < 1:
+        raise ValueError(f"tokens={tokens}: must be >= 1")
+    pmf = committed_pmf(conditional, drafts)
+    rounds = [0.0] * (tokens + 1)
+    for left in range(1, tokens + 1):
+        cap = max(0, min(drafts, left - 1))
+        rounds[left] = 1.0 + sum(p * rounds[left - 1 - min(n, cap)] for n, p in enumerate(pmf))
+    return tokens / rounds[tokens]

@@ -1,7 +1,7 @@
 """A diagnostic of the cost model's structure, not a prediction: refit its host and prefill terms to a
 finished study's own sweep walls and count the cells the refitted model gets within the bar.
 
-    python -m engine.bench.study_refit DIR   (a study's output: profile.csv, sweep.csv, summary.csv)
+    python -m engine.bench study-refit DIR   (a study's output: profile.csv, sweep.csv, summary.csv)
 
 The replay's step list per arm-run is linear in the terms (host a + b x batch per plan, prefill
 p0 + p1 x requests per engine), so the terms minimising the relative error of every run's wall are a
@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from engine.bench.arms import arm_drafts, parse_arm
-from engine.bench.costmodel import CostTable
-from engine.bench.costsim import simulate_closed_loop
 from engine.bench.report import read_csv
-from engine.bench.stepcosts import ENGINES, HOST_PLANS, StepCosts
-from engine.bench.study_fit import prediction_markdown
+from engine.bench.study.fit import prediction_markdown
+from engine.bench.study.model import ENGINES, HOST_PLANS, StepCosts
+from engine.bench.study.sim import simulate_closed_loop
+from engine.costs import CostTable
 from engine.fixture.known.modelled import AcceptanceProfile, parse_profile
 from engine.graphs import batch_buckets
 from engine.scheduler import Plan
@@ -107,11 +107,11 @@ def refit_study(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.study_refit", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench study-refit", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="a study's output directory")
     p.add_argument("--new-tokens", type=int, default=64, help="the study's --new-tokens")
     args = p.parse_args(argv)
-    from engine.bench.study import waves_for
+    from engine.bench.study.run import waves_for
 
     try:
         text, _ = refit_study(args.study, args.new_tokens, waves_for)

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from engine.bench.report import fmt, markdown_table, pct
-from engine.bench.stepcosts import StepCosts
+from engine.bench.study.model import StepCosts
 from engine.scheduler import Plan
 
 PREDICTION_BAR = 0.10  # the bar: predicted within 10 % of measured

@@ -1,18 +1,12 @@
-"""The cost model's arithmetic on synthetic tables: committed tokens, truncation, interpolation,
-steady throughput (the closed-loop replay: test_study_costsim.py)."""
+"""The cost model's arithmetic on synthetic tables: committed tokens, truncation, interpolation (the
+closed-loop replay: test_study_sim.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.bench.costmodel import (
-    CostTable,
-    best_arm,
-    committed_pmf,
-    expected_committed,
-    steady_tok_s,
-    truncated_tau,
-)
+from engine.bench.study.model import committed_pmf, truncated_tau
+from engine.costs import CostTable, expected_committed
 
 HALF = [0.5] * 4
 
@@ -74,14 +68,3 @@ def test_from_rows_reads_profile_csv_rows_and_plain_rows():
         CostTable.from_rows([{"kind": "prefill", "batch": 1, "span": 1, "ms": 1}])
     with pytest.raises(ValueError, match="> 0"):
         CostTable.from_rows([{"kind": "verify", "batch": 1, "span": 1, "ms": 0}])
-
-
-def test_steady_throughput_and_the_best_arm():
-    t = table()
-    plain = steady_tok_s(t, 4, None)
-    assert plain == pytest.approx(1e3 * 4 / 2.04)
-    spec = steady_tok_s(t, 4, 2, HALF)
-    assert spec == pytest.approx(1e3 * 4 * 1.75 / (1.4 + 2.12))
-    assert steady_tok_s(t, 4, 2, HALF, gate=4) == plain  # gated: the span-1 step
-    assert steady_tok_s(t, 4, 2, HALF, gate=8) == spec
-    assert best_arm({"plain": plain, "spec": spec}) == "spec"

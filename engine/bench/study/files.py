@@ -4,8 +4,8 @@ this writes study.md, summary.csv and the PNGs from them on any machine. The pre
 modelled drafter's own draws where the run wrote them (draws.npz; engine/bench/study_draws.py), else
 seeded draws from the profile; a run without checks.json is reported without its checks.
 
-    python -m engine.bench.study_files DIR
-    python -m engine.bench.study_files --rebuild-draws DIR   (first rebuilds draws.npz: on the study's
+    python -m engine.bench study-files DIR
+    python -m engine.bench study-files --rebuild-draws DIR   (first rebuilds draws.npz: on the study's
                                                              GPU type, engine/bench/study_draws.py)
 """
 
@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.bench.arms import parse_arms
-from engine.bench.costmodel import CostTable
 from engine.bench.report import read_csv
-from engine.bench.stepcosts import StepCosts
-from engine.bench.study import _parser, study_prompts, waves_for
-from engine.bench.study_draws import StudyDraws, rebuild_draws
-from engine.bench.study_report import write_study
+from engine.bench.study.draws import StudyDraws, rebuild_draws
+from engine.bench.study.model import StepCosts
+from engine.bench.study.report import write_study
+from engine.bench.study.run import _parser, study_prompts, waves_for
+from engine.costs import CostTable
 from engine.fixture.known.modelled import parse_profile
 
 PROFILED = {"spec": "known+drafter", "plain": "known plain", "random": "random plain"}
@@ -67,7 +67,7 @@ def report(directory: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine.bench.study_files", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench study-files", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="a study's output directory")
     p.add_argument("--rebuild-draws", action="store_true", help="rebuild draws.npz from meta.json first")
     args = p.parse_args(argv)

@@ -24,7 +24,14 @@ from pathlib import Path
 import torch
 
 from engine.bench.arms import ADAPTIVE_ARM, Arm, arm_drafts, parse_arms
-from engine.bench.calibrate import (
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
+from engine.bench.meta import run_meta
+from engine.bench.profile import prefill_requests, profile_costs
+from engine.bench.report import write_csv
+from engine.bench.study.draws import draws_stage
+from engine.bench.study.graphs import CaptureLog, graph_stage, tag_rows
+from engine.bench.study.report import predicted_seconds, write_checks, write_meta, write_study
+from engine.bench.study.step_walls import (
     add_calibration_args,
     budget_tokens,
     calib_batches,
@@ -32,17 +39,10 @@ from engine.bench.calibrate import (
     centred_warmup,
     table_context,
 )
-from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
-from engine.bench.costmodel import CostTable
-from engine.bench.meta import run_meta
-from engine.bench.profile import prefill_requests, profile_costs
-from engine.bench.report import write_csv
-from engine.bench.study_draws import draws_stage
-from engine.bench.study_graphs import CaptureLog, graph_stage, tag_rows
-from engine.bench.study_report import predicted_seconds, write_checks, write_meta, write_study
 from engine.bench.sweep import run_sweep
 from engine.calibration import policy_spans
 from engine.config import SamplingParams
+from engine.costs import CostTable
 from engine.engine import Engine
 from engine.fixture.known.geometry import random_pair, random_prompts
 from engine.fixture.known.modelled import ModelledDrafter, parse_profile

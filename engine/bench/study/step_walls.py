@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 from engine.bench.arms import arm_drafts
 from engine.bench.report import write_csv
-from engine.bench.stepcosts import StepCosts
+from engine.bench.study.model import StepCosts
 from engine.config import SamplingParams
 from engine.costs import CostTable
 from engine.engine import Engine

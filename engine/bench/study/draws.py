@@ -16,7 +16,7 @@ draws.npz: per (profile, replica) a uint8 array [prompts, new_tokens], entry [p,
 drafter gets right for prompt p at KV length len(prompt p) + j; `total` is the sweep's prompt count
 (closed_loop takes prompt (first + i) % total for request i).
 
-    python -m engine.bench.study_files --rebuild-draws DIR   (on the study's device)
+    python -m engine.bench study-files --rebuild-draws DIR   (on the study's device)
 
 rebuilds (rebuild_draws) the draws of a study that predates the file (the drafter's table is seeded on its device:
 the same GPU model and torch give the same draws); the report then checks them against the sweep's
@@ -38,7 +38,7 @@ import torch
 
 from engine.bench.arms import Arm, arm_drafts, parse_arm, parse_arms
 from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
-from engine.bench.costsim import Accepted, simulate_closed_loop
+from engine.bench.study.sim import Accepted, simulate_closed_loop
 from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.fixture.known.target import known_pair
 from engine.models.config import DFlashConfig
