@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bench.load import closed_loop
+from engine.bench.closed_loop import closed_loop
 from engine.costs import read_cost_table
 from engine.drain import committed_moments, wave, wave_ms
 from engine.policy import SpanPolicy, best_span, round_times, span_candidates

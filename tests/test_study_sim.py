@@ -13,7 +13,7 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import arm_drafts, parse_arm
-from engine.bench.load import closed_loop
+from engine.bench.closed_loop import closed_loop
 from engine.bench.study.draws import StudyDraws, read_draws, replay_check
 from engine.bench.study.model import StepCosts
 from engine.bench.study.report import predict

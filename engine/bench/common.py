@@ -84,24 +84,11 @@ def make_engine(
     block = 16
     max_model_len = seq_tokens + headroom + 1
     blocks = max_num_seqs * (-(-(seq_tokens + headroom) // block)) + 2  # + the null block, + slack
-    cfg = dict(
-        model=model if isinstance(model, Checkpoint) else str(model),
-        draft_model=None
-        if draft_model is None
-        else (draft_model if isinstance(draft_model, Checkpoint) else str(draft_model)),
-        device=device.type,
-        dtype=args.dtype,
-        backend=args.backend,
-        cuda_graphs=not args.no_cuda_graphs,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max(8192, seq_tokens),
-        kv_block_size=block,
-        num_kv_blocks=blocks,
-        levers={"max_batch": 0, "max_drafts": 0},
-        trace=False,
-    )
-    return Engine(EngineConfig(**cfg))
+    weights = [m if m is None or isinstance(m, Checkpoint) else str(m) for m in (model, draft_model)]
+    cfg = dict(model=weights[0], draft_model=weights[1], device=device.type, dtype=args.dtype, backend=args.backend)
+    cfg.update(cuda_graphs=not args.no_cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), kv_block_size=block, num_kv_blocks=blocks)
+    return Engine(EngineConfig(**cfg, levers={"max_batch": 0, "max_drafts": 0}, trace=False))
 
 
 def drafter_block(drafter: str | Path) -> int:

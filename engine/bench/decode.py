@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 
 from engine.bench import roofline
+from engine.bench.closed_loop import closed_loop
 from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode_report import decode_markdown, summarize
 from engine.bench.hw import copy_bandwidth, gemm_rate
-from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import (
     PEER_MODES,

@@ -19,6 +19,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from engine.bench.arms import parse_arms
+from engine.bench.closed_loop import closed_loop
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
@@ -29,7 +30,6 @@ from engine.bench.common import (
     setup_logging,
     weights_of,
 )
-from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.bench.sweep import engine_for

@@ -1,27 +1,10 @@
-"""The modelled drafter's own draws, read before the sweep, for the cost model's replay.
-
-The drafter (engine/bench/modelled.py) keys each request-round's acceptance on the request's current
-token (its prompt's last: the known target echoes it) and KV length, so where every request of the
-sweep's closed loop gets its first wrong draft is fixed before anything runs. The i.i.d. replay drew
-its own and so finished its requests elsewhere: at c <= 16 a round is two waves whose second is
-prefilled as the first drains, and a prefill step there is ~20 ms, four to five rounds; the H200
-studies ran trim 4 at `code` c=4 in 3, 3, 4 prefill steps where the replay's median run takes 4,
-and the cell read 11-15 % under-predicted in every run since the draws were shared (the same prompts
-draw the same). Replayed on these draws (rebuilt for the H200 studies at 3cd81a7 and 4eb2fd8), all
-324 static speculative runs of each took the engine's prefill, speculative and gated step counts,
-and the cells within 10 % went 146 -> 160, 150 -> 158, 150 -> 155 and 148 -> 151 of 162. These
-are inputs of the study, not measurements: nothing here reads the sweep.
+"""The modelled drafter's own draws, read before the sweep, for the cost model's replay (why: the
+benchmarks README, "study"). Inputs of the study, not measurements.
 
 draws.npz: per (profile, replica) a uint8 array [prompts, new_tokens], entry [p, j] the drafts the
 drafter gets right for prompt p at KV length len(prompt p) + j; `total` is the sweep's prompt count
-(closed_loop takes prompt (first + i) % total for request i).
-
-    python -m engine.bench study-files --rebuild-draws DIR   (on the study's device)
-
-rebuilds (rebuild_draws) the draws of a study that predates the file (the drafter's table is seeded on its device:
-the same GPU model and torch give the same draws); the report then checks them against the sweep's
-step counts (replay_check below), so wrong draws cannot pass unnoticed.
-"""
+(closed_loop takes prompt (first + i) % total for request i). `python -m engine.bench study-files
+--rebuild-draws DIR` rebuilds them on the study's GPU type; replay_check tests them against the sweep."""
 
 from __future__ import annotations
 

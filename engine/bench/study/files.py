@@ -1,12 +1,7 @@
-"""A study's report from its files: a run cut short after its sweep (a device call's cap) keeps
-profile.csv, calibration.csv, sweep.csv and the meta.json and checks.json written as they are known;
-this writes study.md, summary.csv and the PNGs from them on any machine. The predictions replay the
-modelled drafter's own draws where the run wrote them (draws.npz; engine/bench/study_draws.py), else
-seeded draws from the profile; a run without checks.json is reported without its checks.
+"""A study's report from its files (profile.csv, calibration.csv, sweep.csv, meta.json, checks.json,
+draws.npz where written), on any machine: study.md, summary.csv and the PNGs of a run cut short.
 
-    python -m engine.bench study-files DIR
-    python -m engine.bench study-files --rebuild-draws DIR   (first rebuilds draws.npz: on the study's
-                                                             GPU type, engine/bench/study_draws.py)
+    python -m engine.bench study-files [--rebuild-draws] DIR   (--rebuild-draws: on the study's GPU type)
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ def typed(row: dict) -> dict:
 
 
 def report(directory: Path) -> None:
-    """study.md, summary.csv, study.json and the PNGs from a study directory's files (meta.json and
-    checks.json: engine/bench/study_report.py write_meta, write_checks)."""
+    """study.md, summary.csv, study.json and the PNGs from a study directory's files (report.py)."""
     meta = json.loads((directory / "meta.json").read_text())
     checked = directory / "checks.json"
     checks = json.loads(checked.read_text()) if checked.is_file() else {"echo": None, "lossless": None}

@@ -1,5 +1,5 @@
 """How well the cost model predicts the study's sweep (per cell: predicted vs measured tok/s, the count
-within the bar) and what its calibrated host and prefill terms are (engine/bench/stepcosts.py)."""
+within the bar) and what its calibrated host and prefill terms are (model.py)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,8 @@ def prediction_markdown(summary: Sequence[dict], bar: float = PREDICTION_BAR) ->
 
 
 def round_markdown(rows: Sequence[dict], summary: Sequence[dict], bar: float = PREDICTION_BAR) -> str:
-    """Each measured run against its cell's prediction, by round, and the graphs the runs captured:
-    a one-off a round pays (a graph captured mid-sweep, ~30 ms on the H200 4B) shows as that round's
-    bias. Runs of cells without a prediction are left out."""
+    """Each measured run against its cell's prediction, by round (a one-off a round pays shows as its
+    bias), and the graphs the runs captured."""
     pred = {(s.get("profile", ""), s["concurrency"], s["arm"]): s.get("predicted_tok_s") for s in summary}
     by_round: dict[int, list[float]] = {}
     for r in rows:

@@ -1,17 +1,6 @@
-"""Every CUDA graph the sweep can replay, captured before it, so no measured run pays a capture.
-
-A step of n requests replays the graph of its batch bucket (1, 2, 4, 8, then every 8 rows from 16:
-engine/graphs.py), captured on first use: an eager forward, a sync and the capture. The profile and
-the calibration run the power-of-two batches only and the sweep's warm-up round captures the buckets
-it drains through, so a measured run that drains through one no run reached yet pays its capture.
-That was the recurring miss at c >= 128 on the H200 4B studies: the trims' verify (target phase per
-speculative round) ran over the table by 11-14 % in round 1, 3-10 % in round 2, 2-6 % in round 3.
-Replayed on the drafter's own draws (engine/bench/study_draws.py), which pins each run's batches, the
-runs at c >= 64 that met a new graph were predicted +9.8 % fast (88 of 128 within 10 %), the others
-+0.3 % (417 of 424); ~30 ms a graph. The cost model predicts the steady state, where every graph
-exists; this stage makes the sweep measure it. `CaptureLog` counts the graphs each arm-run captured
-(the sweep rows' `graph_captures`: 0 in measured runs once this stage captured them all).
-"""
+"""Every CUDA graph the sweep can replay, captured before it, so no measured run pays a capture (why:
+the benchmarks README, "study"); `CaptureLog` counts the graphs each arm-run captured (the sweep
+rows' `graph_captures`)."""
 
 from __future__ import annotations
 
@@ -46,16 +35,10 @@ def graph_keys(arms: Sequence[Arm], per_round: int) -> tuple[list[int], bool]:
 
 
 def capture_graphs(
-    engine: Engine,
-    ks: Sequence[int],
-    one_token: bool,
-    batches: Sequence[int],
-    context: int,
-    budget_s: float | None,
+    engine: Engine, ks: Sequence[int], one_token: bool, batches: Sequence[int], context: int, budget_s: float | None
 ) -> int:
-    """Run the verify of each K, the drafter and (one_token) the one-token step at each batch on
-    requests of `context` tokens, capturing what is not yet captured; the engine is left idle.
-    Stops at the time budget or the device-memory floor. Returns the graphs captured."""
+    """The graphs captured by running the verify of each K, the drafter and (one_token) the one-token
+    step at each batch on requests of `context` tokens, up to the time budget or the memory floor."""
     graphs, runner = engine.runner.graphs, engine.runner
     if not graphs.enabled or not batches:
         return 0
@@ -141,8 +124,8 @@ def tag_rows(rows: list[dict], captures: list[int], warmup_runs: int) -> None:
 
 
 def graph_stage(engine: Engine, arms: Sequence[Arm], per_round: int, batches: Sequence[int], context: int, budget_s):
-    """capture_graphs for the study's arms at every graph bucket up to the largest concurrency; a
-    failure is logged and the sweep captures on first use, as before. Returns the graphs captured."""
+    """capture_graphs for the study's arms at these buckets (a failure is logged: the sweep captures on
+    first use)."""
     ks, one_token = graph_keys(arms, per_round)
     t0 = time.perf_counter()
     try:

@@ -1,12 +1,8 @@
-"""A diagnostic of the cost model's structure, not a prediction: refit its host and prefill terms to a
-finished study's own sweep walls and count the cells the refitted model gets within the bar.
+"""The cost model's host and prefill terms refit (least squares: a replay is linear in them) to a
+finished study's own walls, and the cells the refit model gets within the bar. In-sample: where it
+meets the bar and the calibrated prediction does not, the calibration is off, not the model.
 
     python -m engine.bench study-refit DIR   (a study's output: profile.csv, sweep.csv, summary.csv)
-
-The replay's step list per arm-run is linear in the terms (host a + b x batch per plan, prefill
-p0 + p1 x requests per engine), so the terms minimising the relative error of every run's wall are a
-least-squares fit. In-sample by construction: where the refit meets the bar and the calibrated
-prediction does not, the calibration is off, not the model's structure.
 """
 
 from __future__ import annotations

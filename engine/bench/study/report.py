@@ -63,14 +63,9 @@ def predict(
     draws: StudyDraws | None = None,
     rounds: Sequence[int] = (),
 ) -> float | None:
-    """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays (one
-    replay of a few requests is as noisy as one measured run: ±15 % at c=1 for `code`); None where
-    the table or the calibration lacks a point (a profile cut short by its time budget). The adaptive
-    arm's replays each run a fresh policy on the table whose estimate starts at the profile's rates:
-    the measured rounds follow a warm-up round of the same profile, which leaves the engine's there
-    (its host terms are learnt from the replay's own steps). With the study's draws
-    (engine/bench/study_draws.py) it is the median over the measured `rounds` of replays of each
-    round on the drafter's own draws for that round's prompts, the statistic the sweep reports."""
+    """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays, or with
+    the study's draws over replays of the measured `rounds` on them; None where the table or the
+    calibration lacks a point (the benchmarks README, "study")."""
     drafts = arm_drafts(arm, len(profile.conditional))
 
     def policy() -> SpanPolicy | None:
@@ -126,8 +121,8 @@ def annotate(
     draws: StudyDraws | None = None,
     rounds: dict[tuple[int, str], list[int]] | None = None,
 ) -> None:
-    """Add predicted tok/s (and its ratio to the measured median) and τ modelled vs observed.
-    rounds: the measured rounds per (c, arm), which the study's draws replay."""
+    """Add predicted tok/s (and its ratio to the measured), τ modelled vs observed; rounds: the measured
+    rounds per (c, arm)."""
     plain_pred: dict[int, float] = {}
     for s in summary:
         arm, c = parse_arm(s["arm"]), s["concurrency"]
@@ -223,10 +218,9 @@ def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
 def write_study(
     args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws=None
 ) -> None:
-    """study.md, study.json, sweep.csv, summary.csv and one sweep PNG per profile under args.out
-    (profile.csv and calibration.csv are written by the study as soon as they are measured).
-    profiled: the profile rows by engine; costs: the step costs the predictions replay on; draws:
-    the modelled drafter's own (engine/bench/study_draws.py; None: the replay draws its own)."""
+    """study.md, study.json, sweep.csv, summary.csv and a sweep PNG per profile under args.out.
+    profiled: the profile rows by engine; costs: what the predictions replay on; draws: the drafter's
+    own (None: the replay draws its own)."""
     profile_rows = profiled["spec"]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

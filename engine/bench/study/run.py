@@ -1,15 +1,11 @@
-"""The lever study on the Qwen3-4B geometry (bench-only): the known-continuation target and the
-modelled drafter (real forwards, modelled first wrong draft), one device run end to end.
+"""The lever study on the Qwen3-4B geometry: the known-continuation target and the modelled drafter
+(real forwards, modelled first wrong draft), one device run end to end.
 
     python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
 
-Stages: build the pair on the device; the cost profile (verify per (batch, span), drafter per batch)
-and the same plain step on random 4B weights; the echo check (every greedy step repeats the last
-prompt token); the lossless check (every arm's output equals the target's greedy continuation); the
-host and prefill calibration (engine/bench/calibrate.py); every graph the sweep can replay, captured
-(engine/bench/study_graphs.py); the modelled drafter's draws (engine/bench/study_draws.py); the sweep
-per concurrency and profile; τ observed vs modelled; the cost model's prediction beside it.
-"""
+Stages: the pair; the cost profiles; the echo and lossless checks; the host and prefill calibration
+(step_walls.py); the graphs (graphs.py); the drafter's draws (draws.py); the sweep per concurrency and
+profile; the report (report.py): τ observed vs modelled, the cost model's prediction beside it."""
 
 from __future__ import annotations
 
@@ -71,20 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--echo-steps", type=int, default=256, help="greedy steps of the echo check")
     p.add_argument("--echo-batch", type=int, default=64)
     p.add_argument("--profile-budget-s", type=float, default=120.0, help="the cost profile's share")
-    p.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help="the whole study's wall budget: the sweep gets what is left after the profiles and checks "
-        "(minus --reserve-s); >= 1 round per (c, profile) always runs",
-    )
+    p.add_argument("--time-budget-s", type=float, help="the study's wall: the sweep gets what the stages leave")
     p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
-    p.add_argument(
-        "--graphs-budget-s",
-        type=float,
-        default=60.0,
-        help="capturing the sweep's graphs at every batch bucket before it (what is left is captured on first use)",
-    )
+    p.add_argument("--graphs-budget-s", type=float, default=60.0, help="capturing the sweep's graphs before it")
     add_calibration_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--parity-bar", type=float, default=0.02)
@@ -103,8 +88,7 @@ def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
 
 
 def measure_costs(engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float) -> list[dict]:
-    """Profile rows (graph replays at `context` tokens per request) on an idle engine, which is left
-    idle again with its graphs captured (the sweep replays the same ones)."""
+    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle."""
     reqs = prefill_requests(engine, max(batches), context, max(spans) + 1)
     rows = profile_costs(engine, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s)
     while engine.has_unfinished():  # the profile's requests run out their few tokens
@@ -132,7 +116,7 @@ def echo_check(engine: Engine, prompts: list[list[int]], steps: int) -> dict:
 
 def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]], steps: int) -> list[dict]:
     """Every speculative arm's greedy outputs against the known continuation (= plain greedy, which
-    the echo check proves): the target verifies every round, so a mismatch is an engine bug."""
+    the echo check proves): a mismatch is an engine bug."""
     rows = []
     for arm in arms:
         if arm.is_plain or "#" in arm.label:
@@ -156,8 +140,8 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
 
 
 def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, costs) -> list[dict]:
-    """Per concurrency (ascending) and profile: run_sweep over the arms that differ there. The budget
-    is split by the cost model's predicted time of a round, so every c gets its warm-up and >= 1 round."""
+    """run_sweep per concurrency and profile over the arms that differ there, the budget split by the
+    cost model's predicted round time (every c gets its warm-up and >= 1 round)."""
     buckets = graph_buckets(engines["spec"])
     weights = {}
     for c in args.concurrency:
@@ -196,7 +180,7 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
 
 
 def study_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
-    """The sweep's prompts (seeded: a report from the files rebuilds them, engine/bench/study_draws.py)."""
+    """The sweep's prompts (seeded: a report from the files rebuilds them)."""
     count = 4 * max(args.concurrency) * max(args.rounds + 1, 4)
     return random_prompts(count, args.prompt_len, vocab, args.seed + 1)
 

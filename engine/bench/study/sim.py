@@ -1,15 +1,8 @@
-"""The sweep's closed loop (engine/bench/load.py closed_loop) replayed on step costs
-(engine/bench/stepcosts.py): c slots; the requests that finish in a step are replaced at once and the
-engine's next step is one prefill of all of them (the scheduler admits every waiting request before
-any decode-side step); each speculative request-round commits a draw from the acceptance profile
-capped like the engine's draft limit. Predicts an arm's end-to-end tok/s (prefill and drain included)
-without running a model, and lists the steps it replayed (plan, batch) to compare with an engine's.
-
-Where the engine's acceptance is known per request and position (the study's modelled drafter keys
-its draws on the request's token and KV length: engine/bench/study_draws.py), `accepted` replays
-those very draws, so the replay's finishes, and the prefills that refill the slots, fall where the
-engine's do (at c = 4-16 one prefill step more or less moves tok/s by ~12 %).
-"""
+"""The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots; the requests
+that finish in a step are replaced at once and the next step is one prefill of all of them; each
+speculative request-round commits a draw from the acceptance profile (or, with `accepted`, the
+drafter's own draws: draws.py), capped like the engine's draft limit. An arm's end-to-end tok/s
+without a model, and the steps (plan, batch) it replayed."""
 
 from __future__ import annotations
 
@@ -59,7 +52,7 @@ def simulate_closed_loop(
     policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round; told
     each running request's remaining tokens when none waits) and observes its outcome and its step's
     time (host term included), as the engine's does. accepted: request i's draws by tokens it has
-    output (the module docstring), in place of `draws` and `conditional`."""
+    output (draws.py), in place of `draws` and `conditional`."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _request_drawer(conditional, seed, draws, accepted, new_tokens)

@@ -1,28 +1,8 @@
-"""Calibrating the step costs the device table does not see (engine/bench/stepcosts.py), on the study's
-own engines in the same run: the wall of a prefill step admitting n requests, and the host time of a
-steady plain step, gated round and speculative round at each calibrated batch.
-
-Host time is the wall of `engine.step()` (called as the sweep's closed loop calls it: the sweep's
-PhaseTimer on, the outputs walked) minus the device time of the step's graph replays, read from the
-cost table measured on the same engine. Those replays are timed back to back with CUDA events, so the
-table holds no host time; what a step adds to them (scheduling, staging the inputs, the launches, the
-modelled drafter's rewrite, the sync, acceptance and bookkeeping, the outputs) is the rest. Host work
-that overlaps the device inside a step is hidden in its wall and is rightly not counted: timing the
-host side alone (a profiler's CPU time) would count it and over-predict at large batches. A prefill
-step is no table row (a graph of its own buckets, or eager above 2,048 tokens), so it is timed whole:
-its wall, add_request included, is the cost.
-
-The host term is the mean over a window of steps, not the median: every KV block's worth of tokens a
-step grows every request's block table (outside the PhaseTimer, inside `engine.step()`: ~10 ms at 256
-requests on CPU against ~1.5 ms between), and the sweep pays those steps at their frequency. The
-default window (16 steps) holds one block of a plain request's tokens; a median of 6 dropped them.
-The device ms subtracted are the table's at its context (the KV length its profile ran at: the
-study's prompt + half its new tokens), so a one-token step (plain decode, gated round) is timed in a
-window whose mean KV length is that context: timed right after the prefill instead (KV ~prompt + 10
-at the defaults), the wall lacks the attention over the tokens between, and the residual booked as
-host time comes out short by exactly that, more so the larger the batch. A speculative round adds
-several tokens a step, so its window starts right after the warm-up.
-"""
+"""The study's host and prefill terms (model.py), timed on its own engines in the same run: the wall
+of a prefill step admitting n requests, and the mean wall of steady plain steps, gated rounds and
+speculative rounds at each calibrated batch minus the device time of their graph replays (the cost
+table's, measured on the same engine). Why a mean over a window and a centred warm-up: the
+benchmarks README, "study"."""
 
 from __future__ import annotations
 
@@ -45,8 +25,7 @@ log = logging.getLogger(__name__)
 
 
 def budget_tokens(steps: int, drafts: int) -> int:
-    """max_tokens that keeps a request running through `steps` decode-side steps of up to 1 + drafts
-    tokens each after its prefill (so the batch stays whole while it is timed)."""
+    """max_tokens that keeps a request running `steps` decode-side steps of up to 1 + drafts tokens."""
     return (steps + 1) * (1 + drafts) + 1
 
 
@@ -56,17 +35,15 @@ def table_context(args: argparse.Namespace) -> int:
 
 
 def centred_warmup(context: int, prompt_len: float, steps: int, least: int) -> int:
-    """Untimed one-token steps before `steps` timed ones, so the timed steps' mean KV length is
-    `context`: after its prefill a request holds its prompt's KV, and each step adds one token."""
+    """Untimed one-token steps before `steps` timed ones, so the timed steps' mean KV length is `context`."""
     return max(least, round(context - prompt_len - (steps - 1) / 2))
 
 
 def timed_steps(
     engine: Engine, prompts: Sequence[Sequence[int]], warmup: int, steps: int, drafts: int
 ) -> tuple[float, list[tuple[str, int, float]]]:
-    """Admit len(prompts) requests and prefill them in one step (its wall, add_request included),
-    run `warmup` untimed steps, then time `steps` steps: (prefill ms, [(plan, batch, wall ms)]).
-    The requests are aborted afterwards and the engine is left idle."""
+    """(prefill ms of one step admitting every prompt, add_request included, [(plan, batch, wall ms)] of
+    `steps` steps after `warmup` untimed ones); the requests are aborted and the engine left idle."""
     if engine.has_unfinished():
         raise RuntimeError("calibration needs an idle engine")
     params = SamplingParams(max_tokens=budget_tokens(warmup + steps, drafts), ignore_eos=True)
@@ -117,10 +94,9 @@ def calibrate(
     warmup: int = 2,
     context: int | None = None,
 ) -> list[dict]:
-    """Calibration rows (stepcosts.py) for the plain engine's decode and the speculative engine's
-    gated round and rounds of each of spec_drafts drafts, at each batch: `repeats` timed prefills of
-    `batch` requests (after one untimed, for one-time costs), and the mean host ms of `steps` steps,
-    those of one token each centred on the table's `context` (None: right after `warmup` steps)."""
+    """Calibration rows (model.py) of the plain decode, the gated round and a round of each of
+    spec_drafts at each batch: `repeats` prefills (after an untimed one) and the mean host ms of
+    `steps` steps, one-token steps centred on `context` (None: right after `warmup` steps)."""
     if not batches or min(batches) < 1 or max(batches) > len(prompts):
         raise ValueError(f"calibration batches {list(batches)} must be >= 1 and <= {len(prompts)} prompts")
     if repeats < 1 or steps < 1 or warmup < 0:
@@ -161,30 +137,15 @@ def calibrate(
 
 def _row(kind: str, engine: str, plan: str, batch: int, drafts: int, wall: float, device: float | None) -> dict:
     """One calibration row; a prefill's wall is its whole cost (no table device time)."""
-    return {
-        "kind": kind,
-        "engine": engine,
-        "plan": plan,
-        "batch": batch,
-        "drafts": drafts,
-        "wall_ms": wall,
-        "device_ms": device,
-        "host_ms": None if device is None else wall - device,
-    }
+    host = None if device is None else wall - device
+    return dict(
+        kind=kind, engine=engine, plan=plan, batch=batch, drafts=drafts, wall_ms=wall, device_ms=device, host_ms=host
+    )
 
 
 def add_calibration_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--calib-batches",
-        type=int,
-        nargs="+",
-        default=None,
-        help="batches of the host/prefill calibration (default: every --concurrency; 1 and the largest are "
-        "always added, the replay's batches lie between them)",
-    )
-    p.add_argument(
-        "--calib-steps", type=int, default=16, help="timed steps per calibration point (their mean: 16 = a KV block)"
-    )
+    p.add_argument("--calib-batches", type=int, nargs="+", help="default: every --concurrency (+ 1 and the largest)")
+    p.add_argument("--calib-steps", type=int, default=16, help="timed steps per calibration point (16: a KV block)")
     p.add_argument("--calib-repeats", type=int, default=2, help="timed prefills (and step runs) per point")
 
 
@@ -202,9 +163,8 @@ def calib_batches(args: argparse.Namespace) -> list[int]:
 def calibration_stage(
     engines: dict[str, Engine], table: CostTable, prompts, args: argparse.Namespace, arms, per_round: int
 ) -> StepCosts:
-    """The study's calibration on the sweep's engines and prompts (the modelled drafter installed),
-    written to calibration.csv: speculative rounds at every K an arm verifies (the host term differs
-    by K: at batch 256 on the H200 it was +1.6 ms at K = 2 and -1.8 ms at K = 15)."""
+    """The calibration on the sweep's engines and prompts, at every K an arm verifies, written to
+    calibration.csv; the device table alone if it fails."""
     spec_drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
     try:
         rows = calibrate(
@@ -220,8 +180,7 @@ def calibration_stage(
 
 
 def table_only(table: CostTable, prompt_len: int) -> StepCosts:
-    """The uncalibrated model: no host time, a prefill of n requests costed as the table's verify of
-    a prompt-long span (the study's model before calibration)."""
+    """The uncalibrated model: no host time, a prefill of n requests as the table's prompt-long verify."""
     batches = sorted({b for b, s in table.verify if s == prompt_len})
     prefill = {b: table.verify_ms(b, prompt_len) for b in batches}
     return StepCosts(table, {}, {"plain": prefill, "spec": prefill})

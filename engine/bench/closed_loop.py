@@ -1,5 +1,5 @@
 """Offline closed-loop load: c request slots, a new request admitted as soon as one finishes, until a
-fixed number of requests has completed. Greedy, fixed output length (EOS ignored)."""
+fixed number of requests has completed; greedy, EOS ignored. And what a run's steps add up to."""
 
 from __future__ import annotations
 
@@ -43,13 +43,9 @@ def closed_loop(
     first: int = 0,
 ) -> LoadResult:
     """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
-    prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence (output_lengths), the
-    length at the same index. Prefill steps are part of the wall time (output tok/s is end
-    to end). The young GC generations are collected before the clock starts (and in a frozen-heap
-    sweep what earlier runs left is frozen: gcstate.settle_heap), so every run starts from the same
-    collector state; the collections the run pays are reported (gcstate.py). Once the last
-    request is submitted the engine is told no more will come (`Engine.no_more_requests`: the
-    adaptive policy values K over that draining wave)."""
+    prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence, the length at that index.
+    The wall includes the prefills; every run starts from a settled heap (gcstate.py); once the last
+    request is in, `Engine.no_more_requests` tells the adaptive policy the wave only drains."""
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(
             f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
@@ -114,10 +110,8 @@ def closed_loop(
 
 
 def output_lengths(n: int, mean: int, spread: float, seed: int = 0) -> list[int]:
-    """Per prompt index, an output length uniform in mean x [1 - spread, 1 + spread], seeded, so every
-    arm gets the same length for the same prompt. With fixed lengths plain decode runs in lockstep
-    (its requests finish together and refill in one prefill) while a speculative arm's finishes
-    scatter, and its batch drains: a workload of varied lengths takes that edge away from plain."""
+    """Per prompt index, an output length uniform in mean x [1 - spread, 1 + spread], seeded: every arm
+    gets the same length for the same prompt."""
     if not 0.0 <= spread < 1.0 or mean < 1:
         raise ValueError(f"output lengths: spread {spread} must be in [0, 1) and mean {mean} >= 1")
     rng = random.Random(seed)
@@ -141,8 +135,7 @@ def stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
 
 
 def acceptance_histogram(stats: SpecStats) -> list[int]:
-    """hist[n] = speculating request-rounds that accepted exactly n drafts. accepted_by_position[p]
-    counts rounds that accepted more than p drafts, so hist[n] = by_pos[n-1] - by_pos[n]."""
+    """hist[n] = speculating request-rounds that accepted exactly n drafts (from accepted_by_position)."""
     by_pos = list(stats.accepted_by_position)
     if stats.drafts == 0:
         return [0] * (len(by_pos) + 1)
@@ -151,9 +144,8 @@ def acceptance_histogram(stats: SpecStats) -> list[int]:
 
 
 def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
-    """Summed ms per phase over steps: draft, target (verify/decode forwards), other = total minus both
-    (scheduling, sampling, acceptance, host sync, and the prefill steps, which mark no phase), and
-    prefill: the prefill steps' own wall, so other - prefill is the decode-side steps' host time."""
+    """Summed ms per phase: draft, target (the verify/decode forwards), other (the rest, prefill steps
+    included), prefill (the prefill steps' wall) and steps (all)."""
     draft = sum(s.phases.get("draft", 0.0) for s in steps)
     target = sum(s.phases.get("target", 0.0) for s in steps)
     total = sum(s.total for s in steps)
@@ -163,8 +155,7 @@ def phase_split(steps: Sequence[StepTiming]) -> dict[str, float]:
 
 
 def mean_batch(steps: Sequence[StepTiming]) -> float | None:
-    """Requests per decode-side step (plain, speculative or gated): how full the batch ran (see
-    output_lengths for why it differs between arms)."""
+    """Requests per decode-side step (plain, speculative or gated): how full the batch ran."""
     batches = [s.batch for s in steps if s.plan != Plan.PREFILL.value]
     return sum(batches) / len(batches) if batches else None
 
