@@ -96,17 +96,10 @@ def closed_loop(
             engine.no_more_requests = False
         sync(engine.device)
         wall = time.perf_counter() - t0
-    return LoadResult(
-        wall_s=wall,
-        requests=done,
-        output_tokens=tokens,
-        max_in_flight=max_in_flight,
-        steps=engine.timer.records[first_step:],
-        stats=stats_delta(before, engine.stats),
-        peak_mem_gib=peak_memory_gib(engine.device),
-        gc_ms=watch.total_ms,
-        gc_full=watch.count[2],
-    )
+    result = LoadResult(wall, done, tokens, max_in_flight, engine.timer.records[first_step:])
+    result.stats, result.peak_mem_gib = stats_delta(before, engine.stats), peak_memory_gib(engine.device)
+    result.gc_ms, result.gc_full = watch.total_ms, watch.count[2]
+    return result
 
 
 def output_lengths(n: int, mean: int, spread: float, seed: int = 0) -> list[int]:

@@ -89,19 +89,9 @@ def known_engine(
     else:
         target, drafter = known_pair(geometry, device, weights, seed)
     levers = dataclasses.asdict(Levers()) | arm.levers()
-    config = EngineConfig(
-        model=target,
-        draft_model=drafter,
-        device=device.type,
-        dtype=dtype,
-        backend=backend,
-        cuda_graphs=cuda_graphs,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        levers=levers,
-        trace=False,
-    )
-    engine = Engine(config)
+    config = dict(model=target, draft_model=drafter, device=device.type, dtype=dtype, backend=backend)
+    config.update(cuda_graphs=cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    engine = Engine(EngineConfig(**config, levers=levers, trace=False))
     if drafter is not None:
         ModelledDrafter(engine, profile, seed=seed).install()
     engine.tokenizer = TokenIdText()
@@ -135,18 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.serve.worker import EngineWorker
     except ImportError as err:
         raise SystemExit(f"error: serve-pair needs the serve extra ({err}); pip install -e '.[serve]'") from None
-    engine = known_engine(
-        args.geometry,
-        args.profile,
-        args.arm,
-        resolve_device(args.device),
-        dtype=args.dtype,
-        backend=args.backend,
-        cuda_graphs=not args.no_cuda_graphs,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-    )
+    options = dict(dtype=args.dtype, backend=args.backend, cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+    options.update(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    engine = known_engine(args.geometry, args.profile, args.arm, resolve_device(args.device), **options)
     log.info("known-%s pair, arm %s, profile %s: serving", args.geometry, args.arm.label, args.profile.name)
     freeze_start_up_heap()  # as `python -m engine serve` does
     worker = EngineWorker(engine)

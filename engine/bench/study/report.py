@@ -165,21 +165,11 @@ def profile_table(summary: Sequence[dict]) -> str:
         elif s["tokens_per_round"] is not None:
             tau = f"{s['tokens_per_round']:.2f} / —"
         gap = s["predicted_vs_measured"]
-        rows.append(
-            [
-                s["concurrency"],
-                s["arm"],
-                fmt(s["tok_s"], 0),
-                "—" if s["arm"] == PLAIN else pct(s["ratio_median"]),
-                "—" if s["arm"] == PLAIN else f"{pct(s['ratio_min'])} … {pct(s['ratio_max'])}",
-                noise,
-                s["verdict"],
-                tau,
-                fmt(s["predicted_tok_s"], 0),
-                "—" if gap is None else f"{pct(gap)}{'' if abs(gap - 1) <= PREDICTION_BAR else ' ✗'}",
-                s["rounds"],
-            ]
-        )
+        plain = s["arm"] == PLAIN
+        ratio = ("—", "—") if plain else (pct(s["ratio_median"]), f"{pct(s['ratio_min'])} … {pct(s['ratio_max'])}")
+        miss = "—" if gap is None else f"{pct(gap)}{'' if abs(gap - 1) <= PREDICTION_BAR else ' ✗'}"
+        row = [s["concurrency"], s["arm"], fmt(s["tok_s"], 0), *ratio, noise, s["verdict"], tau]
+        rows.append([*row, fmt(s["predicted_tok_s"], 0), miss, s["rounds"]])
     header = ["c", "arm", "tok/s", "vs plain", "round range", "noise", "verdict", "τ obs / model ± se"]
     return markdown_table([*header, "predicted tok/s", "pred vs meas", "rounds"], rows) + "\n"
 

@@ -160,18 +160,8 @@ def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, 
                     log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f needed)", c, profile.name, left, least)
                     continue
             captures = CaptureLog(engines, drafter.before_arm)
-            got, _ = run_sweep(
-                engines,
-                arms_at(arms, c),
-                prompts,
-                [c],
-                args.rounds,
-                args.new_tokens,
-                waves_for(c),
-                budget,
-                progress=False,
-                before_arm=captures.before_arm,
-            )
+            sweep = (engines, arms_at(arms, c), prompts, [c], args.rounds, args.new_tokens, waves_for(c), budget)
+            got, _ = run_sweep(*sweep, progress=False, before_arm=captures.before_arm)
             tag_rows(got, captures.runs(), len(arms_at(arms, c)))
             rows += [{"profile": profile.name, **r} for r in got]
             write_csv(args.out / "sweep.csv", rows)  # a run cut short keeps what it measured
