@@ -46,20 +46,13 @@ def test_the_first_key_tile_and_the_bounds_are_read_before_the_pdl_wait():
 
 REDUCE_CHILD = r"""
 import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from engine.kernels import _triton, attention_kernels
+from engine.kernels import attention_kernels
+from tests.ptx_helpers import compile_kernel, loads_around_wait
 
-kernel = _triton.bind(attention_kernels.__dict__)["paged_attn_reduce_kernel"]
-sig = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "qsl_ptr": "*i32", "num_seqs": "i32",
-       "stride_ot": "i32", "stride_oh": "i32"}
+types = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "qsl_ptr": "*i32"}
 const = dict(HQ=32, D=128, NUM_SPLITS=16, PDL=True)
-src = ASTSource(fn=kernel, signature={**sig, **{c: "constexpr" for c in const}}, constexprs=const)
-lines = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"].splitlines()
-wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-loads = [i for i, line in enumerate(lines) if "ld.global" in line]
-print(json.dumps([sum(i < wait for i in loads), sum(i > wait for i in loads)]))
+ptx = compile_kernel(attention_kernels, "paged_attn_reduce_kernel", types, const, num_warps=4)
+print(json.dumps(loads_around_wait(ptx)))
 """
 
 

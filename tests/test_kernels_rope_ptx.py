@@ -11,23 +11,14 @@ pytest.importorskip("triton", reason="triton is not installed: nothing to compil
 from tests.kernel_helpers import compile_in_child  # noqa: E402
 
 CHILD = r"""
-import inspect, json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from engine.kernels import _triton, rope
+import json
+from engine.kernels import rope
+from tests.ptx_helpers import compile_kernel, loads_around_wait
 
-kernel = _triton.bind(rope.__dict__)["_qk_norm_rope_store_kernel"]
-names = list(inspect.signature(kernel.fn).parameters)
 types = {"pos_ptr": "*i64", "slot_ptr": "*i64", "cs_ptr": "*fp32", "eps": "fp32"}
 const = dict(HQ=32, HKV=8, D=128, HB=8, HAS_Q=True, SPLITS=0, PDL=True)
-sig = {n: "constexpr" if n in const else types.get(n, "*bf16" if n.endswith("_ptr") else "i32") for n in names}
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr")}
-src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)
-lines = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ptx"].splitlines()
-wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-loads = [i for i, line in enumerate(lines) if "ld.global" in line]
-print(json.dumps([sum(i < wait for i in loads), sum(i > wait for i in loads)]))
+ptx = compile_kernel(rope, "_qk_norm_rope_store_kernel", types, const, lambda n: n.endswith("_ptr"), num_warps=4)
+print(json.dumps(loads_around_wait(ptx)))
 """
 
 
