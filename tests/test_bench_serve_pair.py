@@ -1,4 +1,4 @@
-"""The bench-only known-pair server (engine/bench/serve_pair.py) at the tiny geometry on CPU: token-id
+"""serve-load's known-pair server (engine/bench/serve_pair.py) at the tiny geometry on CPU: token-id
 prompts, streaming, the known continuation through the modelled drafter, refused flags; and serve-load
 against it end to end (real server processes, a second of load)."""
 

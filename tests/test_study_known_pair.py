@@ -1,4 +1,4 @@
-"""The known-continuation target: every greedy step repeats the last prompt token (bench-only pair)."""
+"""The known-continuation target: every greedy step repeats the last prompt token (engine/fixture/known/target.py)."""
 
 from __future__ import annotations
 

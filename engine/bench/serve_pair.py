@@ -1,12 +1,9 @@
-"""Bench-only: the known-continuation pair (engine/bench/known_pair.py) with the modelled drafter
-(engine/bench/modelled.py) behind `python -m engine serve`'s app, one lever arm per process, so
-serve-load can put open-loop load on the 4B geometry without 4B weights on disk.
+"""serve-load's server for the known-continuation pair with the modelled drafter
+(engine/fixture/known), built in memory, behind `python -m engine serve`'s app, one lever arm a
+process: open-loop load on the 4B geometry without 4B weights on disk. The pair has no vocabulary:
+prompts are token ids and token i streams as the text " i".
 
     python -m engine.bench serve-pair --geometry 4b --profile code --arm spec+trim=4 --port 8000
-
-The pair is built in memory on the device. What is modelled: where the first wrong draft falls. What
-is real: every forward, every byte, the verification. It has no vocabulary: prompts are token ids and
-token i streams as the text " i". Nothing on the serving path reaches this module (SPEC 9).
 """
 
 from __future__ import annotations

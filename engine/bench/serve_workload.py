@@ -1,6 +1,6 @@
 """What serve-load serves: each arm's server command, the prompts, the drafter's KV headroom and what
 the record says about the weights. A pair of directories (or a recipe) runs `python -m engine serve`;
-the bench-only known-continuation pair runs `python -m engine.bench serve-pair` (SPEC 9)."""
+the bench-only known-continuation pair runs `python -m engine.bench serve-pair`."""
 
 from __future__ import annotations
 

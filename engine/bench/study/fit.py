@@ -10,7 +10,7 @@ from engine.bench.report import fmt, markdown_table, pct
 from engine.bench.study.model import StepCosts
 from engine.scheduler import Plan
 
-PREDICTION_BAR = 0.10  # the bar: predicted within 10 % of measured
+PREDICTION_BAR = 0.10  # a prediction within 10 % of the measured tok/s meets the bar
 
 
 def prediction_error(cell: dict) -> float | None:
