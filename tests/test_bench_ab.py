@@ -95,7 +95,7 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_two_commits_are_checked_out_compared_and_removed(tmp_path):
+def test_two_commits_are_checked_out_compared_and_removed(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "engine").mkdir(parents=True)
     _git(repo, "init", "-q")
@@ -110,7 +110,8 @@ def test_two_commits_are_checked_out_compared_and_removed(tmp_path):
         "open(sys.argv[1] + '/v.csv', 'w').write(f'v,sha\\n{engine.VALUE},{os.environ[\"PEGASPEC_COMMIT\"]}\\n')"
     )
     out = tmp_path / "ab"
-    argv = ["--base", "HEAD~1", "--head", "HEAD", "--repo", str(repo), "--out", str(out), "--repeats", "2"]
+    monkeypatch.chdir(tmp_path)  # a relative --out: the runs write there, not under their build
+    argv = ["--base", "HEAD~1", "--head", "HEAD", "--repo", str(repo), "--out", "ab", "--repeats", "2"]
     assert main([*argv, "--metric", "v.csv:v", "--", sys.executable, "-c", probe, "{out}"]) == 0
     summary = json.loads((out / "ab.json").read_text())["summary"]
     assert [(s["ratio"], s["min"], s["max"], s["pairs"]) for s in summary] == [(1.5, 1.5, 1.5, 2)]

@@ -104,6 +104,7 @@ def compare(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, command, metric = parse(sys.argv[1:] if argv is None else argv)
+    args.out = args.out.resolve()  # the runs' working directory is their build's root
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if (args.out / "runs").exists():
         raise SystemExit(f"{args.out}/runs exists: give a fresh --out")
