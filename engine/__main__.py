@@ -8,10 +8,9 @@ import sys
 import time
 
 from engine.cli_args import add_engine_args, engine_config
-from engine.config import SamplingParams
+from engine.config import SamplingParams, text_error
 from engine.serve import cli as serve_cli
 from engine.shipped import shipped_pair
-from engine.config import text_error
 
 
 def _parser(prog: str = "python -m engine") -> argparse.ArgumentParser:

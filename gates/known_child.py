@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from engine import Engine, EngineConfig
-from engine.bench.common import random_prompts
-from engine.bench.known_pair import echo_failures, known_pair
-from engine.bench.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.geometry import random_prompts
+from engine.fixture.known.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.target import echo_failures, known_pair
 from gates.lossless import Tally, batch_invariant, check, greedy, request_line
 
 log = logging.getLogger(__name__)

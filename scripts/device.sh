@@ -52,71 +52,27 @@ run_small_build() {
 stage eval64 40 "τ of \$PAIR at 64 new tokens (the reference loop)"
 run_eval64() { needs_pair && python3 -m engine.fixture eval --pair "$PAIR" --max-new-tokens 64 --device cuda; }
 stage kernels 90 "kernel micro-benchmark (linear, fused, norm); its tuned table stays in logs/kernels"
-run_kernels() { python3 -m engine.bench.kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
-stage kernel-ab 90 "each decode-path op as dispatched, before / after the last kernel change (engine.bench.kernel_ab at KAB_MS rows, default 1 8 16; KAB_ONLY=PREFIX: those rows alone, e.g. prefetch:; logs/kernel_ab)"
-run_kernel_ab() { python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms ${KAB_MS:-1 8 16} --only "${KAB_ONLY:-}"; }
-stage fused-ab 240 "the fused kernels at 8 and 16 rows (kernel_ab's prefetch rows); a table of those that beat their unfused pair, interleaved against the shipped one in a decode A/B at c=8 and 16 (logs/fused-ab); install it by hand if it wins"
-run_fused_ab() {
-  local table="$LOG/fused-ab/nvidia-h200.json"
-  python3 -m engine.bench.kernel_ab --out "$LOG/fused-ab" --ms 8 16 --fused-table "$table" || return
-  grep -q '+ 0 fused entries' "$table" && { echo "no fused config beat its pair: no decode A/B"; return 0; }
-  python3 -m engine.bench.decode_ab --out "$LOG/fused-ab/decode" --concurrency 8 16 --repeats ${AB_REPEATS:-3} \
-    --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
-}
-stage pair-ab 200 "o's and SwiGLU->down's one-row configs timed with the projection after them (kernel_ab's pair rows); a table of those that beat the dispatched pair, interleaved against the shipped one in a decode A/B at c=1 (logs/pair-ab); install it by hand if it wins"
-run_pair_ab() {
-  local table="$LOG/pair-ab/nvidia-h200.json"
-  python3 -m engine.bench.kernel_ab --out "$LOG/pair-ab" --ms 1 --only "pair:" --pair-table "$table" || return
-  grep -q '+ 0 pair entries' "$table" && { echo "no pair config beat the dispatch: no decode A/B"; return 0; }
-  python3 -m engine.bench.decode_ab --out "$LOG/pair-ab/decode" --concurrency 1 --repeats ${AB_REPEATS:-6} \
-    --profile-kernels 1 --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$table"
-}
-stage handoff 120 "what one dependency between CTAs costs: a PDL launch boundary, a grid barrier in one resident launch, and a dependent load alone and beside a full-bandwidth stream (engine.bench.handoff; logs/handoff)"
-run_handoff() { python3 -m engine.bench.handoff --out "$LOG/handoff" ${HANDOFF_ARGS:-}; }
-stage ncu 150 "Nsight Compute on one launch of each decode-path op (engine.bench.ncu_ops) at NCU_OPS (qkv attention o gate_up down) x NCU_ROWS (1 64), ctx NCU_CTX (256): speed of light, memory, occupancy, warp stalls (logs/ncu; one table of them in logs/ncu/ncu.md)"
-run_ncu() {
-  local ncu rc=0
-  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)
-  [ -n "$ncu" ] || { echo "no ncu on this machine"; return 3; }
-  mkdir -p "$LOG/ncu"
-  for op in ${NCU_OPS:-qkv attention o gate_up down}; do
-    for rows in ${NCU_ROWS:-1 64}; do
-      "$ncu" --profile-from-start off --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-        python3 -m engine.bench.ncu_ops --op "$op" --rows "$rows" --ctx "${NCU_CTX:-256}" \
-        >"$LOG/ncu/$op-$rows.txt" 2>&1 || rc=1
-    done
-  done
-  python3 -m engine.bench.ncu_report "$LOG/ncu" || rc=1
-  return $rc
-}
+run_kernels() { python3 -m engine.bench kernels --out "$LOG/kernels" --skip invariant,attention --budget-s 60; }
 stage decode 175 "Qwen3-4B-geometry decode against the transformers peer"
 run_decode() { python3 -m engine.bench decode --out "$LOG/decode" --peer-repeats 2 --peer-concurrency ${PEER_C:-1}; }
 stage profile 90 "verify/drafter cost grid at the 4B geometry"
 run_profile() { python3 -m engine.bench profile --geometry 4b --out "$LOG/profile" --time-budget-s 75; }
-stage decode-ab 420 "issue 19 A/B in one call: GPU kernel tests, kernel_ab, decode c=1..64 (+ compiled peer at c=1), profile, then decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, and a per-kernel profile of both at AB_PROFILE (1 8 64) (logs/decode-ab)"
-run_decode_ab() {  # each step runs even if one before it failed; the stage's rc says whether any did
-  local rc=0
-  python3 -m pytest -q -p no:cacheprovider -n 4 -k "gpu or dtype2" tests/test_kernels*.py tests/test_bench_kernel_ab.py || rc=1
-  python3 -m engine.bench.kernel_ab --out "$LOG/kernel_ab" --ms 1 8 16 64 || rc=1
-  python3 -m engine.bench decode --out "$LOG/decode" --concurrency 1 8 16 32 64 --repeats 3 --peer-repeats 2 \
-    --peer-concurrency 1 || rc=1
-  python3 -m engine.bench profile --geometry 4b --batches 1 16 64 128 --spans 1 4 16 --out "$LOG/profile" --repeats 3 \
-    --time-budget-s 25 || rc=1
-  run_dispatch_ab || rc=1
-  return $rc
+stage ab 540 "two builds on one bench command, interleaved pairs (python -m scripts.ab; logs/ab): AB_BASE (required) and AB_HEAD (default .): a commit or a checkout directory; AB_CMD (default: the 4B decode at c=1 and 64, no peer), AB_METRIC (decode_summary.csv:tok_s), AB_KEY (concurrency), AB_REPEATS (4)"
+run_ab() {  # AB_KEY= (empty) for a metric of one value a run, e.g. AB_METRIC=wall
+  local key=${AB_KEY-concurrency} cmd="python3 -m engine.bench decode --out {out} --concurrency 1 64 --no-peer"
+  [ -n "${AB_CMD:-}" ] && cmd=$AB_CMD
+  python3 -m scripts.ab --base "${AB_BASE:?set AB_BASE to a commit or a checkout directory}" --head "${AB_HEAD:-.}" \
+    --out "$LOG/ab" --repeats "${AB_REPEATS:-4}" --metric "${AB_METRIC:-decode_summary.csv:tok_s}" \
+    ${key:+--key $key} -- $cmd
 }
-stage dispatch-ab 200 "decode at AB_C (1 8 64) with the previous and current dispatch interleaved, AB_REPEATS (6) pairs, a per-kernel profile of both at AB_PROFILE (1 8 64), and with AB_VERIFY_B=\"B ...\" the verify forward at those batches x spans 1 4 8 16; AB_ARGS adds decode_ab flags (--after-tables, --after-set ...) (engine.bench.decode_ab; logs/decode-ab)"
-run_dispatch_ab() {
-  python3 -m engine.bench.decode_ab --out "$LOG/decode-ab" --concurrency ${AB_C:-1 8 64} --repeats ${AB_REPEATS:-6} \
-    --profile-kernels ${AB_PROFILE:-1 8 64} ${AB_VERIFY_B:+--verify-batches $AB_VERIFY_B} ${AB_ARGS:-}
-}
-stage retune 240 "the kernel sweep's tuned table against the shipped one, interleaved in one decode A/B (logs/kernels, logs/retune-ab); RETUNE_MS=\"32,64\" sweeps those row buckets alone (the others kept), RETUNE_C=\"32 64\" sets the A/B's c; install it by hand if it wins"
+stage retune 300 "the kernel sweep's tuned table against the shipped one: the tree against a copy of its engine/ with the new table (\$PAIRS/retune), 4 interleaved pairs of the 4B decode (logs/kernels, logs/retune-ab); RETUNE_MS=\"32,64\" sweeps those row buckets alone (the others kept), RETUNE_C=\"32 64\" sets the decode's c; install it by hand if it wins"
 run_retune() {
-  local ms=${RETUNE_MS:+--ms $RETUNE_MS --budget-s 500 --skip invariant,attention,fused,norm}
-  python3 -m engine.bench.kernels --out "$LOG/kernels" ${ms:---skip invariant,attention --budget-s 60} || return
-  python3 -m engine.bench.decode_ab --out "$LOG/retune-ab" --concurrency ${RETUNE_C:-1 8 16 64} --repeats 4 \
-    --before-tables engine/kernels/tuned/nvidia-h200.json --after-tables "$LOG/kernels/tuned/nvidia-h200.json"
+  local ms=${RETUNE_MS:+--ms $RETUNE_MS --budget-s 500 --skip invariant,attention,fused,norm} head=$PAIRS/retune
+  python3 -m engine.bench kernels --out "$LOG/kernels" ${ms:---skip invariant,attention --budget-s 60} || return
+  rm -rf "$head" && mkdir -p "$head" && cp -a engine "$head/" && cp "$LOG"/kernels/tuned/*.json "$head/engine/kernels/tuned/" ||
+    return
+  python3 -m scripts.ab --base . --head "$head" --out "$LOG/retune-ab" --repeats 4 --metric decode_summary.csv:tok_s \
+    --key concurrency -- python3 -m engine.bench decode --out {out} --concurrency ${RETUNE_C:-1 8 16 64} --no-peer
 }
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
 run_steps() {

@@ -31,7 +31,7 @@ pytest.importorskip("triton", reason="triton is not installed: the triton backen
 
 import numpy as np  # noqa: E402
 
-from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG  # noqa: E402
+from engine.fixture.known.geometry import QWEN3_4B as QWEN3_4B_CONFIG  # noqa: E402
 from engine.kernels import activation, fused_linear, gemm, linear, norm, tuning  # noqa: E402
 from engine.kernels.tuning import TunedTables  # noqa: E402
 from engine.models.config import Geometry  # noqa: E402

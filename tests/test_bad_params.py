@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, SamplingParams
-from engine.config import as_sampling_params
-from engine.config import text_error
+from engine.config import as_sampling_params, text_error
 from engine.tokenizing import encode_prompt
 
 

@@ -12,8 +12,8 @@ import torch
 
 from engine.bench import decode, roofline
 from engine.bench.decode_report import roofline_columns
-from engine.bench.geometry import drafter_config, drafter_shapes, target_config, target_shapes
 from engine.bench.report import read_csv
+from engine.fixture.known.geometry import drafter_config, drafter_shapes, target_config, target_shapes
 from engine.models.config import DFlashConfig, Qwen3Config
 
 CFG_4B = target_config("4b")

@@ -11,9 +11,9 @@ import torch
 
 from engine.bench import sweep
 from engine.bench.arms import parse_arms
+from engine.bench.closed_loop import LoadResult, closed_loop
 from engine.bench.common import make_engine
 from engine.bench.gcstate import GcWatch, frozen_heap, settle_heap
-from engine.bench.load import LoadResult, closed_loop
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -32,7 +32,7 @@ def test_profile_tiny_geometry_produces_its_rows(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "verify cost within 1.2x of one row up to" in out
     meta = json.loads((tmp_path / "profile.json").read_text())
-    assert meta["geometry"] == "tiny" and meta["command"].startswith("python -m engine.bench.profile")
+    assert meta["geometry"] == "tiny" and meta["command"].startswith("python -m engine.bench profile")
     assert (tmp_path / "profile.md").read_text().count("|") > 10
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from engine.__main__ import _parser as engine_parser
 from engine.bench.arms import parse_arm
-from engine.bench.openloop import RequestRecord, arrival_times, parse_sse
+from engine.bench.open_loop import RequestRecord, arrival_times, parse_sse
 from engine.bench.serve_load import server_command, write_outputs
 from engine.bench.serve_stats import markdown, percentile, run_row, summarize
 from engine.bench.serve_workload import engine_command

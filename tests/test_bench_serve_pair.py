@@ -1,4 +1,4 @@
-"""The bench-only known-pair server (engine/bench/serve_pair.py) at the tiny geometry on CPU: token-id
+"""serve-load's known-pair server (engine/bench/serve_pair.py) at the tiny geometry on CPU: token-id
 prompts, streaming, the known continuation through the modelled drafter, refused flags; and serve-load
 against it end to end (real server processes, a second of load)."""
 
@@ -17,10 +17,10 @@ import torch  # noqa: E402
 
 from engine.bench import serve_load, serve_pair  # noqa: E402
 from engine.bench.arms import parse_arm  # noqa: E402
-from engine.bench.common import random_prompts  # noqa: E402
-from engine.bench.known_pair import continuation  # noqa: E402
-from engine.bench.modelled import parse_profile  # noqa: E402
 from engine.bench.serve_workload import pair_command  # noqa: E402
+from engine.fixture.known.geometry import random_prompts  # noqa: E402
+from engine.fixture.known.modelled import parse_profile  # noqa: E402
+from engine.fixture.known.target import continuation  # noqa: E402
 from tests.serve_helpers import serving  # noqa: E402
 
 NAME = "known-tiny"

@@ -48,7 +48,7 @@ def test_every_arm_profiled(profiled):
     assert (
         "wall ms/step" in md
         and "spec: top host ops" in md
-        and data["command"].startswith("python -m engine.bench.steps")
+        and data["command"].startswith("python -m engine.bench steps")
     )
 
 

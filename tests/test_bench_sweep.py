@@ -11,8 +11,8 @@ import torch
 
 from engine.bench import sweep
 from engine.bench.arms import parse_arms, round_order
+from engine.bench.closed_loop import LoadResult, acceptance_histogram, closed_loop, mean_batch, output_lengths
 from engine.bench.common import make_engine
-from engine.bench.load import LoadResult, acceptance_histogram, closed_loop, mean_batch, output_lengths
 from engine.bench.report import read_csv
 from engine.engine import SpecStats
 from engine.provenance import git_commit
@@ -66,7 +66,7 @@ def test_outputs_and_complete_rows(swept):
         if r["arm"].startswith("plain"):  # every decode step but each wave's last launched its successor
             assert int(r["launched_ahead"]) == int(r["decode_steps"]) - 2, r
     assert meta["commit"] == git_commit()  # PEGASPEC_COMMIT on a device copy, else the full hash or None
-    assert meta["command"].startswith("python -m engine.bench.sweep")
+    assert meta["command"].startswith("python -m engine.bench sweep")
     md = (out / "sweep.md").read_text()
     assert "spec+trim=2" in md and "verdict" in md and meta["device"] in md
     assert "`spec+policy=adaptive` against the static arms" in md and "Best single static setting" in md

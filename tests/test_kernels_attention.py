@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import attention
+from engine.kernels import _triton, attention
 from tests.kernel_helpers import (
     ATTN_TOL,
     DEV,
@@ -183,16 +183,15 @@ def test_gpu_attention_graph_replay(spans, causal):
 )
 def test_gpu_early_kv_prefetch_changes_no_output(spans, ctxs, causal, monkeypatch):
     """The first key tile pulled into L2 before the PDL wait is a hint, and the bounds read before it
-    are those read after it: eagerly and replayed from a graph, the output is bit-identical to the
-    wait-first launch."""
+    are those after it: eagerly and replayed from a graph, the output is bit-identical to a launch
+    without PDL (no wait, no prefetch)."""
     torch.manual_seed(18)
     g = QWEN3_4B
     q, kc, vc, bt, seq, qsl, mq = make_paged(spans, ctxs, g["hq"], g["hkv"], g["d"], torch.bfloat16)
     run = lambda: attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, g["d"] ** -0.5, causal)
     outs = []
-    for early, bounds in ((False, False), (True, False), (False, True), (True, True)):
-        monkeypatch.setattr(attention, "EARLY_KV", early)
-        monkeypatch.setattr(attention, "EARLY_BOUNDS", bounds)
+    for limit in (-1, _triton.PDL_MAX_ROWS):  # -1: no launch with PDL
+        monkeypatch.setattr(_triton, "PDL_MAX_ROWS", limit)
         graph, out = capture_graph(run)
         graph.replay()
         torch.cuda.synchronize()

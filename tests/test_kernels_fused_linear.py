@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import activation, fused_linear, gemm, get_ops, linear, norm, tuning
+from engine.kernels import activation, fused_linear, get_ops, linear, norm, tuning
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 from tests.kernel_helpers import (
     DTYPES,
@@ -39,18 +39,9 @@ FUSED_CASES = [
 ]
 
 
-def prologue_prefetch(monkeypatch, prefetch: bool, cfg: SkinnyConfig | None) -> None:
-    """Both forms of the tl.dot path's prologue reads (gemm.PROLOGUE_PREFETCH); the GEMV has one."""
-    if not prefetch and cfg is not None and cfg.block_m == 1:
-        pytest.skip("the GEMV path has no prefetch switch")
-    monkeypatch.setattr(gemm, "PROLOGUE_PREFETCH", prefetch)
-
-
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "in-step"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,inter,cfg", FUSED_CASES)
-def test_silu_mul_linear(monkeypatch, dtype, m, n, inter, cfg, prefetch):
-    prologue_prefetch(monkeypatch, prefetch, cfg)
+def test_silu_mul_linear(dtype, m, n, inter, cfg):
     torch.manual_seed(18)
     x, w = randn(m, 2 * inter, dtype=dtype, scale=2.0), randn(n, inter, dtype=dtype, scale=0.1)
     cfg = cfg or linear.default_skinny_config(m, n, inter)
@@ -140,11 +131,9 @@ NORM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "in-step"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k,cfg", NORM_CASES)
-def test_add_rms_norm_linear(monkeypatch, dtype, m, n, k, cfg, prefetch):
-    prologue_prefetch(monkeypatch, prefetch, cfg)
+def test_add_rms_norm_linear(dtype, m, n, k, cfg):
     torch.manual_seed(24)
     x, r = randn(m, k, dtype=dtype, scale=2.0), randn(m, k, dtype=dtype)
     nw, w = randn(k, dtype=dtype), randn(n, k, dtype=dtype, scale=0.1)

@@ -14,7 +14,7 @@ from tests.kernel_helpers import compile_in_child  # noqa: E402
 
 CHILD = r"""
 import json, sys
-from engine.bench.regs_gemv import compile_gemv_ptx
+from tests.ptx_helpers import compile_gemv_ptx
 from engine.kernels.tuning import SkinnyConfig
 
 out = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import linear, norm, rope
+from engine.kernels import _triton, linear, norm, rope
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
@@ -95,9 +95,9 @@ def test_qk_norm_rope_store_empty():
 @gpu
 @pytest.mark.parametrize("rows", [1, 8, 64])
 def test_gpu_early_inputs_change_no_output(rows, monkeypatch):
-    """The step's inputs read before the PDL wait (EARLY_INPUTS), right after the q|k|v projection
-    that writes the rows it norms: eagerly and replayed from a graph, q and the caches are
-    bit-identical to the wait-first launch."""
+    """The step's inputs read before the PDL wait, right after the q|k|v projection that writes the
+    rows it norms: eagerly and replayed from a graph, q and the caches are bit-identical to launches
+    without PDL."""
     torch.manual_seed(5)
     hq, hkv, d, page = 32, 8, 128, 16
     x = randn(rows, 2560, dtype=torch.bfloat16)
@@ -107,8 +107,8 @@ def test_gpu_early_inputs_change_no_output(rows, monkeypatch):
     cos_sin = rope.rope_cos_sin(4096, d, 1e6, DEV)
     qw, kw = randn(d, dtype=torch.bfloat16), randn(d, dtype=torch.bfloat16)
     outs = []
-    for early in (False, True):
-        monkeypatch.setattr(rope, "EARLY_INPUTS", early)
+    for limit in (-1, _triton.PDL_MAX_ROWS):  # -1: no launch with PDL
+        monkeypatch.setattr(_triton, "PDL_MAX_ROWS", limit)
         kc, vc = (torch.zeros(rows * 4 // page + 1, page, hkv, d, dtype=torch.bfloat16, device=DEV) for _ in range(2))
 
         def run(kc=kc, vc=vc):

@@ -7,20 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG
+from engine.fixture.known.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import _triton, get_ops
 from engine.kernels.rope import rope_cos_sin
 from engine.kernels.split_sum import dense
 from engine.models.config import Geometry
 from engine.models.layers import decoder_layer
-from tests.kernel_helpers import CUDA, capture_graph, gpu, layer_inputs, rel_err
+from tests.kernel_helpers import capture_graph, gpu, layer_inputs, rel_err
 
 
-def test_pdl_off_on_cpu_and_when_switched_off(monkeypatch):
+def test_pdl_off_on_cpu():
     assert _triton.pdl(torch.device("cpu")) == {"PDL": False}
-    if CUDA:
-        monkeypatch.setattr(_triton, "PDL", False)
-        assert _triton.pdl(torch.device("cuda")) == {"PDL": False}
 
 
 def test_launches_over_more_rows_than_the_limit_go_without_pdl(monkeypatch):
@@ -33,8 +30,8 @@ def test_launches_over_more_rows_than_the_limit_go_without_pdl(monkeypatch):
     assert _triton.pdl(cuda, 65) == _triton.pdl(cuda, 8192) == {"PDL": False}
     monkeypatch.setattr(_triton, "PDL_MAX_ROWS", None)
     assert _triton.pdl(cuda, 8192) == on
-    monkeypatch.setattr(_triton, "PDL", False)
-    assert _triton.pdl(cuda, 1) == {"PDL": False}
+    monkeypatch.setattr(_triton, "PDL_MAX_ROWS", -1)  # a limit below every launch: PDL off (the GPU tests' reference)
+    assert _triton.pdl(cuda, 0) == {"PDL": False}
 
 
 @gpu
@@ -50,10 +47,11 @@ def test_gpu_decoder_layer_with_pdl_in_a_graph(batch, monkeypatch):
         mlp_out, summed = decoder_layer(ops, g, w, x, residual, positions, meta, kc, vc, cos_sin)
         return dense(mlp_out), summed
 
-    monkeypatch.setattr(_triton, "PDL", False)
+    limit = _triton.PDL_MAX_ROWS
+    monkeypatch.setattr(_triton, "PDL_MAX_ROWS", -1)  # every launch without PDL
     plain_caches = cache.clone(), cache.clone()
     plain = run(*plain_caches)
-    monkeypatch.setattr(_triton, "PDL", True)
+    monkeypatch.setattr(_triton, "PDL_MAX_ROWS", limit)
     caches = cache.clone(), cache.clone()
     graph, out = capture_graph(lambda: run(*caches))
     for _ in range(5):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench.geometry import QWEN3_4B as QWEN3_4B_CONFIG
+from engine.fixture.known.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import fused_linear, gemm, get_ops, linear, norm
 from engine.kernels.rope import rope_cos_sin
 from engine.kernels.split_sum import SplitSum, dense

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bench.load import closed_loop
+from engine.bench.closed_loop import closed_loop
 from engine.policy.costs import read_cost_table
 from engine.policy.probe import PROBE_FIRST
 from engine.policy.span import SpanPolicy, best_span, round_times, span_candidates

@@ -1,4 +1,4 @@
-"""The modelled drafter's draws as the study stores them (engine/bench/study_draws.py): the file, the
+"""The modelled drafter's draws as the study stores them (engine/bench/study/draws.py): the file, the
 lookup by round window and KV position, and the prompts a sweep can reach."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.bench.arms import parse_arms
-from engine.bench.modelled import parse_profile
-from engine.bench.study_draws import DRAWS_FILE, StudyDraws, read_draws, sweep_prompts
+from engine.bench.study.draws import DRAWS_FILE, StudyDraws, read_draws, sweep_prompts
+from engine.fixture.known.modelled import parse_profile
 
 
 def test_draws_survive_their_file_and_are_looked_up_by_window_and_position(tmp_path):

@@ -1,5 +1,5 @@
 """A study cut short after its sweep is reported from its files: the tiny geometry's study on the CPU,
-its report removed, then rebuilt by `engine.bench.study_files` to the same summary."""
+its report removed, then rebuilt by `engine.bench.study.files` to the same summary."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import re
 import pytest
 
 from engine.bench.report import read_csv
-from engine.bench.study import main as study_main
-from engine.bench.study_draws import StudyDraws
-from engine.bench.study_files import main as files_main
-from engine.bench.study_files import typed
+from engine.bench.study.draws import StudyDraws
+from engine.bench.study.files import main as files_main
+from engine.bench.study.files import typed
+from engine.bench.study.run import main as study_main
 
 FLAGS = ["--geometry", "tiny", "--device", "cpu", "--concurrency", "1", "2", "--rounds", "1", "--new-tokens", "4"]
 FLAGS += ["--profile-budget-s", "3", "--echo-steps", "8", "--echo-batch", "2", "--calib-steps", "4"]

@@ -1,4 +1,4 @@
-"""Capturing the sweep's graphs before it (engine/bench/study_graphs.py): which graphs the arms need,
+"""Capturing the sweep's graphs before it (engine/bench/study/graphs.py): which graphs the arms need,
 every one visited at every batch on a real engine (graphs stood in by an eager recorder on the CPU),
 and the count of graphs each sweep run captured."""
 
@@ -11,8 +11,8 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.bench.arms import parse_arms
-from engine.bench.known_pair import known_pair
-from engine.bench.study_graphs import CaptureLog, capture_graphs, graph_keys, tag_rows
+from engine.bench.study.graphs import CaptureLog, capture_graphs, graph_keys, tag_rows
+from engine.fixture.known.target import known_pair
 from engine.graphs import StepGraphs, _pad
 
 

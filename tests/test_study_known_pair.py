@@ -1,4 +1,4 @@
-"""The known-continuation target: every greedy step repeats the last prompt token (bench-only pair)."""
+"""The known-continuation target: every greedy step repeats the last prompt token (engine/fixture/known/target.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bench.common import random_prompts
-from engine.bench.geometry import QWEN3_4B
-from engine.bench.known_pair import EMBED, continuation, echo_failures, known_target
+from engine.fixture.known.geometry import QWEN3_4B, random_prompts
+from engine.fixture.known.target import EMBED, continuation, echo_failures, known_target
 
 # The 4B construction, narrowed to fit a CPU test: the full depth (36 layers), 4B head layout ratios.
 SCALED = {

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.bench.common import random_prompts
-from engine.bench.costmodel import expected_committed
-from engine.bench.known_pair import echo_failures, known_pair
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.geometry import random_prompts
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.target import echo_failures, known_pair
+from engine.policy.costs import expected_committed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,36 +6,20 @@ import argparse
 import importlib
 import sys
 
+# name -> (module under engine.bench, the question it answers)
 COMMANDS = {
-    "sweep": ("engine.bench.sweep", "lever arms interleaved under closed-loop load (paired ratios, noise floor)"),
-    "serve-load": ("engine.bench.serve_load", "lever arms as servers under open-loop Poisson arrivals (TTFT, ITL)"),
-    "serve-pair": (
-        "engine.bench.serve_pair",
-        "bench-only: serve the known-continuation pair with the modelled drafter (one arm; for serve-load)",
-    ),
-    "profile": ("engine.bench.profile", "verify/draft forward cost vs rows (batch x span)"),
-    "decode": ("engine.bench.decode", "Qwen3-4B-geometry decode vs the HF peer and the measured roofline"),
-    "decode-ab": (
-        "engine.bench.decode_ab",
-        "the decode dispatch A/B (previous vs current one-row GEMVs), both arms interleaved in one run",
-    ),
-    "steps": ("engine.bench.steps", "torch.profiler over engine steps: device-busy vs wall, top kernels and host ops"),
-    "preempt": ("engine.bench.preempt", "KV under pressure: preemption by recompute vs whole-budget reservation"),
-    "study": (
-        "engine.bench.study",
-        "4B-geometry lever study: known-continuation target, modelled drafter, cost model",
-    ),
-    "spread": ("engine.bench.spread", "a fixture recipe over builds: τ and the c=1 ratio per seed, same-seed weights"),
-    "study-files": (
-        "engine.bench.study_files",
-        "a study's report from its files (a run cut short after its sweep)",
-    ),
-    "hostgap": ("engine.bench.hostgap", "a closed-loop run's wall outside its timed steps, part by part, and its GC"),
-    "policy-cost": ("engine.bench.policy_cost", "the adaptive span policy's host cost per round (decide + observe)"),
-    "policy-cost-engine": (
-        "engine.bench.policy_cost_engine",
-        "the adaptive policy's host cost per round inside an engine run: critical path vs the device's window",
-    ),
+    "decode": ("decode", "How close is plain decode to the roofline, and to HF transformers, at the Qwen3-4B shapes?"),
+    "profile": ("profile", "Up to how many verify rows (batch x span) is a target forward nearly free?"),
+    "sweep": ("sweep", "Which lever arm wins at each concurrency under closed-loop load, by more than the noise?"),
+    "steps": ("steps", "Where does a step's time go: device work, which kernels, which host ops?"),
+    "serve-load": ("serve_load", "Which lever arm serves best under open-loop Poisson arrivals (tok/s, TTFT, ITL)?"),
+    "serve-pair": ("serve_pair", "(for serve-load) The known-continuation 4B pair served with the modelled drafter."),
+    "preempt": ("preempt", "Under KV pressure, preemption by recompute or whole-budget reservation: which is faster?"),
+    "kernels": ("kernels", "Which config is fastest per projection and row count (the tuned table), and by how much?"),
+    "study": ("study.run", "Which lever wins where on the 4B geometry, and does the cost model predict it?"),
+    "study-files": ("study.files", "What does a study's report say, rebuilt from its files (a run cut short)?"),
+    "study-refit": ("study.refit", "Refit to a study's own walls, does the cost model's structure meet the bar?"),
+    "spread": ("spread", "How far do τ and the c=1 ratio spread over builds of a recipe; same seed, same weights?"),
 }
 
 
@@ -51,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in COMMANDS:
         _parser().parse_args(argv[:1])  # argparse prints the help or the usage error and exits
-    return importlib.import_module(COMMANDS[argv[0]][0]).main(argv[1:])
+    return importlib.import_module(f"engine.bench.{COMMANDS[argv[0]][0]}").main(argv[1:])
 
 
 if __name__ == "__main__":

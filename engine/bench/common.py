@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -79,32 +78,17 @@ def make_engine(
     max_num_seqs: int,
     seq_tokens: int,
     headroom: int = 0,
-    options: Mapping[str, object] | None = None,
 ) -> Engine:
     """An engine whose KV is sized for exactly max_num_seqs sequences of seq_tokens (+ the drafter's
-    headroom), so two engines fit on one card (the default takes a share of the whole card).
-    options: EngineConfig fields set over these (an A/B arm's, e.g. decode_overlap=False)."""
+    headroom), so two engines fit on one card (the default takes a share of the whole card)."""
     block = 16
     max_model_len = seq_tokens + headroom + 1
     blocks = max_num_seqs * (-(-(seq_tokens + headroom) // block)) + 2  # + the null block, + slack
-    cfg = dict(
-        model=model if isinstance(model, Checkpoint) else str(model),
-        draft_model=None
-        if draft_model is None
-        else (draft_model if isinstance(draft_model, Checkpoint) else str(draft_model)),
-        device=device.type,
-        dtype=args.dtype,
-        backend=args.backend,
-        cuda_graphs=not args.no_cuda_graphs,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=max(8192, seq_tokens),
-        kv_block_size=block,
-        num_kv_blocks=blocks,
-        levers={"max_batch": 0, "max_drafts": 0},
-        trace=False,
-    )
-    return Engine(EngineConfig(**cfg | dict(options or {})))
+    weights = [m if m is None or isinstance(m, Checkpoint) else str(m) for m in (model, draft_model)]
+    cfg = dict(model=weights[0], draft_model=weights[1], device=device.type, dtype=args.dtype, backend=args.backend)
+    cfg.update(cuda_graphs=not args.no_cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), kv_block_size=block, num_kv_blocks=blocks)
+    return Engine(EngineConfig(**cfg, levers={"max_batch": 0, "max_drafts": 0}, trace=False))
 
 
 def drafter_block(drafter: str | Path) -> int:
@@ -145,8 +129,3 @@ def _tokenizer(directory: Path | None, path: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(directory))
-
-
-def random_prompts(count: int, length: int, vocab: int, seed: int = 0, low: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(low, vocab, (count, length), generator=gen).tolist()

@@ -21,11 +21,10 @@ from pathlib import Path
 import torch
 
 from engine.bench import roofline
-from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
+from engine.bench.closed_loop import closed_loop
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.decode_report import decode_markdown, summarize
-from engine.bench.geometry import GEOMETRIES, target_config
 from engine.bench.hw import copy_bandwidth, gemm_rate
-from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.peer import (
     PEER_MODES,
@@ -39,6 +38,7 @@ from engine.bench.peer import (
 )
 from engine.bench.report import write_csv, write_json
 from engine.config import SamplingParams
+from engine.fixture.known.geometry import GEOMETRIES, random_prompts, target_config
 from engine.scheduler import Plan
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,8 @@ def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int
         period_ms = (res.wall_s * 1e3 - prefill_ms) / len(decode)
         host_ms = statistics.median(s.total for s in decode)
         target_ms = statistics.median(s.phases.get("target", 0.0) for s in decode)
-    return {
-        "wall_s": res.wall_s,
-        "tok_s": res.tok_s,
-        "output_tokens": res.output_tokens,
-        "decode_steps": len(decode),
-        "step_ms": period_ms,
-        "host_step_ms": host_ms,
-        "target_ms": target_ms,
-        "prefill_ms": prefill_ms,
-    }
+    row = dict(wall_s=res.wall_s, tok_s=res.tok_s, output_tokens=res.output_tokens, decode_steps=len(decode))
+    return row | dict(step_ms=period_ms, host_step_ms=host_ms, target_ms=target_ms, prefill_ms=prefill_ms)
 
 
 def peer_runs(
@@ -89,18 +81,9 @@ def peer_runs(
         warmup_s = time.perf_counter() - t0
         for rep in range(repeats):
             wall = time_hf_generate(model, ids, new_tokens, mode)
-            raw.append(
-                {
-                    "impl": impl,
-                    "concurrency": c,
-                    "repeat": rep,
-                    "wall_s": wall,
-                    "tok_s": c * new_tokens / wall,
-                    "output_tokens": c * new_tokens,
-                    "warmup_s": warmup_s,
-                    "compiled": compiled(model) if mode == "compiled" else False,
-                }
-            )
+            row = dict(impl=impl, concurrency=c, repeat=rep, wall_s=wall, tok_s=c * new_tokens / wall)
+            row.update(output_tokens=c * new_tokens, warmup_s=warmup_s)
+            raw.append(row | dict(compiled=compiled(model) if mode == "compiled" else False))
         log.info("peer %s c=%d: %.0f tok/s (warm-up %.0f s)", mode, c, raw[-1]["tok_s"], warmup_s)
     return []
 
@@ -187,19 +170,8 @@ def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float,
     write_csv(args.out / "decode_runs.csv", raw)
     write_csv(args.out / "decode_summary.csv", summary)
     (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")
-    write_json(
-        args.out / "decode.json",
-        {
-            **meta,
-            "geometry": config,
-            "hw": hw,
-            "prompt_len": P,
-            "new_tokens": N,
-            "agreement": agree,
-            "peer_failures": failures,
-            "summary": summary,
-        },
-    )
+    record = dict(geometry=config, hw=hw, prompt_len=P, new_tokens=N, agreement=agree, peer_failures=failures)
+    write_json(args.out / "decode.json", {**meta, **record, "summary": summary})
     return notes + "\n" + table
 
 

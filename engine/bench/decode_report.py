@@ -56,25 +56,13 @@ def summarize(
         ours = [r for r in raw if r["impl"] == "pegaspec" and r["concurrency"] == c]
         peer = [r for r in raw if r["impl"] == "hf" and r["concurrency"] == c]
         eager = [r for r in raw if r["impl"] == "hf-eager" and r["concurrency"] == c]
-        tok_s, peer_tok_s, step_ms, wall = (
-            med(ours, "tok_s"),
-            med(peer, "tok_s"),
-            med(ours, "step_ms"),
-            med(ours, "wall_s"),
+        tok_s, step_ms, wall = (med(ours, k) for k in ("tok_s", "step_ms", "wall_s"))
+        peer_tok_s = med(peer, "tok_s")
+        row = dict(
+            concurrency=c, tok_s=tok_s, peer_tok_s=peer_tok_s, vs_peer=tok_s / peer_tok_s if peer_tok_s else None
         )
-        out.append(
-            {
-                "concurrency": c,
-                "tok_s": tok_s,
-                "peer_tok_s": peer_tok_s,
-                "vs_peer": tok_s / peer_tok_s if peer_tok_s else None,
-                "peer_eager_tok_s": med(eager, "tok_s"),
-                "step_ms": step_ms,
-                "target_ms": med(ours, "target_ms"),
-                "wall_s": wall,
-                **roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall, dtype_bytes),
-            }
-        )
+        row.update(peer_eager_tok_s=med(eager, "tok_s"), step_ms=step_ms, target_ms=med(ours, "target_ms"), wall_s=wall)
+        out.append(row | roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall, dtype_bytes))
     return out
 
 
@@ -82,35 +70,11 @@ def decode_markdown(summary: Sequence[dict]) -> str:
     def pct(x):
         return "—" if x is None else f"{100 * x:.0f} %"
 
-    rows = [
-        [
-            s["concurrency"],
-            fmt(s["tok_s"], 0),
-            fmt(s["peer_tok_s"], 0),
-            "—" if s["vs_peer"] is None else f"{s['vs_peer']:.2f}x",
-            fmt(s["peer_eager_tok_s"], 0),
-            fmt(s["step_ms"], 3),
-            fmt(s["target_ms"], 3),
-            fmt(s["step_gb"], 2),
-            fmt(s["floor_step_ms"], 3),
-            pct(s["bw_fraction"]),
-            fmt(s["floor_ms"], 1),
-            pct(s["floor_fraction"]),
-        ]
-        for s in summary
-    ]
-    header = [
-        "c",
-        "tok/s",
-        "HF tok/s",
-        "vs HF",
-        "HF eager tok/s",
-        "step ms",
-        "device ms",
-        "GB/step",
-        "BW floor ms",
-        "of BW limit",
-        "workload floor ms",
-        "of floor",
-    ]
-    return markdown_table(header, rows) + "\n"
+    rows = []
+    for s in summary:
+        vs_peer = "—" if s["vs_peer"] is None else f"{s['vs_peer']:.2f}x"
+        row = [s["concurrency"], fmt(s["tok_s"], 0), fmt(s["peer_tok_s"], 0), vs_peer, fmt(s["peer_eager_tok_s"], 0)]
+        row += [fmt(s["step_ms"], 3), fmt(s["target_ms"], 3), fmt(s["step_gb"], 2), fmt(s["floor_step_ms"], 3)]
+        rows.append([*row, pct(s["bw_fraction"]), fmt(s["floor_ms"], 1), pct(s["floor_fraction"])])
+    header = ["c", "tok/s", "HF tok/s", "vs HF", "HF eager tok/s", "step ms", "device ms", "GB/step", "BW floor ms"]
+    return markdown_table([*header, "of BW limit", "workload floor ms", "of floor"], rows) + "\n"

@@ -1,13 +1,6 @@
-"""Python's cyclic GC under the benches' timed loops.
-
-A full (generation 2) collection walks every tracked object of the process: ~350k in a study process
-(torch, the engine, transformers' Qwen3 module), ~0.5 s on a CI core. One landing inside a timed run
-adds a pause unrelated to the arm, and which run pays it depends on allocation history, not on the
-arm. `frozen_heap` moves the start-up heap out of the collector's reach for a sweep (gc.freeze, as
-vLLM does after start-up): a full collection then walks only what the sweep made since, and a run's
-collections cost what serving's would on a frozen heap; `settle_heap` freezes, between runs, what the
-runs before left. `GcWatch` records what collections a run paid, so a sweep row can show it.
-"""
+"""Python's cyclic GC under the benches' timed loops: `frozen_heap` keeps the start-up heap out of
+the collector's reach for a sweep, `settle_heap` freezes between runs what the runs before left, and
+`GcWatch` records the collections a run paid (why: the benchmarks README, "sweep")."""
 
 from __future__ import annotations
 
@@ -34,11 +27,7 @@ def frozen_heap() -> Iterator[None]:
 
 def settle_heap() -> None:
     """Before a timed run: collect the young generations; inside a frozen_heap, also freeze what the
-    runs before left (a sweep's own records: ~100k objects over the 4B study's 486 runs). Without it
-    those records grew the walked heap, and the full collections that landed in runs took 127-189 ms,
-    2-8 per study on the H200: a third of a 0.5 s c=256 run, in whichever arm it fell (at 41ea9ba one
-    cost the adaptive arm its `code` c=256 round, -11 % against the gate arm). A run's collections then
-    walk what it allocates, as serving's would on a heap frozen after start-up."""
+    runs before left."""
     gc.collect(1)
     if gc.get_freeze_count():
         gc.freeze()

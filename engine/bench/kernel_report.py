@@ -25,42 +25,16 @@ def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = N
                 continue
             _, cfg, us = tri
             gb = lambda t, wb=wbytes: wb / (t * 1e-6) / 1e9
-            table.append(
-                [
-                    f"{cases.SHAPE_NAMES[(n, k)]} {n}x{k}",
-                    m,
-                    f"{cub_us:.1f}",
-                    f"{gb(cub_us):.0f}",
-                    f"{gb(cub_us) / peak:.2f}",
-                    f"{us:.1f}",
-                    f"{gb(us):.0f}",
-                    f"{gb(us) / peak:.2f}",
-                    str(tuple(cfg)),
-                    f"{cub_us / us:.2f}x",
-                ]
-            )
+            timed = [f"{t:.1f}|{gb(t):.0f}|{gb(t) / peak:.2f}".split("|") for t in (cub_us, us)]
+            table.append([f"{cases.SHAPE_NAMES[(n, k)]} {n}x{k}", m, *timed[0], *timed[1], str(tuple(cfg))])
+            table[-1].append(f"{cub_us / us:.2f}x")
             if us < cub_us:  # a tuned shape's missing bucket means cuBLAS (see linear.skinny_config)
                 configs.setdefault((n, k), {})[m] = cfg
             elif (n, k) not in crossover:
                 crossover[(n, k)] = m
     out.append(f"### Skinny-M linear vs cuBLAS ({cases.DTYPE}; GB/s = weight bytes / time)\n")
-    out.append(
-        markdown_table(
-            [
-                "shape",
-                "M",
-                "cuBLAS us",
-                "GB/s",
-                "frac",
-                "triton us",
-                "GB/s",
-                "frac",
-                "config (bm,bn,bk,split,warps,stages)",
-                "speedup",
-            ],
-            table,
-        )
-    )
+    header = ["shape", "M", "cuBLAS us", "GB/s", "frac", "triton us", "GB/s", "frac"]
+    out.append(markdown_table([*header, "config (bm,bn,bk,split,warps,stages)", "speedup"], table))
     out.append(
         "\nCrossover (first M where cuBLAS is faster): "
         + ", ".join(f"{cases.SHAPE_NAMES[s]}={crossover.get(s, '>' + str(ms[-1]))}" for s in cases.SHAPES)

@@ -77,37 +77,16 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             err = rel_err(fn(0), ref)
             us = timer(fn, copies, kv_bytes / (peak * 1e3))
             gbps = kv_bytes / (us * 1e-6) / 1e9
-            rows.append(
-                dict(
-                    batch=batch,
-                    ctx=ctx,
-                    span=span,
-                    variant=name,
-                    us=round(us, 2),
-                    kv_GBps=round(gbps, 1),
-                    frac=round(gbps / peak, 3),
-                    rel_err=f"{err:.1e}",
-                )
-            )
+            row = dict(batch=batch, ctx=ctx, span=span, variant=name, us=round(us, 2), kv_GBps=round(gbps, 1))
+            rows.append(row | dict(frac=round(gbps / peak, 3), rel_err=f"{err:.1e}"))
             line.append(f"{us:.1f} ({gbps / peak:.2f})")
         if span != 1:
             line[5:5] = ["-"] * 5
         table.append(line)
         print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
         del caches
-    header = [
-        "batch",
-        "ctx",
-        "span",
-        "auto (BQ,BM,BN,splits)",
-        "auto us (frac)",
-        "splits=1",
-        "splits=4",
-        "splits=16",
-        "splits=32",
-        "decode BLOCK_N=64",
-        "batch_invariant",
-    ]
+    header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)"]
+    header += ["splits=1", "splits=4", "splits=16", "splits=32", "decode BLOCK_N=64", "batch_invariant"]
     return (
         rows,
         f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)\n\n"

@@ -1,14 +1,5 @@
-"""How the kernel micro-benchmark times an op, and which candidates count.
-
-Every op is replayed from a CUDA graph of back-to-back calls (as the engine runs decode), rotating
-over enough weight / KV copies that L2 (~60 MB) never serves them; the reported time is the median
-over replays. `--timer do_bench` uses triton.testing.do_bench (median) instead; it clears L2 with a
-256 MB memset before every call, whose dirty lines are written back during the timed kernel, which
-understates bandwidth for weights of a few tens of MB.
-
-A candidate is timed only after its output matched the reference (`time_candidate`); one that does
-not compile, fit or match is reported on stderr and left out.
-"""
+"""How the kernel micro-benchmark times an op (a CUDA graph of back-to-back calls over rotated data
+copies, or triton's do_bench) and which candidates count (those that matched the reference)."""
 
 from __future__ import annotations
 
@@ -21,6 +12,7 @@ import torch
 
 from engine.kernels.split_sum import dense
 from engine.kernels.tuning import SkinnyConfig
+from engine.timing import time_ms
 
 # (impl, config or None, microseconds per call): one timed path of a sweep.
 Result = tuple[str, SkinnyConfig | None, float]
@@ -50,17 +42,9 @@ class Timer:
         with torch.cuda.graph(graph):
             for i in range(calls):
                 fn(i % variants)
-        graph.replay()
-        times = []
-        for _ in range(7):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(1e3 * start.elapsed_time(end) / calls)
+        times = time_ms(graph.replay, torch.device("cuda"), repeats=7)
         del graph
-        return statistics.median(times)
+        return 1e3 * statistics.median(times) / calls
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:

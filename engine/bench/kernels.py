@@ -1,33 +1,9 @@
-"""GPU micro-benchmark of the Triton kernels (H200-sized; run on a CUDA host).
+"""GPU micro-benchmark of the Triton kernels at the Qwen3-4B shapes: skinny projections against
+cuBLAS, the fused prologues and epilogues against their unfused pairs, the batch-invariant GEMM and
+paged attention; writes the tuned table (DIR/tuned/<device>.json; --write-tuned also installs it in
+engine/kernels/tuned/). Sections, timing and the table's rules: the benchmarks README, "kernels".
 
-    python -m engine.bench.kernels --out DIR [--timer graph|do_bench] [--quick] [--write-tuned]
-
-1. Skinny-M linear: the Qwen3-4B projection shapes at M = 1..128 over a config sweep, against
-   F.linear (cuBLAS). Prints GB/s (weight bytes / time) and the fraction of the copy bandwidth, the
-   best config per (shape, M), the crossover M where cuBLAS wins. q|k|v, o and down (the shapes
-   furthest from the copy bandwidth) get an extended sweep (more BLOCK_N/BLOCK_K/split-K/stages/warps
-   points), cut short once `--budget-s` is mostly spent.
-2. Fused SwiGLU + down (`silu_mul_linear`) at M = 1..16: the best linear configs of the down shape
-   and a few wider-N tiles, against silu_and_mul + the best of cuBLAS / the skinny kernel.
-3. Residual add + RMSNorm in the projection's prologue (`add_rms_norm_linear`) for q|k|v and
-   gate|up at M = 1..16: the shape's best linear configs against add_rms_norm + the best of cuBLAS
-   / the skinny kernel.
-4. The batch-invariant GEMM (fixed tiles for every M) at a few tilings.
-5. Paged attention: decode at batch 1/8/64 x context 256/2048 (auto split vs forced splits vs the
-   batch-invariant config) and verify spans of 8.
-CSVs land in DIR (linear.csv, silu_mul_linear.csv, add_rms_norm_linear.csv, linear_invariant.csv,
-attention.csv) with the printed Markdown (report.md) and the tuned table from this run
-(DIR/tuned/<device>.json, always).
-`--write-tuned` also installs that table as engine/kernels/tuned/<device>.json, where the kernels read
-it (engine/kernels/tuning.py): merged over the existing file, every measured (shape, M bucket) set
-to its fastest config that passed the correctness check and beat cuBLAS (or the unfused pair), or
-removed (cuBLAS / unfused serves it). The table is written after section 3, before the others run.
-
-Timing (CUDA-graph replay over rotated weight / KV copies, or `--timer do_bench`): kernel_timing.py.
-
-Modules: kernel_cases.py (shapes, candidates), kernel_timing.py (timer, correctness gate),
-kernel_sweeps.py and kernel_sweeps_untuned.py (the sections), kernel_report.py (the tuned table);
-report.py writes the CSVs and tables; this one is the CLI.
+    python -m engine.bench kernels --out DIR [--timer graph|do_bench] [--quick] [--write-tuned]
 """
 
 from __future__ import annotations
@@ -51,27 +27,18 @@ from engine.bench.report import write_csv
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m engine.bench kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="directory for the CSVs and report.md")
     p.add_argument("--timer", choices=["graph", "do_bench"], default="graph")
     p.add_argument("--peak-gbps", type=float, default=4300.0, help="copy bandwidth the fractions refer to")
     p.add_argument("--quick", action="store_true", help="fewer configs (a smoke run)")
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
     p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,norm,invariant,attention")
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=100.0,
-        help="wall-time target: the extended linear candidates stop at 55%% of it",
-    )
-    p.add_argument(
-        "--write-tuned",
-        action="store_true",
-        help="install this run's tuned table as engine/kernels/tuned/<device>.json (it always goes to DIR/tuned/)",
-    )
+    p.add_argument("--budget-s", type=float, default=100.0, help="the extended candidates stop at 55%% of it")
+    p.add_argument("--write-tuned", action="store_true", help="install the table in engine/kernels/tuned/")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
-        print("engine.bench.kernels needs a CUDA device", file=sys.stderr)
+        print("python -m engine.bench kernels needs a CUDA device", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

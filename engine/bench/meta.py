@@ -28,19 +28,12 @@ def device_name(device: torch.device) -> str:
 
 def run_meta(bench: str, device: torch.device, argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    return {
-        "bench": bench,
-        "command": f"python -m engine.bench.{bench} " + " ".join(shlex.quote(a) for a in argv),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "device": device_name(device),
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": _version("triton"),
-        "transformers": _version("transformers"),
-    }
+    """The record every bench writes: `bench` is its subcommand (python -m engine.bench BENCH ARGV)."""
+    meta = dict(bench=bench, command=f"python -m engine.bench {bench} " + " ".join(shlex.quote(a) for a in argv))
+    meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=git_commit())
+    meta.update(device=device_name(device), host=platform.node(), python=platform.python_version())
+    meta.update(torch=torch.__version__, cuda=torch.version.cuda, triton=_version("triton"))
+    return meta | dict(transformers=_version("transformers"))
 
 
 def meta_lines(meta: dict) -> str:

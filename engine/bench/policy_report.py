@@ -82,21 +82,13 @@ def adaptive_rows(rows: Sequence[dict], summary: Sequence[dict], arm: str) -> li
         vs_best = paired(rows, c, arm, best["arm"])
         vs_plain = mine["ratio_median"]
         single_ratio = static_ratio(summary, single[0], c) if single else None
-        out.append(
-            {
-                "concurrency": c,
-                "arm": arm,
-                "best_static": best["arm"],
-                "vs_best": vs_best,
-                "vs_plain": vs_plain,
-                "noise": noise,
-                "ok_best": vs_best is not None and vs_best >= 1.0 - noise - 1e-12,
-                "ok_plain": vs_plain is not None and vs_plain >= 1.0 - noise - 1e-12,
-                "single": single[0] if single else None,
-                "vs_single": vs_plain / single_ratio if vs_plain and single_ratio else None,
-                "chosen": span_counts(rows, c, arm),
-            }
-        )
+        ok = {
+            f"ok_{k}": v is not None and v >= 1.0 - noise - 1e-12 for k, v in (("best", vs_best), ("plain", vs_plain))
+        }
+        row = dict(concurrency=c, arm=arm, best_static=best["arm"], vs_best=vs_best, vs_plain=vs_plain, noise=noise)
+        row.update(ok, single=single[0] if single else None)
+        row["vs_single"] = vs_plain / single_ratio if vs_plain and single_ratio else None
+        out.append(row | dict(chosen=span_counts(rows, c, arm)))
     return out
 
 
@@ -110,15 +102,9 @@ def adaptive_markdown(rows: Sequence[dict], summary: Sequence[dict]) -> str:
     for arm in labels:
         got = adaptive_rows(rows, summary, arm)
         table = [
-            [
-                g["concurrency"],
-                g["best_static"],
-                _fmt_ratio(g["vs_best"], g["ok_best"]),
-                _fmt_ratio(g["vs_plain"], g["ok_plain"]),
-                f"±{100 * g['noise']:.1f} %",
-                _fmt_ratio(g["vs_single"], None),
-                _k_cell(g["chosen"]),
-            ]
+            [g["concurrency"], g["best_static"], _fmt_ratio(g["vs_best"], g["ok_best"])]
+            + [_fmt_ratio(g["vs_plain"], g["ok_plain"]), f"±{100 * g['noise']:.1f} %", _fmt_ratio(g["vs_single"], None)]
+            + [_k_cell(g["chosen"])]
             for g in got
         ]
         header = ["c", "best static arm", "vs best static", "vs plain", "noise", "vs best single", "K chosen (rounds)"]

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.bench.closed_loop import closed_loop, plan_counts
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
@@ -26,7 +27,6 @@ from engine.bench.common import (
     setup_logging,
     weights_of,
 )
-from engine.bench.load import closed_loop, plan_counts
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.config import EngineConfig
@@ -44,22 +44,11 @@ def pool_engine(target: Path, drafter: Path | None, args: argparse.Namespace, se
     headroom = drafter_block(drafter) if drafter else 0
     per_seq = -(-(seq_tokens + headroom) // BLOCK)
     device = resolve_device(args.device)
-    cfg = EngineConfig(
-        model=str(target),
-        draft_model=None if drafter is None else str(drafter),
-        device=device.type,
-        dtype=args.dtype,
-        backend=args.backend,
-        cuda_graphs=not args.no_cuda_graphs,
-        max_num_seqs=args.concurrency,
-        max_model_len=seq_tokens + headroom + 1,
-        max_num_batched_tokens=max(8192, seq_tokens),
-        kv_block_size=BLOCK,
-        num_kv_blocks=args.pool_requests * per_seq + 1,  # + the null block
-        levers={"max_batch": 0, "max_drafts": 0, "hedge": 0},
-        trace=False,
-    )
-    return Engine(cfg)
+    cfg = dict(model=str(target), draft_model=None if drafter is None else str(drafter), device=device.type)
+    cfg.update(dtype=args.dtype, backend=args.backend, cuda_graphs=not args.no_cuda_graphs, kv_block_size=BLOCK)
+    cfg.update(max_num_seqs=args.concurrency, max_model_len=seq_tokens + headroom + 1)
+    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), num_kv_blocks=args.pool_requests * per_seq + 1)  # + null
+    return Engine(EngineConfig(**cfg, levers={"max_batch": 0, "max_drafts": 0, "hedge": 0}, trace=False))
 
 
 def run_arm(engine: Engine, arm: str, prompts: Sequence[Sequence[int]], args: argparse.Namespace, first: int) -> dict:
@@ -68,19 +57,10 @@ def run_arm(engine: Engine, arm: str, prompts: Sequence[Sequence[int]], args: ar
     res = closed_loop(engine, prompts, args.concurrency, args.requests, args.new_tokens, first=first)
     decode = [s.batch for s in res.steps if s.plan != Plan.PREFILL.value]
     plans = plan_counts(res.steps)
-    return {
-        "arm": arm,
-        "requests": res.requests,
-        "output_tokens": res.output_tokens,
-        "wall_s": res.wall_s,
-        "tok_s": res.tok_s,
-        "mean_decode_batch": statistics.fmean(decode) if decode else 0.0,
-        "max_decode_batch": max(decode, default=0),
-        "preemptions": engine.preemptions - before,
-        "prefill_steps": plans.get(Plan.PREFILL.value, 0),
-        "decode_side_steps": len(decode),
-        "committed_tokens": res.stats.committed_tokens,
-    }
+    row = dict(arm=arm, requests=res.requests, output_tokens=res.output_tokens, wall_s=res.wall_s, tok_s=res.tok_s)
+    row.update(mean_decode_batch=statistics.fmean(decode) if decode else 0.0, max_decode_batch=max(decode, default=0))
+    row.update(preemptions=engine.preemptions - before, prefill_steps=plans.get(Plan.PREFILL.value, 0))
+    return row | dict(decode_side_steps=len(decode), committed_tokens=res.stats.committed_tokens)
 
 
 def run_bench(engine: Engine, prompts: Sequence[Sequence[int]], args: argparse.Namespace) -> list[dict]:
@@ -106,32 +86,18 @@ def summarize(rows: list[dict]) -> list[dict]:
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
         tok_s = [r["tok_s"] for r in mine]
-        out.append(
-            {
-                "arm": arm,
-                "rounds": len(mine),
-                "tok_s_median": statistics.median(tok_s),
-                "tok_s_min": min(tok_s),
-                "tok_s_max": max(tok_s),
-                "mean_decode_batch": statistics.median(r["mean_decode_batch"] for r in mine),
-                "preemptions": statistics.median(r["preemptions"] for r in mine),
-                "ratio_vs_reserve": statistics.median(ratios) if arm == "preempt" else 1.0,
-            }
-        )
+        s = dict(arm=arm, rounds=len(mine), tok_s_median=statistics.median(tok_s), tok_s_min=min(tok_s))
+        s.update(tok_s_max=max(tok_s), mean_decode_batch=statistics.median(r["mean_decode_batch"] for r in mine))
+        s.update(preemptions=statistics.median(r["preemptions"] for r in mine))
+        out.append(s | dict(ratio_vs_reserve=statistics.median(ratios) if arm == "preempt" else 1.0))
     return out
 
 
 def table(summary: list[dict]) -> str:
     header = ["arm", "tok/s median", "min..max", "mean decode batch", "preemptions / run", "vs reserve"]
     rows = [
-        [
-            s["arm"],
-            fmt(s["tok_s_median"]),
-            f"{fmt(s['tok_s_min'])}..{fmt(s['tok_s_max'])}",
-            fmt(s["mean_decode_batch"]),
-            fmt(s["preemptions"], 0),
-            f"{s['ratio_vs_reserve']:.3f}x",
-        ]
+        [s["arm"], fmt(s["tok_s_median"]), f"{fmt(s['tok_s_min'])}..{fmt(s['tok_s_max'])}", fmt(s["mean_decode_batch"])]
+        + [fmt(s["preemptions"], 0), f"{s['ratio_vs_reserve']:.3f}x"]
         for s in summary
     ]
     return markdown_table(header, rows)

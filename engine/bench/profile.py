@@ -1,7 +1,7 @@
 """The cost profile: one target verify forward (runner.verify, a CUDA-graph replay on the GPU, inputs
 staged) as a function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
 point where verify rows stop being nearly free is measured, not guessed. The timing is the engine's own
-(engine/calibration.py: the adaptive policy calibrates with it).
+(engine/policy/calibration.py: the adaptive policy calibrates with it).
 
     python -m engine.bench profile --geometry 4b --out DIR
 """
@@ -15,32 +15,17 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.common import add_device_args, make_engine, random_prompts, resolve_device, setup_logging, torch_dtype
-from engine.bench.geometry import GEOMETRIES, random_pair
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.config import SamplingParams
-from engine.engine import Engine
+from engine.fixture.known.geometry import GEOMETRIES, random_pair
 from engine.policy.calibration import (
     time_forwards as profile_costs,  # the engine's own timing (the study imports it here)
 )
+from engine.policy.warmup import dummy_requests
 
 log = logging.getLogger(__name__)
-
-
-def prefill_requests(engine: Engine, count: int, context: int, budget: int, seed: int = 0) -> list:
-    """`count` live requests with `context` tokens in the cache each (prefill steps only): the state
-    the verify and draft forwards run against. budget (max_tokens) reserves KV for the longest span."""
-    vocab = engine.target_cfg.geometry.vocab_size
-    for ids in random_prompts(count, context, vocab, seed):
-        engine.add_request(ids, SamplingParams(temperature=0, max_tokens=budget, ignore_eos=True))
-    while engine.scheduler.waiting:
-        engine.step()
-    reqs = list(engine.scheduler.running)
-    if len(reqs) != count or any(r.num_kv != context for r in reqs):
-        raise RuntimeError(f"expected {count} prefilled requests of {context} tokens, got {len(reqs)}")
-    return reqs
 
 
 def mark_over(rows: list[dict], threshold: float) -> float | None:
@@ -152,10 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seq_tokens=args.context + max(spans),
         headroom=headroom,
     )
-    reqs = prefill_requests(engine, max(batches), args.context, max(spans))
-    rows = profile_costs(
-        engine.runner, engine.rounds.accept, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s
-    )
+    with dummy_requests(engine, max(batches), args.context, max(spans)) as reqs:
+        rows = profile_costs(
+            engine.runner, engine.rounds.accept, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s
+        )
     mark_over(rows, args.threshold)
     meta = run_meta("profile", device, list(argv) if argv is not None else None)
     meta.update(

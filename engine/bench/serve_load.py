@@ -22,12 +22,12 @@ from pathlib import Path
 
 from engine.bench.arms import Arm, parse_arms
 from engine.bench.common import add_device_args, add_weight_args, resolve_device, setup_logging
-from engine.bench.geometry import GEOMETRIES
 from engine.bench.meta import meta_lines, run_meta
-from engine.bench.openloop import arrival_times, run_open_loop
+from engine.bench.open_loop import arrival_times, run_open_loop
 from engine.bench.report import write_csv, write_json
 from engine.bench.serve_stats import markdown, run_row, summarize
 from engine.bench.serve_workload import Command, file_workload, known_workload
+from engine.fixture.known.geometry import GEOMETRIES
 
 log = logging.getLogger(__name__)
 _METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.max_model_len = max(len(p) for p in prompts) + args.max_tokens + headroom + 1
     args.out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
-    meta = run_meta("serve_load", resolve_device(args.device), list(argv) if argv is not None else None)
+    meta = run_meta("serve-load", resolve_device(args.device), list(argv) if argv is not None else None)
     meta.update(about, num_prompts=len(prompts))
     servers = start_servers(arms, command_of, args)
     try:

@@ -1,12 +1,9 @@
-"""Bench-only: the known-continuation pair (engine/bench/known_pair.py) with the modelled drafter
-(engine/bench/modelled.py) behind `python -m engine serve`'s app, one lever arm per process, so
-serve-load can put open-loop load on the 4B geometry without 4B weights on disk.
+"""serve-load's server for the known-continuation pair with the modelled drafter
+(engine/fixture/known), built in memory, behind `python -m engine serve`'s app, one lever arm a
+process: open-loop load on the 4B geometry without 4B weights on disk. The pair has no vocabulary:
+prompts are token ids and token i streams as the text " i".
 
     python -m engine.bench serve-pair --geometry 4b --profile code --arm spec+trim=4 --port 8000
-
-The pair is built in memory on the device. What is modelled: where the first wrong draft falls. What
-is real: every forward, every byte, the verification. It has no vocabulary: prompts are token ids and
-token i streams as the text " i". Nothing on the serving path reaches this module (SPEC 9).
 """
 
 from __future__ import annotations
@@ -20,11 +17,11 @@ import torch
 
 from engine.bench.arms import Arm, parse_arm
 from engine.bench.common import add_device_args, resolve_device, setup_logging, torch_dtype
-from engine.bench.geometry import GEOMETRIES
-from engine.bench.known_pair import known_pair, known_target
-from engine.bench.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.fixture.known.geometry import GEOMETRIES
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.target import known_pair, known_target
 from engine.levers import Levers
 from engine.serve.cli import freeze_start_up_heap
 from engine.serve.protocol import BadRequest  # the app's refusal: HTTP 400 with this message
@@ -89,19 +86,9 @@ def known_engine(
     else:
         target, drafter = known_pair(geometry, device, weights, seed)
     levers = dataclasses.asdict(Levers()) | arm.levers()
-    config = EngineConfig(
-        model=target,
-        draft_model=drafter,
-        device=device.type,
-        dtype=dtype,
-        backend=backend,
-        cuda_graphs=cuda_graphs,
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        levers=levers,
-        trace=False,
-    )
-    engine = Engine(config)
+    config = dict(model=target, draft_model=drafter, device=device.type, dtype=dtype, backend=backend)
+    config.update(cuda_graphs=cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    engine = Engine(EngineConfig(**config, levers=levers, trace=False))
     if drafter is not None:
         ModelledDrafter(engine, profile, seed=seed).install()
     engine.tokenizer = TokenIdText()
@@ -135,18 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.serve.worker import EngineWorker
     except ImportError as err:
         raise SystemExit(f"error: serve-pair needs the serve extra ({err}); pip install -e '.[serve]'") from None
-    engine = known_engine(
-        args.geometry,
-        args.profile,
-        args.arm,
-        resolve_device(args.device),
-        dtype=args.dtype,
-        backend=args.backend,
-        cuda_graphs=not args.no_cuda_graphs,
-        max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len,
-        seed=args.seed,
-    )
+    options = dict(dtype=args.dtype, backend=args.backend, cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+    options.update(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    engine = known_engine(args.geometry, args.profile, args.arm, resolve_device(args.device), **options)
     log.info("known-%s pair, arm %s, profile %s: serving", args.geometry, args.arm.label, args.profile.name)
     freeze_start_up_heap()  # as `python -m engine serve` does
     worker = EngineWorker(engine)

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from engine.bench.openloop import RequestRecord
+from engine.bench.open_loop import RequestRecord
 from engine.bench.report import fmt, markdown_table
 
 METRICS = ("output_tok_s", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tau")
@@ -37,25 +37,13 @@ def run_row(
     tokens = sum(r.output_tokens for r in ok)
     rounds = spec.get("rounds", 0) - spec.get("gated_rounds", 0)
     tau = (spec.get("committed_tokens", 0) - spec.get("gated_rounds", 0)) / rounds if rounds > 0 else None
-    return {
-        "rate": rate,
-        "repeat": repeat,
-        "arm": arm,
-        "requests": len(records),
-        "errors": len(records) - len(ok),
-        "wall_s": wall_s,
-        "output_tokens": tokens,
-        "output_tok_s": tokens / wall_s if wall_s > 0 else None,
-        "req_s": len(ok) / wall_s if wall_s > 0 else None,
-        "ttft_p50_ms": _ms(percentile(ttft, 50)),
-        "ttft_p99_ms": _ms(percentile(ttft, 99)),
-        "itl_p50_ms": _ms(percentile(gaps, 50)),
-        "itl_p99_ms": _ms(percentile(gaps, 99)),
-        "tpot_p50_ms": _ms(percentile(tpot, 50)),
-        "tau": tau,
-        "gated_rounds": spec.get("gated_rounds", 0),
-        "first_error": next((r.error for r in records if r.error), ""),
-    }
+    row = dict(rate=rate, repeat=repeat, arm=arm, requests=len(records), errors=len(records) - len(ok), wall_s=wall_s)
+    per_s = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: None)
+    row.update(output_tokens=tokens, output_tok_s=per_s(tokens), req_s=per_s(len(ok)))
+    row.update(ttft_p50_ms=_ms(percentile(ttft, 50)), ttft_p99_ms=_ms(percentile(ttft, 99)))
+    row.update(itl_p50_ms=_ms(percentile(gaps, 50)), itl_p99_ms=_ms(percentile(gaps, 99)))
+    row.update(tpot_p50_ms=_ms(percentile(tpot, 50)), tau=tau, gated_rounds=spec.get("gated_rounds", 0))
+    return row | dict(first_error=next((r.error for r in records if r.error), ""))
 
 
 def summarize(rows: Sequence[dict], arms: Sequence[str]) -> list[dict]:
@@ -87,29 +75,15 @@ def _paired(row: dict, base: dict[int, dict], metric: str) -> bool:
 
 
 def markdown(summary: Sequence[dict], first_arm: str) -> str:
-    header = [
-        "rate (req/s)",
-        "arm",
-        "out tok/s (min–max)",
-        f"× {first_arm}",
-        "TTFT p50 / p99 (ms)",
-        "ITL p50 / p99 (ms)",
-        "TPOT p50 (ms)",
-        "τ",
-        "errors",
-    ]
-    body = [
-        [
-            fmt(s["rate"], 1),
-            s["arm"],
-            f"{fmt(s['output_tok_s'])} ({fmt(s['tok_s_min'])}–{fmt(s['tok_s_max'])})",
-            fmt(s["tok_s_vs_first"], 3),
+    header = ["rate (req/s)", "arm", "out tok/s (min–max)", f"× {first_arm}", "TTFT p50 / p99 (ms)"]
+    header += ["ITL p50 / p99 (ms)", "TPOT p50 (ms)", "τ", "errors"]
+    body = []
+    for s in summary:
+        tok_s = f"{fmt(s['output_tok_s'])} ({fmt(s['tok_s_min'])}–{fmt(s['tok_s_max'])})"
+        row = [fmt(s["rate"], 1), s["arm"], tok_s, fmt(s["tok_s_vs_first"], 3)]
+        row += [
             f"{fmt(s['ttft_p50_ms'])} / {fmt(s['ttft_p99_ms'])}",
             f"{fmt(s['itl_p50_ms'])} / {fmt(s['itl_p99_ms'])}",
-            fmt(s["tpot_p50_ms"], 2),
-            fmt(s["tau"], 2),
-            s["errors"],
         ]
-        for s in summary
-    ]
+        body.append([*row, fmt(s["tpot_p50_ms"], 2), fmt(s["tau"], 2), s["errors"]])
     return markdown_table(header, body)

@@ -1,6 +1,6 @@
 """What serve-load serves: each arm's server command, the prompts, the drafter's KV headroom and what
 the record says about the weights. A pair of directories (or a recipe) runs `python -m engine serve`;
-the bench-only known-continuation pair runs `python -m engine.bench serve-pair` (SPEC 9)."""
+the bench-only known-continuation pair runs `python -m engine.bench serve-pair`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.bench.arms import Arm
-from engine.bench.common import drafter_block, load_prompts, random_prompts, resolve_device, weights_of
-from engine.bench.geometry import drafter_config, target_config
-from engine.bench.modelled import parse_profile
+from engine.bench.common import drafter_block, load_prompts, resolve_device, weights_of
+from engine.fixture.known.geometry import drafter_config, random_prompts, target_config
+from engine.fixture.known.modelled import parse_profile
 from engine.models.config import DFlashConfig
 
 Command = Callable[[Arm], list[str]]

@@ -19,6 +19,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from engine.bench.arms import parse_arms
+from engine.bench.closed_loop import closed_loop
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
@@ -29,7 +30,6 @@ from engine.bench.common import (
     setup_logging,
     weights_of,
 )
-from engine.bench.load import closed_loop
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.bench.sweep import engine_for
@@ -56,16 +56,10 @@ def profile_arm(engine: Engine, prompts: Sequence[Sequence[int]], c: int, new_to
         (e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.self_cpu_time_total, reverse=True
     )
     busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
-    return {
-        "steps": steps,
-        "tok_s": res.tok_s,
-        "wall_ms_per_step": wall_ms / steps,
-        "busy_ms_per_step": busy_ms / steps,
-        "device_idle": (1 - busy_ms / wall_ms) if kernels else None,
-        "tokens_per_step": res.output_tokens / steps,
-        "kernels": [_op(e.key, e.count, e.self_device_time_total, steps) for e in kernels[:top]],
-        "host": [_op(e.key, e.count, e.self_cpu_time_total, steps) for e in host[:top]],
-    }
+    out = dict(steps=steps, tok_s=res.tok_s, wall_ms_per_step=wall_ms / steps, busy_ms_per_step=busy_ms / steps)
+    out.update(device_idle=(1 - busy_ms / wall_ms) if kernels else None, tokens_per_step=res.output_tokens / steps)
+    out["kernels"] = [_op(e.key, e.count, e.self_device_time_total, steps) for e in kernels[:top]]
+    return out | dict(host=[_op(e.key, e.count, e.self_cpu_time_total, steps) for e in host[:top]])
 
 
 def _op(name: str, count: int, total_us: float, steps: int) -> dict:
@@ -75,15 +69,8 @@ def _op(name: str, count: int, total_us: float, steps: int) -> dict:
 def steps_markdown(results: dict[str, dict]) -> str:
     head = ["arm", "steps", "tok/s", "tokens/step", "wall ms/step", "device-busy ms/step", "device idle"]
     rows = [
-        [
-            arm,
-            r["steps"],
-            fmt(r["tok_s"], 0),
-            fmt(r["tokens_per_step"], 2),
-            fmt(r["wall_ms_per_step"], 3),
-            fmt(r["busy_ms_per_step"], 3),
-            "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.0f} %",
-        ]
+        [arm, r["steps"], fmt(r["tok_s"], 0), fmt(r["tokens_per_step"], 2), fmt(r["wall_ms_per_step"], 3)]
+        + [fmt(r["busy_ms_per_step"], 3), "-" if r["device_idle"] is None else f"{100 * r['device_idle']:.0f} %"]
         for arm, r in results.items()
     ]
     parts = [markdown_table(head, rows)]

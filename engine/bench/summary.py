@@ -76,29 +76,14 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> li
             spec_rounds = rounds - gated
             steps_ms = sum(r["steps_ms"] for r in g) or 1.0
             peaks = [r["peak_mem_gib"] for r in g if r.get("peak_mem_gib") is not None]
-            out.append(
-                {
-                    "concurrency": c,
-                    "arm": arm,
-                    "rounds": len(g),
-                    "tok_s": statistics.median(r["tok_s"] for r in g),
-                    "ratio_median": med,
-                    "ratio_min": min(ratios) if ratios else None,
-                    "ratio_max": max(ratios) if ratios else None,
-                    "noise_floor": arm_floor(arm, c, floors, spec_floors),
-                    "verdict": call,
-                    "tokens_per_round": (
-                        (sum(r["committed_tokens"] for r in g) - gated) / spec_rounds if spec_rounds else None
-                    ),
-                    "gated_share": gated / rounds if rounds else None,
-                    "mean_batch": _median_of(g, "mean_batch"),
-                    "accept_hist": _pooled_hist(g),
-                    "draft_share": sum(r["draft_ms"] for r in g) / steps_ms,
-                    "target_share": sum(r["target_ms"] for r in g) / steps_ms,
-                    "other_share": sum(r["other_ms"] for r in g) / steps_ms,
-                    "peak_mem_gib": max(peaks) if peaks else None,
-                }
-            )
+            tau = (sum(r["committed_tokens"] for r in g) - gated) / spec_rounds if spec_rounds else None
+            s = dict(concurrency=c, arm=arm, rounds=len(g), tok_s=statistics.median(r["tok_s"] for r in g))
+            s.update(ratio_median=med, ratio_min=min(ratios) if ratios else None)
+            s.update(ratio_max=max(ratios) if ratios else None, noise_floor=arm_floor(arm, c, floors, spec_floors))
+            s.update(verdict=call, tokens_per_round=tau, gated_share=gated / rounds if rounds else None)
+            s.update(mean_batch=_median_of(g, "mean_batch"), accept_hist=_pooled_hist(g))
+            s.update({f"{k}_share": sum(r[f"{k}_ms"] for r in g) / steps_ms for k in ("draft", "target", "other")})
+            out.append(s | dict(peak_mem_gib=max(peaks) if peaks else None))
     return out
 
 
@@ -118,36 +103,14 @@ def sweep_markdown(summary: Sequence[dict], bar: float) -> str:
         rng = "—" if lo is None or s["arm"] == PLAIN else f"{pct(lo)} … {pct(hi)}"
         noise = "—" if s["noise_floor"] is None else f"±{100 * s['noise_floor']:.1f} %"
         split = f"{100 * s['draft_share']:.0f} / {100 * s['target_share']:.0f} / {100 * s['other_share']:.0f}"
+        gated = "—" if s["gated_share"] is None or s["arm"].startswith(PLAIN) else f"{100 * s['gated_share']:.0f} %"
+        vs_plain = "—" if s["arm"] == PLAIN else pct(s["ratio_median"])
+        row = [s["concurrency"], s["arm"], fmt(s["tok_s"], 0), vs_plain, rng, noise, s["verdict"]]
         main.append(
-            [
-                s["concurrency"],
-                s["arm"],
-                fmt(s["tok_s"], 0),
-                "—" if s["arm"] == PLAIN else pct(s["ratio_median"]),
-                rng,
-                noise,
-                s["verdict"],
-                fmt(s["tokens_per_round"], 2),
-                "—" if s["gated_share"] is None or s["arm"].startswith(PLAIN) else f"{100 * s['gated_share']:.0f} %",
-                fmt(s["mean_batch"], 1),
-                split,
-                fmt(s["peak_mem_gib"], 2),
-            ]
+            [*row, fmt(s["tokens_per_round"], 2), gated, fmt(s["mean_batch"], 1), split, fmt(s["peak_mem_gib"], 2)]
         )
-    header = [
-        "c",
-        "arm",
-        "tok/s",
-        "vs plain",
-        "round range",
-        "noise",
-        "verdict",
-        "τ",
-        "gated",
-        "batch",
-        "draft/target/other %",
-        "peak GiB",
-    ]
+    header = ["c", "arm", "tok/s", "vs plain", "round range", "noise", "verdict", "τ", "gated", "batch"]
+    header += ["draft/target/other %", "peak GiB"]
     acc = [
         [s["concurrency"], s["arm"], sum(s["accept_hist"]), _hist_cell(s["accept_hist"])]
         for s in summary

@@ -17,6 +17,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.bench.arms import SPEC, SPEC_NOISE_ARM, Arm, parse_arms, round_order
+from engine.bench.closed_loop import (
+    LoadResult,
+    acceptance_histogram,
+    closed_loop,
+    mean_batch,
+    output_lengths,
+    phase_split,
+    plan_counts,
+)
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
@@ -28,15 +37,6 @@ from engine.bench.common import (
     weights_of,
 )
 from engine.bench.gcstate import frozen_heap
-from engine.bench.load import (
-    LoadResult,
-    acceptance_histogram,
-    closed_loop,
-    mean_batch,
-    output_lengths,
-    phase_split,
-    plan_counts,
-)
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
@@ -72,44 +72,26 @@ def round_row(
     residuals: str = "",
     launched_ahead: int | None = None,
 ) -> dict:
+    """One sweep.csv row (its columns: the benchmarks README, "sweep"); slot: the arm's position in its
+    round, seq: the global run order; the adaptive arm's K per round (chosen), host terms, probes and
+    residuals; launched_ahead: the one-token steps launched before the host read the step before."""
     s, plans = res.stats, plan_counts(res.steps)
     spec_rounds = s.rounds - s.gated_rounds
-    return {
-        "concurrency": c,
-        "round": round_index,
-        "slot": slot,  # position of the arm within its round
-        "seq": seq,  # global run order
-        "arm": arm.label,
-        "requests": res.requests,
-        "output_tokens": res.output_tokens,
-        "wall_s": res.wall_s,
-        "tok_s": res.tok_s,
-        "ratio_vs_plain": None,
-        "max_in_flight": res.max_in_flight,
-        "mean_batch": mean_batch(res.steps),
-        "steps": len(res.steps),
-        "prefill_steps": plans.get(Plan.PREFILL.value, 0),
-        "decode_steps": plans.get(Plan.DECODE.value, 0),
-        "spec_steps": plans.get(Plan.SPECULATIVE.value, 0),
-        "gated_steps": plans.get(Plan.GATED.value, 0),
-        "request_rounds": s.rounds,
-        "gated_rounds": s.gated_rounds,
-        "launched_ahead": launched_ahead,  # one-token steps launched before the step before was read, used
-        "committed_tokens": s.committed_tokens,
-        "drafts_verified": s.draft_tokens_verified,
-        "drafts_accepted": s.draft_tokens_accepted,
-        "tokens_per_round": (s.committed_tokens - s.gated_rounds) / spec_rounds if spec_rounds else None,
-        "accept_hist": " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else "",
-        "span_choices": " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items())),  # K: rounds (adaptive)
-        "host_terms": host_terms,  # the adaptive policy's host term after the run (policy_host)
-        "host_residuals": residuals,  # the walls it learnt them from in the run (residual_summary)
-        # where the run's probes landed: "batch:K:rounds" (adaptive)
-        "probes": " ".join(f"{b}:{k}:{n}" for (b, k), n in sorted((probes or {}).items())),
-        **phase_split(res.steps),
-        "peak_mem_gib": res.peak_mem_gib,
-        "gc_ms": res.gc_ms,  # collections inside wall_s, in a step or between steps
-        "gc_full": res.gc_full,
-    }
+    row = dict(concurrency=c, round=round_index, slot=slot, seq=seq, arm=arm.label, requests=res.requests)
+    row.update(output_tokens=res.output_tokens, wall_s=res.wall_s, tok_s=res.tok_s, ratio_vs_plain=None)
+    row.update(max_in_flight=res.max_in_flight, mean_batch=mean_batch(res.steps), steps=len(res.steps))
+    row.update(prefill_steps=plans.get(Plan.PREFILL.value, 0), decode_steps=plans.get(Plan.DECODE.value, 0))
+    row.update(spec_steps=plans.get(Plan.SPECULATIVE.value, 0), gated_steps=plans.get(Plan.GATED.value, 0))
+    row.update(request_rounds=s.rounds, gated_rounds=s.gated_rounds, launched_ahead=launched_ahead)
+    row.update(committed_tokens=s.committed_tokens, drafts_verified=s.draft_tokens_verified)
+    row.update(drafts_accepted=s.draft_tokens_accepted)
+    row["tokens_per_round"] = (s.committed_tokens - s.gated_rounds) / spec_rounds if spec_rounds else None
+    row["accept_hist"] = " ".join(str(v) for v in acceptance_histogram(s)) if s.drafts else ""
+    row["span_choices"] = " ".join(f"{k}:{n}" for k, n in sorted((chosen or {}).items()))
+    row.update(host_terms=host_terms, host_residuals=residuals)
+    row["probes"] = " ".join(f"{b}:{k}:{n}" for (b, k), n in sorted((probes or {}).items()))  # batch:K:rounds
+    row.update(phase_split(res.steps))
+    return row | dict(peak_mem_gib=res.peak_mem_gib, gc_ms=res.gc_ms, gc_full=res.gc_full)
 
 
 def run_sweep(
@@ -125,15 +107,9 @@ def run_sweep(
     before_arm: Callable[[Arm], None] | None = None,
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
-    new_tokens: one output length, or one per prompt (load.output_lengths).
-    Per concurrency: one warm-up round (every arm once: compiles, and the graphs of the batches that
-    round drains through, not every batch a later round may reach; discarded), then
-    `rounds` rounds, round r starting at arm r mod n and on prompts from r * waves * c on (so c=1 does
-    not measure the same two prompts every round). The budget is shared evenly by the concurrencies
-    not yet run; a round is skipped when the slowest measured round would overrun its share (at least
-    one measured round always runs). The start-up heap is frozen for the sweep (gcstate.py), so no
-    run pays a full collection of it. before_arm(arm) runs before each arm-run (the study's modelled
-    drafter: a duplicate arm draws apart)."""
+    Per concurrency a discarded warm-up round, then `rounds` rounds, round r starting at arm r mod n
+    on prompts from r * waves * c (the benchmarks README, "sweep"), on a frozen heap (gcstate.py).
+    new_tokens: one output length or one per prompt; before_arm(arm) runs before each arm-run."""
     with frozen_heap():
         rows, trimmed = _sweep(
             engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm
@@ -193,20 +169,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-noise-arm", action="store_true", help="add spec#2, the speculative arms' noise floor")
     p.add_argument("--rounds", type=int, default=8, help="measured rounds per concurrency (+1 warm-up)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument(
-        "--length-spread",
-        type=float,
-        default=0.0,
-        help="output lengths uniform in new-tokens x [1 - S, 1 + S] per prompt, the same for every arm (0: fixed)",
-    )
+    p.add_argument("--length-spread", type=float, default=0.0, help="output lengths in new-tokens x [1-S, 1+S]")
     p.add_argument("--waves", type=int, default=2, help="requests per round = waves x concurrency")
     p.add_argument("--max-prompt-len", type=int, default=None, help="keep the first N tokens of each prompt")
-    p.add_argument(
-        "--time-budget-s",
-        type=float,
-        default=None,
-        help="trim measured rounds so the sweep (warm-ups included) fits; >= 1 round per c always runs",
-    )
+    p.add_argument("--time-budget-s", type=float, help="trim measured rounds to fit (>= 1 a concurrency runs)")
     p.add_argument("--parity-bar", type=float, default=0.02, help="min |ratio - 1| for a win/loss (default 2%%)")
     p.add_argument("--no-progress", action="store_true")
     add_device_args(p)
@@ -265,19 +231,9 @@ def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trim
     trims = "".join(f"- time budget: c={c} ran {n} rounds\n" for c, n in trimmed.items())
     (out / "sweep.md").write_text(f"# Lever sweep\n\n{meta_lines(meta)}{trims}\n{table}")
     plotted = sweep_plot(summary, arms, out / "sweep.png", meta["command"])
-    write_json(
-        out / "sweep.json",
-        {
-            **meta,
-            "arms": arms,
-            "noise_floors": noise_floors(rows),
-            "spec_noise_floors": noise_floors(rows, SPEC_NOISE_ARM, SPEC),
-            "trimmed_rounds": trimmed,
-            "parity_bar": bar,
-            "plot": plotted,
-            "summary": summary,
-        },
-    )
+    floors = dict(noise_floors=noise_floors(rows), spec_noise_floors=noise_floors(rows, SPEC_NOISE_ARM, SPEC))
+    record = dict(arms=arms, **floors, trimmed_rounds=trimmed, parity_bar=bar, plot=plotted, summary=summary)
+    write_json(out / "sweep.json", {**meta, **record})
     print(table)
     print(f"wrote {out}/sweep.csv, sweep_summary.csv, sweep.md, sweep.json" + (", sweep.png" if plotted else ""))
     return summary

@@ -36,7 +36,6 @@ def next_pow2(n: int) -> int:
 # drains; it waits (griddepcontrol.wait) before touching the previous kernel's output, then lets the
 # next one launch. The kernels that take a PDL constexpr do both first thing, except the GEMV
 # (gemv.py), which issues its first weight tile before the wait.
-PDL = True
 # Launches of more token rows than this go without PDL (None: every launch with it). Above the H200
 # table's 64 rows the projections are cuBLAS's, and a PDL kernel after one ran a verify of 16 x 16 rows
 # 1.017x slower (decode_ab at 0b7fa47, 4B geometry; 64 x 4: 1.001, c=64 with its prefill: 1.008).
@@ -59,7 +58,7 @@ def pdl(device: torch.device, rows: int = 0) -> dict:
     """Launch options of the PDL-aware kernels: {"PDL": True, "launch_pdl": True} on an sm90+ GPU
     with PDL on for a launch over `rows` token rows, else {"PDL": False} (the interpreter runs no
     griddepcontrol)."""
-    on = PDL and (PDL_MAX_ROWS is None or rows <= PDL_MAX_ROWS)
+    on = PDL_MAX_ROWS is None or rows <= PDL_MAX_ROWS
     on = on and device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1" and sm90(device)
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 

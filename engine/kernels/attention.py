@@ -90,12 +90,6 @@ SPLIT_TARGET_PROGRAMS_PER_SM = 2
 # and one stage there 0.926 (decode_ab at 9850e40).
 NUM_STAGES = 2
 SPLIT_STAGES = 3
-# Under PDL each program pulls its first key tile's cached rows into L2 before its wait
-# (attention_kernels.py); False: the wait first (the dispatch before, for the A/B benches).
-EARLY_KV = True
-# Under PDL the bounds (query_start_loc, seq_lens; the reduce: the row count) are read once, before
-# the wait, and used after it; False: read again after the wait (the dispatch before, for the A/Bs).
-EARLY_BOUNDS = True
 
 
 def _num_sms(device: torch.device) -> int:
@@ -138,9 +132,9 @@ def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
 
 
 def early_lines(head_dim: int, k_cache: torch.Tensor, launch: dict) -> int:
-    """128-byte lines in a cached row for the prefetch before the PDL wait, or 0: none (PDL off,
-    which the interpreter and pre-sm90 GPUs run, or EARLY_KV off)."""
-    if not (EARLY_KV and launch["PDL"]):
+    """128-byte lines in a cached row for the prefetch before the PDL wait (attention_kernels.py), or 0:
+    none (PDL off, which the interpreter and pre-sm90 GPUs run)."""
+    if not launch["PDL"]:
         return 0
     return max(1, head_dim * k_cache.element_size() // 128)
 
@@ -215,7 +209,6 @@ def paged_attention(
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),
-        EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
         num_warps=4,
         num_stages=attention_stages(num_seqs, max_query_len, splits),
         **launch,
@@ -232,7 +225,6 @@ def paged_attention(
             HQ=num_heads,
             D=head_dim,
             NUM_SPLITS=splits,
-            EARLY_BOUNDS=EARLY_BOUNDS and launch["PDL"],
             num_warps=4,
             **launch,
         )

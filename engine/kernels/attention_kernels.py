@@ -6,10 +6,8 @@ its PDL wait. Rows below the span's first query were cached by earlier launches,
 before this one (QK-norm + RoPE + store) writes only the span's own rows; the bounds it reads
 there (seq_lens, query_start_loc, the block table) were written before that kernel started. So
 under PDL the tile streams while the kernel before drains, and the first loop trip reads it from
-L2. The prefetch is a hint. With EARLY_BOUNDS the bounds read before the wait are the ones the
-kernel computes with (the kernel before writes none of them), so the span's start, length and
-cached rows are not read a second time after it; without it they are. The splits' reduce reads its
-row count so too."""
+L2. The prefetch is a hint. The bounds, read before the wait, are the ones the kernel computes with
+(the kernel before writes none of them); the splits' reduce reads its row count so too."""
 
 from __future__ import annotations
 
@@ -53,7 +51,6 @@ def paged_attn_kernel(
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
-    EARLY_BOUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -62,10 +59,9 @@ def paged_attn_kernel(
     q_tile = tl.program_id(1) * BLOCK_Q
     split = tl.program_id(2)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    if EARLY_LINES > 0 or EARLY_BOUNDS:  # before the wait (module docstring)
-        q_start = tl.load(qsl_ptr + b)
-        q_len = tl.load(qsl_ptr + b + 1) - q_start
-        seq_len = tl.load(seq_lens_ptr + b)
+    q_start = tl.load(qsl_ptr + b)  # before the wait (module docstring)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + b)
     if EARLY_LINES > 0:  # the first tile's cached rows into L2
         lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
         n = lo + tl.arange(0, BLOCK_N)
@@ -76,10 +72,6 @@ def paged_attn_kernel(
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if not EARLY_BOUNDS:  # read again after the wait
-        q_start = tl.load(qsl_ptr + b)
-        q_len = tl.load(qsl_ptr + b + 1) - q_start
-        seq_len = tl.load(seq_lens_ptr + b)
     if q_tile >= q_len:
         return
     ctx = seq_len - q_len  # position of the span's first query
@@ -187,16 +179,12 @@ def paged_attn_reduce_kernel(
     HQ: tl.constexpr,
     D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    EARLY_BOUNDS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if EARLY_BOUNDS:  # a step input, read before the wait as the attention reads its bounds
-        rows = tl.load(qsl_ptr + num_seqs)
+    rows = tl.load(qsl_ptr + num_seqs)  # a step input, read before the wait as the attention reads its bounds
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if not EARLY_BOUNDS:
-        rows = tl.load(qsl_ptr + num_seqs)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     if t >= rows:  # rows past the last span were never written

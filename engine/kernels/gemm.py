@@ -25,19 +25,10 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # went 35.9 -> 33.3 us on it (kernel_ab at 21d8dcd; down equal).
 PROLOGUES = frozenset({"plain", "swiglu", "norm", "deferred"})
 EARLY_WEIGHTS: frozenset[str] = frozenset({"norm", "deferred"})
-# Rows up to which launch(defer=True) hands back a SplitSum (0: never; kernel_ab's "before"). One: above
+# Rows up to which launch(defer=True) hands back a SplitSum (0: never). One: above
 # it norm.add_rms_norm is the consumer, one program a row reading every plane, and at 8 rows (down
 # split 8) the step ran 3.5 % slower than with the reduce kernel (decode_ab at f85d1cc, H200).
 DEFER_MAX_ROWS = 1
-# The tl.dot path's prologues (SWIGLU, NORM) read their tiles one K step ahead, into registers: the
-# pipeliner stages only loads that feed tl.dot, so an activation formed in registers waited for each
-# tile's read, and at 2-16 rows both fused kernels ran at ~0.5 of the copy bandwidth against ~0.8 for
-# the unfused pairs (the kernel sweep at 3cfef9c, H200).
-PROLOGUE_PREFETCH = True
-# Configs with tma=1 run a plain or GLU projection on gemm_tma.py's kernel where it serves (False:
-# never; the A/B's "before"). On the H200 at 32 and 64 rows it ran gate|up + SwiGLU 0.95x, down
-# 0.92-0.96x and o 0.91-0.96x the time of the dispatch before it; q|k|v 0.98-1.00x (kernel_ab at b3a11e7).
-TMA = True
 
 
 @jit(do_not_specialize=["M"])
@@ -137,7 +128,7 @@ def _linear_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = acc
         up_rows = w_ptr + (rn + N).to(tl.int64)[:, None] * stride_wn
-        if PREFETCH:  # the prologue's reads run a tile ahead (see PROLOGUE_PREFETCH)
+        if PREFETCH:  # the prologue's reads run a tile ahead (see launch)
             x_next, aux_next, nw_next = _prologue_tiles(
                 x_rows, r_rows, nw_ptr, up_off, k_lo + rk0, m_ok, k_hi, SWIGLU, NORM
             )
@@ -236,11 +227,15 @@ def launch(
         meta.update(num_stages=1, CARRY=cfg.num_stages >= 2)  # see gemv.py
         even_k = k % cfg.block_k == 0 and not split
         _gemv_kernel[grid](*args, EVEN_K=even_k, PLANES=planes, **meta)
-    elif tma and TMA and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
+    elif tma and cfg.tma and kind in ("plain", "deferred") and gemm_tma.serves(x, weight, cfg):
+        # tma=1: on the H200 at 32-64 rows 0.91-0.96x the time of the tl.dot path (o, down, gate|up)
         gemm_tma.launch(x, weight, cfg, parts, glu=glu)
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"
-        prefetch = PROLOGUE_PREFETCH and cfg.block_m > 1 and (swiglu or norm is not None)
+        # The prologues (SWIGLU, NORM) read their tiles one K step ahead, into registers: the pipeliner
+        # stages only loads that feed tl.dot, and an activation formed in registers waited for each
+        # tile's read (at 2-16 rows ~0.5 of the copy bandwidth against ~0.8 for the unfused pairs).
+        prefetch = cfg.block_m > 1 and (swiglu or norm is not None)
         _linear_kernel[grid](
             *args,
             BLOCK_M=cfg.block_m,

@@ -54,8 +54,7 @@ tl = None  # triton.language, bound by _triton.bind at the first launch
 # Under PDL the kernel reads what no earlier kernel of the step is still writing (positions, slots,
 # cos/sin, the norm weights) before its wait, so the position -> cos/sin chain of loads runs while
 # q|k|v drains: every kernel before q|k|v has completed once q|k|v lets this one launch (its own
-# wait returned). False: everything after the wait (the dispatch before, for the A/B benches).
-EARLY_INPUTS = True
+# wait returned).
 
 
 @jit
@@ -145,12 +144,8 @@ def _qk_norm_rope_store_kernel(
     HB: tl.constexpr,
     HAS_Q: tl.constexpr,
     SPLITS: tl.constexpr,
-    EARLY_INPUTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL and not EARLY_INPUTS:  # wait for the previous kernel's writes, then let the next kernel launch
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     d = tl.arange(0, D)
@@ -161,7 +156,7 @@ def _qk_norm_rope_store_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     kw, kwp = _norm_weights(kw_ptr, D)
     qw, qwp = _norm_weights(qw_ptr, D)
-    if PDL and EARLY_INPUTS:  # the inputs above were written before the kernel before this one ran
+    if PDL:  # the inputs above were written before the kernel before this one ran
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     n_kv_progs = tl.cdiv(HKV, HB)
@@ -265,7 +260,6 @@ def qk_norm_rope_store(
         HB=hb,
         HAS_Q=q is not None,
         SPLITS=splits,
-        EARLY_INPUTS=EARLY_INPUTS,
         num_warps=4,
         **pdl(k.device, num_tokens),
     )

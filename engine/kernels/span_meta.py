@@ -10,8 +10,6 @@ import torch
 from engine.kernels._triton import jit, next_pow2
 
 SpanMeta = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-# False: the triton backend runs the reference's torch ops too (the dispatch before, for the A/B benches).
-FUSED = True
 
 
 def span_meta_ref(
@@ -73,8 +71,6 @@ def span_meta(
     block_tables: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor, span: int, block_size: int
 ) -> SpanMeta:
     """Triton `span_meta_ref`: one program per request."""
-    if not FUSED:
-        return span_meta_ref(block_tables, rows, num_kv, span, block_size)
     n, max_blocks = rows.shape[0], block_tables.shape[1]
     dev = num_kv.device
     positions = torch.empty(n * span, dtype=torch.int64, device=dev)

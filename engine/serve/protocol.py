@@ -7,12 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import MAX_LOGPROBS, SamplingParams
+from engine.config import MAX_LOGPROBS, SamplingParams, text_error
 from engine.loader import is_int
 from engine.prompts import CHAT_ROLES
 from engine.serve.errors import BadRequest
 from engine.serve.fields import check_fields
-from engine.config import text_error
 
 __all__ = ["BadRequest", "Parsed", "parse_chat", "parse_completion"]
 MAX_STOPS = 4

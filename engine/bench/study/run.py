@@ -1,0 +1,272 @@
+"""The lever study on the Qwen3-4B geometry: the known-continuation target and the modelled drafter
+(real forwards, modelled first wrong draft), one device run end to end.
+
+    python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
+
+Stages: the pair; the cost profiles; the echo and lossless checks; the host and prefill calibration
+(step_walls.py); the graphs (graphs.py); the drafter's draws (draws.py); the sweep per concurrency and
+profile; the report (report.py): τ observed vs modelled, the cost model's prediction beside it."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.bench.arms import ADAPTIVE_ARM, Arm, arm_drafts, parse_arms
+from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
+from engine.bench.meta import run_meta
+from engine.bench.profile import profile_costs
+from engine.bench.report import write_csv
+from engine.bench.study.draws import draws_stage
+from engine.bench.study.graphs import CaptureLog, graph_stage, tag_rows
+from engine.bench.study.report import predicted_seconds, write_checks, write_meta, write_study
+from engine.bench.study.step_walls import (
+    add_calibration_args,
+    budget_tokens,
+    calib_batches,
+    calibration_stage,
+    centred_warmup,
+    table_context,
+)
+from engine.bench.sweep import run_sweep
+from engine.config import SamplingParams
+from engine.engine import Engine
+from engine.fixture.known.geometry import random_pair, random_prompts
+from engine.fixture.known.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.target import echo_failures, known_pair
+from engine.models.config import DFlashConfig
+from engine.policy.costs import CostTable
+from engine.policy.warmup import dummy_requests, policy_spans
+
+log = logging.getLogger(__name__)
+
+ARMS = [
+    *("plain", "spec", "spec+trim=2", "spec+trim=4", "spec+trim=8", "spec+gate=32", "spec+gate=64", "spec+gate=128"),
+    ADAPTIVE_ARM,
+]
+CONCURRENCY = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.bench study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--geometry", default="4b", help="4b (the study) or a fixture recipe's shapes: tiny, small")
+    p.add_argument("--profiles", nargs="+", default=["code", "chat"], help="code, chat, measured:<pair dir>")
+    p.add_argument("--concurrency", type=int, nargs="+", default=CONCURRENCY)
+    p.add_argument("--arms", nargs="+", default=ARMS, help="plain#2 and spec#2 are always added")
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds per (c, profile), + 1 warm-up")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=16, help="random prompts of this many tokens")
+    p.add_argument("--echo-steps", type=int, default=256, help="greedy steps of the echo check")
+    p.add_argument("--echo-batch", type=int, default=64)
+    p.add_argument("--profile-budget-s", type=float, default=120.0, help="the cost profile's share")
+    p.add_argument("--time-budget-s", type=float, help="the study's wall: the sweep gets what the stages leave")
+    p.add_argument("--reserve-s", type=float, default=30.0, help="kept back from the sweep for the report")
+    p.add_argument("--graphs-budget-s", type=float, default=60.0, help="capturing the sweep's graphs before it")
+    add_calibration_args(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--parity-bar", type=float, default=0.02)
+    add_device_args(p)
+    return p
+
+
+def waves_for(c: int) -> int:
+    """Two waves at small c (more prompts per round where a round is cheap), one above."""
+    return 2 if c <= 16 else 1
+
+
+def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
+    """A gate over the concurrency never trips: that arm is spec itself, measured by spec and spec#2."""
+    return [a for a in arms if not a.gate or a.gate <= c]
+
+
+def measure_costs(engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float) -> list[dict]:
+    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle."""
+    with dummy_requests(engine, max(batches), context, max(spans) + 1) as reqs:
+        return profile_costs(
+            engine.runner, engine.rounds.accept, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s
+        )
+
+
+def _profile_csv(spec: list[dict], plain: list[dict], random: list[dict]) -> list[dict]:
+    named = [("known+drafter", spec), ("known plain", plain), ("random plain", random)]
+    return [{"engine": name, **r} for name, rows in named for r in rows]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def echo_check(engine: Engine, prompts: list[list[int]], steps: int) -> dict:
+    """Plain greedy decode of the prompts: every output token must be its prompt's last token."""
+    outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+    bad = echo_failures(prompts, [o.token_ids for o in outs])
+    return {"prompts": len(prompts), "steps": steps, "failures": bad}
+
+
+def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]], steps: int) -> list[dict]:
+    """Every speculative arm's greedy outputs against the known continuation (= plain greedy, which
+    the echo check proves): a mismatch is an engine bug."""
+    rows = []
+    for arm in arms:
+        if arm.is_plain or "#" in arm.label:
+            continue
+        engine.set_levers(**arm.levers())
+        before = engine.stats.committed_tokens
+        outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+        bad = echo_failures(prompts, [o.token_ids for o in outs])
+        rows.append(
+            {
+                "arm": arm.label,
+                "requests": len(prompts),
+                "compared_tokens": sum(len(o.token_ids) for o in outs),
+                "round_tokens": engine.stats.committed_tokens - before,
+                "mismatches": len(bad),
+                "first": bad[:3],
+            }
+        )
+    engine.set_levers(max_batch=0, max_drafts=0, policy="static")
+    return rows
+
+
+def sweep_all(engines: dict, drafter: ModelledDrafter, profiles, arms, prompts, args, costs) -> list[dict]:
+    """run_sweep per concurrency and profile over the arms that differ there, the budget split by the
+    cost model's predicted round time (every c gets its warm-up and >= 1 round)."""
+    buckets = graph_buckets(engines["spec"])
+    weights = {}
+    for c in args.concurrency:
+        weights[c] = predicted_seconds(costs, c, arms_at(arms, c), profiles, args, waves_for(c), buckets)
+    start, rows = time.perf_counter(), []
+    for i, c in enumerate(args.concurrency):
+        for profile in profiles:
+            drafter.set_profile(profile)
+            budget = None
+            if args.time_budget_s is not None:
+                left = args.sweep_budget_s - (time.perf_counter() - start)
+                later = sum(weights[x] for x in args.concurrency[i:])
+                budget = max(0.0, left * weights[c] / later / len(profiles))
+                least = weights[c] / len(profiles) * 2 / (args.rounds + 1)  # warm-up + one round, predicted
+                if budget < least:
+                    log.warning("time budget: c=%d %s skipped (%.0f s left, %.0f needed)", c, profile.name, left, least)
+                    continue
+            captures = CaptureLog(engines, drafter.before_arm)
+            sweep = (engines, arms_at(arms, c), prompts, [c], args.rounds, args.new_tokens, waves_for(c), budget)
+            got, _ = run_sweep(*sweep, progress=False, before_arm=captures.before_arm)
+            tag_rows(got, captures.runs(), len(arms_at(arms, c)))
+            rows += [{"profile": profile.name, **r} for r in got]
+            write_csv(args.out / "sweep.csv", rows)  # a run cut short keeps what it measured
+            log.info("c=%d %s: %d rows, %.0f s so far", c, profile.name, len(got), time.perf_counter() - start)
+    return rows
+
+
+def study_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    """The sweep's prompts (seeded: a report from the files rebuilds them)."""
+    count = 4 * max(args.concurrency) * max(args.rounds + 1, 4)
+    return random_prompts(count, args.prompt_len, vocab, args.seed + 1)
+
+
+def graph_buckets(engine: Engine) -> list[int]:
+    """The batch buckets a step's graphs run at (none when the engine runs eagerly)."""
+    graphs = engine.runner.graphs
+    return list(graphs.buckets) if graphs.enabled else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
+        raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
+    if not args.graphs_budget_s >= 0:  # NaN too
+        raise SystemExit(f"--graphs-budget-s must be >= 0 (0: no graph stage), got {args.graphs_budget_s}")
+    try:
+        profiles = [parse_profile(p) for p in args.profiles]
+        arms = parse_arms(args.arms, noise_arm=True, spec_noise_arm=True)
+        args.calib_batches = calib_batches(args)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype, device)
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    meta = run_meta("study", device, argv)
+    t0 = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, drafter_ckpt = known_pair(args.geometry, device, dtype, args.seed)
+    batches = sorted(set(args.concurrency) | {1})
+    per_round = DFlashConfig.from_dict(drafter_ckpt.config).drafts_per_round
+    profiles = [p.first(per_round) for p in profiles]
+    spans = sorted({1, args.prompt_len} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})
+    if any(a.adaptive for a in arms):
+        spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
+
+    context = table_context(args)
+    plain_lead = centred_warmup(context, args.prompt_len, args.calib_steps, 2)
+    calib = max(budget_tokens(args.calib_steps + 2, per_round), budget_tokens(plain_lead + args.calib_steps, 0))
+    seq_tokens = args.prompt_len + max(
+        args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1, calib
+    )
+    max_c = max(args.concurrency)
+
+    def engine_of(target, drafter=None) -> Engine:
+        headroom = per_round + 1 if drafter is not None else 0
+        return make_engine(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=headroom)
+
+    random_target, _ = random_pair(args.geometry, device, dtype, seed=args.seed)
+    equality = measure_costs(engine_of(random_target), batches, [1], context, args.profile_budget_s / 3)
+    del random_target
+    _free(device)
+    engines = {"plain": engine_of(target)}
+    plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
+    engines["spec"] = engine_of(target, drafter_ckpt)
+    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
+    table = CostTable.from_rows(profile_rows, plain_rows)
+    engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
+    write_meta(args.out, meta, argv, graph_buckets(engines["spec"]))  # what a report from the files needs
+    write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, equality))
+    log.info("profiles done at %.0f s", time.perf_counter() - t0)
+
+    vocab = engines["plain"].target_cfg.geometry.vocab_size
+    prompts = study_prompts(args, vocab)
+    echo = echo_check(engines["plain"], prompts[: args.echo_batch], args.echo_steps)
+    drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
+    lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
+    write_checks(args.out, echo, lossless)
+    mismatches = [r["mismatches"] for r in lossless]
+    log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
+    costs = calibration_stage(engines, table, prompts, args, arms, per_round)
+    log.info("calibration done at %.0f s", time.perf_counter() - t0)
+    batches = [b for b in graph_buckets(engines["spec"]) if b <= max_c]
+    graphs = graph_stage(engines["spec"], arms, per_round, batches, context, args.graphs_budget_s)
+    draws = draws_stage(drafter, prompts, profiles, arms, args, waves_for)
+    log.info("graphs and draws done at %.0f s", time.perf_counter() - t0)
+
+    if args.time_budget_s is not None:
+        args.sweep_budget_s = max(0.0, args.time_budget_s - (time.perf_counter() - t0) - args.reserve_s)
+        log.info("sweep budget %.0f s", args.sweep_budget_s)
+    rows = sweep_all(engines, drafter, profiles, arms, prompts, args, costs)
+    meta.update(
+        geometry=args.geometry,
+        target=target.name,
+        drafter=drafter_ckpt.name,
+        profiles={p.name: list(p.conditional) for p in profiles},
+        new_tokens=args.new_tokens,
+        prompt_len=args.prompt_len,
+        graphs_captured=graphs,
+        seconds=time.perf_counter() - t0,
+    )
+    buckets = graph_buckets(engines["spec"])
+    profiled = {"spec": profile_rows, "plain": plain_rows, "random": equality}
+    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

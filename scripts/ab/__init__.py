@@ -1,0 +1,1 @@
+"""Two builds of pegaspec compared on one bench command: `python -m scripts.ab --help`."""
