@@ -23,13 +23,13 @@ row copied from pinned memory so the host does not wait for the step already run
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from engine.request import Request
-from engine.runner import ModelRunner
 
 
 @dataclass
@@ -69,12 +69,24 @@ class Launched:
     after: HostTokens
 
 
+class DecodeRunner(Protocol):
+    """What the launch ahead needs of the runner (engine/runner.py ModelRunner)."""
+
+    block_size: int
+
+    def stage(
+        self, reqs: list[Request], limits: Sequence[int] | None = None, next_tokens: torch.Tensor | None = None
+    ) -> None: ...
+    def decode(self, reqs: list[Request]): ...  # a SpanResult: .greedy [N] on the device
+    def assign_blocks(self, reqs: Sequence[Request]) -> None: ...
+
+
 # The scheduler's take_ahead: the blocks of one more row for these requests, or None where the pool is short.
 TakeBlocks = Callable[[list[Request]], list[Request] | None]
 
 
 class OverlappedDecode:
-    def __init__(self, runner: ModelRunner, enabled: bool, take_blocks: TakeBlocks | None = None):
+    def __init__(self, runner: DecodeRunner, enabled: bool, take_blocks: TakeBlocks | None = None):
         self.runner, self.enabled, self.take_blocks = runner, enabled, take_blocks
         self.launched: Launched | None = None
         self.launches = self.used = 0  # steps launched ahead, and of them the ones a round used

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from functools import partial
 
@@ -15,18 +14,17 @@ from engine.hedge import Hedger
 from engine.kernels import get_ops
 from engine.knobs import read_knobs
 from engine.levers import Levers
-from engine.logprobs import record_logprobs
 from engine.policy.calibration import calibrated_table
 from engine.policy.costs import CostTable
 from engine.policy.span import resolve_table
 from engine.policy.warmup import capture_policy_graphs
 from engine.prompts import batch, completions, conversations, merged
-from engine.request import Finish, Request, RequestFailure, RequestOutput
+from engine.request import Finish, Request, RequestOutput
 from engine.round import Rounds
-from engine.sampler import sample_requests
-from engine.scheduler import Plan, Scheduler, Step
+from engine.scheduler import Scheduler
 from engine.spec_stats import SpecStats
 from engine.startup import build_runner, load_models, max_model_len, resolve_device
+from engine.steps import Steps
 from engine.stopping import StopStrings
 from engine.timing import PhaseTimer
 from engine.tokenizing import encode_prompt, prompt_parts, render_chat
@@ -71,6 +69,7 @@ class Engine:
         )  # fmt: skip
         take = self.scheduler.take_ahead
         self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, trace, cost_table, config.decode_overlap, take)
+        self.steps = Steps(self.scheduler, self.runner, self.rounds, self.drafter is not None)
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
         self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
@@ -238,62 +237,7 @@ class Engine:
             self._requests.pop(r.id, None)
 
     def _advance(self) -> list[Request]:
-        """One scheduled step; finished requests give back their KV at once. Returns the touched ones.
-        A RequestFailure finishes exactly its requests as `error` (the others run the step again); any
-        other exception finishes every running request (docs/architecture.md, Failures)."""
-        start, captures = time.perf_counter(), self.runner.graphs.captures
-        step = self.scheduler.schedule()
-        if step is None:
-            if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
-                raise RuntimeError(f"no step can run with requests waiting: {self.scheduler.describe()}")
-            return []
-        try:
-            self._run(step)
-        except RequestFailure as err:
-            log.warning("%s step: %s", step.plan.value, err)
-            for r, why in err.failed.items():
-                r.finish(Finish.ERROR, why)
-            if step.plan is Plan.PREFILL:  # the others' prefills are dropped: they prefill again
-                for r in step.reqs:
-                    if not r.finished:
-                        self.scheduler.requeue(r)
-        except Exception as err:
-            log.exception("%s step of %d request(s) failed", step.plan.value, len(step.reqs))
-            return self._fail_running(f"{step.plan.value} step failed: {type(err).__name__}: {err}")
-        else:
-            if step.plan is not Plan.PREFILL:  # a step that captured a graph timed the capture, not the round
-                wall = None if self.runner.graphs.captures != captures else 1e3 * (time.perf_counter() - start)
-                self.rounds.step_wall(len(step.reqs), wall)
-        for r in step.reqs:
-            if r.finished:
-                self.scheduler.release(r)
-        return step.reqs
-
-    def _run(self, step: Step) -> None:
-        if step.grown:
-            self.runner.assign_blocks(step.grown)
-        if self.timer:
-            self.timer.start()
-        if step.plan is Plan.PREFILL:
-            self._prefill(step.reqs)
-        elif step.plan is Plan.SPECULATIVE:
-            draining = self.no_more_requests and not self.scheduler.waiting
-            self.rounds.speculate(step.reqs, draining=draining, admitting=self.scheduler.may_admit)
-        else:
-            self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=self.scheduler.may_admit)
-        if self.timer:
-            self.timer.finish(step.plan.value, len(step.reqs))
-
-    def _fail_running(self, message: str) -> list[Request]:
-        """Finish every running request as `error` and free its KV; the runner forgets the step."""
-        failed = list(self.scheduler.running)
-        for r in failed:
-            r.finish(Finish.ERROR, message)
-            self.scheduler.release(r)
-        self.runner.reset()
-        self.rounds.overlap.drop()
-        self.rounds.pause()
-        return failed
+        return self.steps.advance(self.no_more_requests)
 
     def _report(self, req: Request) -> RequestOutput:
         if req.finished:
@@ -319,17 +263,3 @@ class Engine:
             req.finish(Finish.LENGTH)
             self.scheduler.release(req)
         return logits[0].float()
-
-    # -- steps -------------------------------------------------------------------------------------
-    def _prefill(self, reqs: list[Request]) -> None:
-        """Prompts, and preempted requests' prompt + output (they keep their current token: no sample)."""
-        logits, greedy = self.runner.prefill(reqs)
-        fresh = [i for i, r in enumerate(reqs) if not r.output_ids]
-        if len(fresh) < len(reqs):
-            logits, greedy = logits[fresh], greedy[fresh]
-        sampled = iter(sample_requests(logits, greedy, [reqs[i] for i in fresh], 1).tolist() if fresh else [])
-        stored = self.drafter is not None  # the prefill stored every prompt row as drafter context
-        for r in reqs:
-            r.prefilled(None if r.output_ids else next(sampled), context_stored=stored and r.params.speculate)
-        record_logprobs([reqs[i] for i in fresh], logits, 1, [1] * len(fresh))
-        self.rounds.pause()

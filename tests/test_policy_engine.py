@@ -101,14 +101,14 @@ def test_a_step_that_captured_a_graph_sends_no_wall(tiny_target, tiny_drafter, p
     # On the H200 the captures of a bucket's batches 40, 48 and 56 taught the host term 3.2 ms there.
     engine = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
     engine.set_cost_table(loses_from_3())
-    walls, graphs, run_step = [], engine.runner.graphs, engine._run
+    walls, graphs, run_step = [], engine.runner.graphs, engine.steps.run
     engine.rounds.policy.observe_wall = lambda batch, k, ms, context: walls.append(batch)
 
-    def capturing(step):
-        run_step(step)
+    def capturing(step, no_more_requests):
+        run_step(step, no_more_requests)
         graphs.captures += len(step.reqs) % 2  # every step of an odd batch "captured" a graph
 
-    engine._run = capturing
+    engine.steps.run = capturing
     run(engine, capsys)
     assert 2 in walls and 4 in walls and not {1, 3} & set(walls)
 
