@@ -168,7 +168,9 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == warmup.policy_spans(engine.drafts_per_round)
     captured = set(engine.runner.graphs.captured)
     assert {("verify", s - 1, accept, b) for s in table.spans() for b in (1, 2, 4, 8)} <= captured
-    assert {("draft", (), b) for b in (1, 2, 4, 8)} <= captured
+    heads = [s - 1 for s in table.spans() if s > 1]  # the drafter with its head over each verified K
+    assert {("draft", (), k, b) for k in heads for b in (1, 2, 4, 8)} <= captured
+    assert {(b, k) for b in (1, 2, 4, 8) for k in heads if k < engine.drafts_per_round} == set(table.heads)
     assert not engine.scheduler.has_work() and engine.blocks.num_free == engine.blocks.capacity
     outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [12, 12]
@@ -177,7 +179,7 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     # ...and still every graph its rounds replay captured before it serves: the gated round's decode
     # graph, the drafter and every span the policy chooses, at every bucket (here 1, 2, 4, 8)
     captured, buckets = set(again.runner.graphs.captured), again.runner.graphs.buckets
-    assert {("decode", b) for b in buckets} | {("draft", (), b) for b in buckets} <= captured
+    assert {("decode", b) for b in buckets} | {("draft", (), k, b) for k in heads for b in buckets} <= captured
     verify = {("verify", s - 1, again.rounds.accept, b) for s in table.spans() if s > 1 for b in buckets}
     assert verify <= captured  # keyed on the new engine's accept rule (one object per engine)
     assert not again.scheduler.has_work() and again.blocks.num_free == again.blocks.capacity
