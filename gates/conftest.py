@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from engine.knobs import read_gate_knobs  # noqa: E402
 from gates.devices import visible_gpu_count, worker_gpu  # noqa: E402
-from gates.run_record import RECORD_ENV, RunRecorder  # noqa: E402
+from gates.run_record import RECORD_ENV, RECORDS_DIR, RunRecorder  # noqa: E402
 
 REQUIRE_ENV = "PEGAINFER_REQUIRE_SPEC_GATE"
 _REQUIRE = pytest.StashKey[bool]()
@@ -25,8 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         default=None,
         help=f"where the levers gate writes its run record (default: ${RECORD_ENV}, else "
-        "levers-gate-<device>.md in the session's base temp dir); a run that skipped a case never "
-        "writes under docs/",
+        f"{RECORDS_DIR}/<UTC time>-<commit>.md under the working directory); a run that skipped a case "
+        "never writes under docs/",
     )
 
 

@@ -3,9 +3,10 @@
 A case attaches its row to its report (`user_properties`), which xdist ships to
 the controller; the controller's RunRecorder collects rows from the call-phase
 reports and, at the end of the session, prints the gate lines and writes the record
-into the session's own output folder (or where --run-record / PEGAINFER_RUN_RECORD
-say). A run that did not run every case never writes under docs/; pasting a whole
-run into a doc is `python -m trace_tools paste`.
+to gate-records/<UTC time>-<commit>.md under the directory pytest was started in (or
+where --run-record / PEGAINFER_RUN_RECORD say). A run that did not run every case
+never writes under docs/; pasting a whole run into a doc is `python -m trace_tools paste`,
+which takes the newest record in gate-records/ by default.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shlex
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -26,9 +28,10 @@ from filelock import FileLock
 from engine.knobs import read_gate_knobs
 from engine.provenance import git_commit
 from gates.cases import ALL_CASES
-from gates.devices import device_name, device_slug
+from gates.devices import device_name
 from gates.verdict import gate_line
 from trace_tools import RecordHeader, RecordRow, render_record
+from trace_tools.record import RECORDS_DIR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD_ENV = "PEGAINFER_RUN_RECORD"
@@ -50,20 +53,24 @@ def head_commit(repo: Path = REPO_ROOT, environ: Mapping[str, str] | None = None
     return git_commit(short=True, repo=repo, environ=environ) or "unknown (no git)"
 
 
-def record_path(option: str | None, device: str, out_dir: Path) -> Path:
-    """--run-record, else $PEGAINFER_RUN_RECORD, else out_dir/levers-gate-<device>.md."""
+def default_record(cwd: Path, stamp: datetime, head: str) -> Path:
+    """cwd/gate-records/<UTC time>-<commit>.md: names sort by time, so the newest sorts last."""
+    commit = re.sub(r"[^0-9A-Za-z_.-]+", "-", head).strip("-") or "unknown"
+    return cwd / RECORDS_DIR / f"{stamp.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{commit}.md"
+
+
+def record_path(option: str | None, default: Path) -> Path:
+    """--run-record, else $PEGAINFER_RUN_RECORD, else `default` (default_record)."""
     chosen = option or read_gate_knobs().run_record
-    if chosen:
-        return Path(chosen).expanduser()
-    return out_dir / f"levers-gate-{device_slug(device)}.md"
+    return Path(chosen).expanduser() if chosen else default
 
 
-def guarded_path(path: Path, whole: bool, out_dir: Path, repo: Path = REPO_ROOT) -> Path:
-    """path, unless the run is partial and path lies under the repo's docs/: then out_dir's record."""
+def guarded_path(path: Path, whole: bool, default: Path, repo: Path = REPO_ROOT) -> Path:
+    """path, unless the run is partial and path lies under the repo's docs/: then `default`."""
     docs = (repo / "docs").resolve()
     if whole or not path.resolve().is_relative_to(docs):
         return path
-    return out_dir / path.name
+    return default
 
 
 def write_run_record(path: Path, header: RecordHeader, rows: Sequence[RecordRow]) -> None:
@@ -99,21 +106,20 @@ class RunRecorder:
         terminalreporter.section("spec lever gate")
         for _, row in ordered:
             terminalreporter.write_line(gate_line(row))
-        device = device_name()
+        now, head = datetime.now(timezone.utc), head_commit()
         header = RecordHeader(
-            head=head_commit(),
-            device=device,
+            head=head,
+            device=device_name(),
             weights=", ".join(dict.fromkeys(w for w, _ in ordered)),
-            date=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            date=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
             command=shlex.join(["pytest", *self.config.invocation_params.args]),
             cases_run=len(ordered),
             cases_total=len(ALL_CASES),
         )
-        # The session's own output folder: pytest's base temp dir (--basetemp), which pytest offers
-        # plugins only through this attribute (the tmp_path_factory fixture needs a test).
-        out_dir = self.config._tmp_path_factory.getbasetemp()
-        wanted = record_path(self.config.getoption("run_record"), device, out_dir)
-        path = guarded_path(wanted, len(ordered) == len(ALL_CASES), out_dir)
+        # Under the directory pytest was started in, not pytest's temp folder (rotated after three runs).
+        default = default_record(Path(self.config.invocation_params.dir), now, head)
+        wanted = record_path(self.config.getoption("run_record"), default)
+        path = guarded_path(wanted, len(ordered) == len(ALL_CASES), default)
         if path != wanted:
             terminalreporter.write_line(
                 f"ran {len(ordered)} of {len(ALL_CASES)} cases: a partial run never writes under docs/ "

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +16,7 @@ from gates.cases import ALL_CASES, CASES
 from gates.run_record import (
     RECORD_ENV,
     RunRecorder,
+    default_record,
     guarded_path,
     head_commit,
     read_row_property,
@@ -51,22 +54,31 @@ def test_write_run_record_replaces_the_file(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["levers-gate-cpu.md"]
 
 
+def test_the_default_record_is_named_by_utc_time_and_commit(tmp_path):
+    stamp = datetime(2026, 12, 1, 8, 16, 27, tzinfo=timezone(timedelta(hours=2)))
+    path = default_record(tmp_path, stamp, "abc1234-dirty")
+    assert path == tmp_path / "gate-records" / "20261201T061627Z-abc1234-dirty.md"
+    assert default_record(tmp_path, stamp, "unknown (no git)").name == "20261201T061627Z-unknown-no-git.md"
+    later = default_record(tmp_path, stamp + timedelta(seconds=1), "0000000")
+    assert sorted([later.name, path.name])[-1] == later.name  # the newest sorts last: what paste takes
+
+
 def test_record_path_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    out = tmp_path / "pytest-7"
-    assert record_path(None, "NVIDIA H200", out) == out / "levers-gate-nvidia-h200.md"  # the run's own folder
+    default = tmp_path / "gate-records" / "x.md"
+    assert record_path(None, default) == default
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "env.md"))
-    assert record_path(None, "cpu (x86_64)", out) == tmp_path / "env.md"
-    assert record_path(str(tmp_path / "opt.md"), "cpu", out) == tmp_path / "opt.md"
+    assert record_path(None, default) == tmp_path / "env.md"
+    assert record_path(str(tmp_path / "opt.md"), default) == tmp_path / "opt.md"
 
 
 def test_a_partial_run_never_writes_under_docs(tmp_path):
-    repo, out = tmp_path / "repo", tmp_path / "out"
+    repo, default = tmp_path / "repo", tmp_path / "gate-records" / "x.md"
     doc = repo / "docs" / "benchmarks" / "records" / "levers-gate-cpu.md"
-    assert guarded_path(doc, whole=True, out_dir=out, repo=repo) == doc
-    assert guarded_path(doc, whole=False, out_dir=out, repo=repo) == out / "levers-gate-cpu.md"
+    assert guarded_path(doc, whole=True, default=default, repo=repo) == doc
+    assert guarded_path(doc, whole=False, default=default, repo=repo) == default
     elsewhere = tmp_path / "mine.md"
-    assert guarded_path(elsewhere, whole=False, out_dir=out, repo=repo) == elsewhere
+    assert guarded_path(elsewhere, whole=False, default=default, repo=repo) == elsewhere
 
 
 def test_head_commit_marks_a_dirty_tree_and_tolerates_no_git(tmp_path):
@@ -110,8 +122,7 @@ def _report(when: str, *props: tuple[str, str]) -> SimpleNamespace:
 def _config(tmp_path: Path, option: str | None) -> SimpleNamespace:
     return SimpleNamespace(
         getoption=lambda name: option,
-        invocation_params=SimpleNamespace(args=("gates/", "-n", "6")),
-        _tmp_path_factory=SimpleNamespace(getbasetemp=lambda: tmp_path / "basetemp"),
+        invocation_params=SimpleNamespace(args=("gates/", "-n", "6"), dir=tmp_path / "cwd"),
     )
 
 
@@ -135,15 +146,15 @@ def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
     assert f"- cases: 2 of {len(ALL_CASES)}" in text
 
 
-def test_recorder_writes_into_the_runs_own_folder_by_default(tmp_path, monkeypatch):
+def test_recorder_writes_under_the_working_directory_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    (tmp_path / "basetemp").mkdir()
     recorder = RunRecorder(_config(tmp_path, None))
     recorder.pytest_runtest_logreport(_report("call", row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
     term = _Terminal()
     recorder.pytest_terminal_summary(term)
-    written = list((tmp_path / "basetemp").glob("levers-gate-*.md"))
+    written = list((tmp_path / "cwd" / "gate-records").glob("*.md"))
     assert len(written) == 1 and term.lines[-1] == f"run record written to {written[0]}"
+    assert re.fullmatch(r"[0-9]{8}T[0-9]{6}Z-.+\.md", written[0].name)
 
 
 def test_recorder_without_rows_writes_nothing(tmp_path):

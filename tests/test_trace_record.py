@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,9 +127,10 @@ def test_cli_paste_refuses_a_partial_record_and_leaves_the_doc(tmp_path):
 # ---- CLI ----
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "trace_tools", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trace_tools", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
     )
 
 
@@ -164,6 +166,21 @@ def test_cli_paste_rewrites_the_doc_in_place(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.md", "record.md"]  # no temp file left
 
 
+def test_cli_paste_takes_the_newest_record_under_gate_records_by_default(tmp_path):
+    doc = tmp_path / "bench.md"
+    doc.write_text(DOC)
+    out = cli("paste", "--doc", str(doc), cwd=tmp_path)
+    assert out.returncode == 1 and "no run record under gate-records/" in out.stderr
+    records = tmp_path / "gate-records"
+    records.mkdir()
+    (records / "20261201T061627Z-abc1234.md").write_text(render_record(HEADER, ROWS[:1]))
+    (records / "20261201T071627Z-def5678.md").write_text(render_record(HEADER, ROWS))
+    out = cli("paste", "--doc", str(doc), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "pasted gate-records/20261201T071627Z-def5678.md" in out.stdout
+    assert doc.read_text() == paste(DOC, render_record(HEADER, ROWS))
+
+
 def test_cli_paste_leaves_a_doc_without_markers_untouched(tmp_path):
     doc, record = tmp_path / "bench.md", tmp_path / "record.md"
     doc.write_text("# Bench\n")
@@ -175,7 +192,7 @@ def test_cli_paste_leaves_a_doc_without_markers_untouched(tmp_path):
 
 def test_cli_usage_errors_exit_nonzero():
     assert cli("--help").returncode == 0
-    assert cli("paste", "--doc", "x.md").returncode == 2
+    assert cli("paste", "--record", "x.md").returncode == 2
     assert "summarize" in cli().stderr
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+RECORDS_DIR = "gate-records"  # where the gate writes its records, under the directory it ran in
 BEGIN = "<!-- run-record:begin -->"
 END = "<!-- run-record:end -->"
 COLUMNS = ("child", "env", "gated rows", "speculating rows", "max drafts", "compared tokens", "excused", "verdict")
