@@ -17,14 +17,7 @@ KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDG
 # A Markov-head (DSpark) drafter: the gate passes it to its hedge children only, whose weights then use
 # it in place of the pair's drafter (gates/weights.py); every other child keeps the pair's drafter.
 HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
-# Near-tie positions the lossless check may excuse under default numerics: 1 per 128 compared tokens,
-# rounded up (none were excused on CPU fp32: docs/levers.md); none under batch-invariant numerics.
-EXCUSE_PER_TOKENS = 128
 ADAPTIVE_TABLE = "gates/data/adaptive-loss.csv"  # relative to the repository root, the children's cwd
-
-
-def excuse_cap(compared_tokens: int, exact: bool) -> int:
-    return 0 if exact else -(-compared_tokens // EXCUSE_PER_TOKENS)
 
 
 class Expect(enum.Enum):

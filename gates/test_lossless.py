@@ -35,10 +35,9 @@ def test_greedy_matches_plain_greedy(engines, gate_weights):
         (want,) = plain.generate([ids], greedy(TOKENS))
         (got,) = spec.generate([ids], greedy(TOKENS))
         _report(got, TOKENS)
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, request=got.request_id)
     assert spec.stats.rounds > 0, "the speculative engine never ran a verify round"
-    print(tally.line("greedy_matches_plain_greedy"))
-    tally.check_cap(exact)
+    tally.report("greedy_matches_plain_greedy")
 
 
 def test_concurrent_heterogeneous_is_lossless(engines, gate_weights):
@@ -51,10 +50,9 @@ def test_concurrent_heterogeneous_is_lossless(engines, gate_weights):
     for ids, budget, got in zip(prompts, budgets, outs, strict=True):
         _report(got, budget)
         (want,) = plain.generate([ids], greedy(budget))
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=got.request_id)
     assert spec.stats.rounds > rounds_before, "the speculative engine never ran a verify round"
-    print(tally.line("concurrent_heterogeneous_is_lossless"))
-    tally.check_cap(exact)
+    tally.report("concurrent_heterogeneous_is_lossless")
 
 
 def test_stop_tokens_end_like_plain_decode(engines, gate_weights):
@@ -73,10 +71,10 @@ def test_stop_tokens_end_like_plain_decode(engines, gate_weights):
             (want,) = plain.generate([ids], params)
             (got,) = spec.generate([ids], params)
             _report(got, TOKENS)
-            check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, {token, *plain.eos_ids})
+            stops = {token, *plain.eos_ids}
+            check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, stops, request=got.request_id)
     assert tally.requests > 0, "no stop token to place: every candidate repeats earlier in its output"
-    print(tally.line("stop_tokens_end_like_plain_decode"))
-    tally.check_cap(exact)
+    tally.report("stop_tokens_end_like_plain_decode")
 
 
 def test_short_then_long_verify_capture_is_lossless(engines, gate_weights):
@@ -87,6 +85,5 @@ def test_short_then_long_verify_capture_is_lossless(engines, gate_weights):
     for ids, budget in ((short, 4), (long, TOKENS)):
         (got,) = spec.generate([ids], greedy(budget))
         (want,) = plain.generate([ids], greedy(budget))
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget)
-    print(tally.line("short_then_long_verify_capture_is_lossless"))
-    tally.check_cap(exact)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=got.request_id)
+    tally.report("short_then_long_verify_capture_is_lossless")

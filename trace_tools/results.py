@@ -1,0 +1,93 @@
+"""The gate children's result lines beyond `[lossless]`: excused near-ties, lossless failures, the
+capture-content child's `[capture]` and `[resume]` lines. Same reading rules as trace_tools.parse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from trace_tools.parse import _check_lines, _marked
+
+EXCUSED_MARKER = "[excused]"
+FAILED_MARKER = "[lossless-failed]"
+CAPTURE_MARKER = "[capture]"
+RESUME_MARKER = "[resume]"
+
+
+@dataclass(frozen=True)
+class ExcusedLine:
+    """One near-tie the lossless check excused: output position, emitted and fp32 top token, the fp32
+    gap between them and the bound it had to sit under (logits; gates/near_tie.py)."""
+
+    test: str
+    request: str
+    position: int
+    token: int
+    top: int
+    gap: float
+    bound: float
+
+
+@dataclass(frozen=True)
+class CaptureLine:
+    """The drafter context a gated-then-resumed run stored against an ungated run's, over the same
+    committed tokens: rows compared, of them written by gated rounds, rows whose difference exceeds
+    the tolerance, and the largest difference (relative to the row's largest value)."""
+
+    numerics: str
+    requests: int
+    compared_rows: int
+    gated_rows: int
+    mismatched_rows: int
+    max_diff: float
+    tolerance: float
+
+
+@dataclass(frozen=True)
+class ResumeLine:
+    """Acceptance after a resume: the resumed rounds (verified drafts, accepted drafts) against the
+    ungated run's rounds from the same positions; mismatched: rounds whose counts differ."""
+
+    numerics: str
+    requests: int
+    rounds: int
+    accepted: int
+    reference_accepted: int
+    verified: int
+    reference_verified: int
+    mismatched_rounds: int
+
+
+def excused_lines(lines: Iterable[str]) -> list[ExcusedLine]:
+    """One ExcusedLine per `[excused]` line a lossless child printed."""
+    marked = _marked(lines, EXCUSED_MARKER, ("test", "request"), ("position", "token", "top"), ("gap", "bound"))
+    return [ExcusedLine(**f) for f in marked]
+
+
+def lossless_failures(lines: Iterable[str]) -> list[str]:
+    """The message of each `[lossless-failed]` line: the check that failed, and where."""
+    _check_lines(lines)
+    out = []
+    for line in lines:
+        at = line.find(FAILED_MARKER)
+        if at >= 0:
+            out.append(line[at + len(FAILED_MARKER) :].strip() or "(no message)")
+    return out
+
+
+def capture_lines(lines: Iterable[str]) -> list[CaptureLine]:
+    counts = ("requests", "compared_rows", "gated_rows", "mismatched_rows")
+    return [CaptureLine(**f) for f in _marked(lines, CAPTURE_MARKER, ("numerics",), counts, ("max_diff", "tolerance"))]
+
+
+def resume_lines(lines: Iterable[str]) -> list[ResumeLine]:
+    counts = (
+        "requests",
+        "rounds",
+        "accepted",
+        "reference_accepted",
+        "verified",
+        "reference_verified",
+        "mismatched_rounds",
+    )
+    return [ResumeLine(**f) for f in _marked(lines, RESUME_MARKER, ("numerics",), counts)]
