@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import pytest
 
-from gates.lossless import TOKENS, Tally, batch_invariant, build_engines, check, gate_prompts, greedy, request_line
+from engine import SamplingParams
+from gates.lossless import (
+    TOKENS,
+    Tally,
+    batch_invariant,
+    build_engines,
+    check,
+    fail,
+    gate_prompts,
+    greedy,
+    request_line,
+)
 
-STOP_AT = (6, 14, 25, 40)  # output positions whose plain-greedy token becomes the stop token
+STOP_AT = (6, 14, 25, 40)  # output positions whose plain-greedy token (or text) becomes the stop
+# The arrivals child: one long request alone, a wave of short ones arriving once it has run ARRIVE_AFTER
+# rounds (past the auto-hedge controller's first 64-round window), then the long one alone again.
+LONG, WAVE, ARRIVE_AFTER = 320, 24, 70
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +101,71 @@ def test_short_then_long_verify_capture_is_lossless(engines, gate_weights):
         (want,) = plain.generate([ids], greedy(budget))
         check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=got.request_id)
     tally.report("short_then_long_verify_capture_is_lossless")
+
+
+def _stop_string(plain, tokens: list[int], at: int) -> str | None:
+    """A few characters of plain's text that token `at` completes and that appear nowhere before."""
+    text = plain.tokenizer.decode(tokens[: at + 1], skip_special_tokens=True)
+    before = plain.tokenizer.decode(tokens[:at], skip_special_tokens=True).rstrip("\ufffd")
+    if "\ufffd" in text or not text.startswith(before) or len(text) == len(before):
+        return None
+    for width in (3, 4, 2, 5):
+        stop = text[-width:]
+        if len(text) >= width and text.find(stop) == len(text) - width and stop.strip():
+            return stop
+    return None
+
+
+def test_stop_strings_end_like_plain_decode(engines, gate_weights):
+    """Stop strings: one completed inside an accepted run must end the output at the token that
+    completes it, with the text cut before it, exactly as plain decode does."""
+    plain, spec = engines
+    tally, exact = Tally(), batch_invariant()
+    for prompt in gate_prompts(gate_weights.label, 3):
+        ids = _prompt_ids(plain, prompt)
+        (free,) = plain.generate([ids], greedy(TOKENS))
+        for at in STOP_AT:
+            stop = _stop_string(plain, free.token_ids, at)
+            if stop is None:
+                continue
+            params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, stop=[stop])
+            (want,) = plain.generate([ids], params)
+            (got,) = spec.generate([ids], params)
+            _report(got, TOKENS)
+            check(
+                plain,
+                ids,
+                want.token_ids,
+                got.token_ids,
+                tally,
+                exact,
+                TOKENS,
+                request=got.request_id,
+                stop_strings=[stop],
+            )
+            if got.text != want.text:
+                fail(f"{got.request_id} text {got.text!r} is not plain decode's {want.text!r} (stop {stop!r})")
+    assert tally.requests > 0, "no stop string to place: no candidate is new text at its position"
+    tally.report("stop_strings_end_like_plain_decode")
+
+
+def test_arrivals_mid_run_are_lossless(engines, gate_weights):
+    """Requests arriving mid-run: a long request speculates alone, a wave of short ones joins it (under
+    MAX_BATCH=3 the batch gates while they run), then it speculates alone again."""
+    plain, spec = engines
+    long, *wave = (_prompt_ids(plain, p) for p in gate_prompts(gate_weights.label, 4))
+    start, budgets = spec.stats.rounds, {}
+    budgets[spec.add_request(long, greedy(LONG))] = (long, LONG)
+    done = {}
+    while spec.has_unfinished():
+        done |= {o.request_id: o for o in spec.step() if o.finished}
+        if len(budgets) == 1 and spec.stats.rounds - start >= ARRIVE_AFTER:
+            budgets |= {spec.add_request(ids, greedy(WAVE)): (ids, WAVE) for ids in wave}
+    assert len(budgets) == 1 + len(wave), f"the long request ended before {ARRIVE_AFTER} rounds"
+    tally, exact = Tally(), batch_invariant()
+    for rid, (ids, budget) in budgets.items():
+        got = done[rid]
+        _report(got, budget)
+        (want,) = plain.generate([ids], greedy(budget))
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=rid)
+    tally.report("arrivals_mid_run_are_lossless")

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gates.cases import Expect, LeverCase
+from gates.cases import CAPTURE, Expect, LeverCase
 from gates.checks import check_case
 from gates.child import CHILD_TIMEOUT_S
+from gates.result_checks import capture_problems, server_problems
 from trace_tools import (
     HedgeRow,
     KnownLine,
@@ -27,7 +28,14 @@ from trace_tools import (
     summarize,
     summarize_hedge,
 )
-from trace_tools.results import ExcusedLine, excused_lines, lossless_failures
+from trace_tools.results import (
+    ExcusedLine,
+    capture_lines,
+    excused_lines,
+    lossless_failures,
+    resume_lines,
+    server_lines,
+)
 from trace_tools.summary import ChildSummary, HedgeSummary
 
 
@@ -83,8 +91,15 @@ def check_child(
     try:
         rows, hedges, requests = levers_trace_rows(lines), hedge_trace_rows(lines), request_lines(lines)
         problems += check_case(case, rows, hedges, gated_hedges(lines) if case.expect.hedged else ())
+        if case.expect is Expect.SERVE:  # clients that left early have rounds but no request line
+            problems += server_problems(server_lines(lines), rows, requests)
+            rows_checked = [r for r in rows if r.request in {q.request for q in requests}]
+        else:
+            rows_checked = rows
+        if case.child == CAPTURE:
+            problems += capture_problems(capture_lines(lines), resume_lines(lines))
         if rows:
-            problems += request_problems(rows, requests, stops=case.expect is Expect.STOP)
+            problems += request_problems(rows_checked, requests, stops=case.expect is Expect.STOP)
     except TraceError as e:
         rows, problems = [], [*problems, f"unreadable trace: {e}"]
     try:

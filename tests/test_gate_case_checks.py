@@ -144,6 +144,7 @@ def test_the_cases_of_the_spec_in_order_then_the_stop_case():
     assert [c.id for c in hedged] == [
         "greedy-HEDGE=8-HEDGE_POSITIONS=0,1,2",
         "concurrent-HEDGE=8-HEDGE_POSITIONS=0,1,2-MAX_BATCH=3",
+        "arrivals-HEDGE=8-HEDGE_POSITIONS=0,1,2-HEDGE_AUTO=1-MAX_BATCH=3",
     ]
     assert hedged[1].env == {
         "PEGAINFER_SPEC_HEDGE": "8",

@@ -12,10 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
+from gates.canaries import CANARIES
 from gates.cases import ALL_CASES, CASES
 from gates.run_record import (
+    CANARY_PROPERTY,
     RECORD_ENV,
     RunRecorder,
+    canary_line,
+    canary_property,
     default_record,
     guarded_path,
     head_commit,
@@ -25,7 +29,7 @@ from gates.run_record import (
     write_run_record,
 )
 from gates.verdict import gate_line
-from trace_tools import RecordHeader, RecordRow, render_record
+from trace_tools import CanaryRow, ExcuseRow, RecordHeader, RecordRow, render_record
 
 pytest_plugins = ["pytester"]
 
@@ -33,17 +37,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- run record ----
 
-HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/", 2, 9)
+HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/", 2, 9, 11)
 ROWS = [
     RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 320, 0, True),
     RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 176, 1, False),
 ]
 
 
-def test_row_property_round_trips_through_json():
-    name, value = row_property("concurrent-MAX_BATCH=3", ROWS[1], "fixture:tiny")
+EXCUSE = ExcuseRow("concurrent-MAX_BATCH=3", "req-2", 17, 5, 6, 0.0123, 0.0456)
+CANARY = CanaryRow("trim-leak", "the trim leaking", "concurrent-MAX_DRAFTS=2", True, "62 rounds ...: the trim leaks")
+
+
+def test_row_and_canary_properties_round_trip_through_json():
+    name, value = row_property("concurrent-MAX_BATCH=3", ROWS[1], "fixture:tiny", [EXCUSE])
     assert json.loads(value)["case"] == "concurrent-MAX_BATCH=3"
-    assert read_row_property(value) == ("concurrent-MAX_BATCH=3", "fixture:tiny", ROWS[1])
+    assert read_row_property(value) == ("concurrent-MAX_BATCH=3", "fixture:tiny", ROWS[1], [EXCUSE])
+    assert read_row_property(row_property("c", ROWS[0], "w")[1])[3] == []
+    name, value = canary_property(CANARY)
+    assert name == CANARY_PROPERTY and CanaryRow(**json.loads(value)) == CANARY
 
 
 def test_write_run_record_replaces_the_file(tmp_path):
@@ -129,21 +140,32 @@ def _config(tmp_path: Path, option: str | None) -> SimpleNamespace:
 def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
     config = _config(tmp_path, str(tmp_path / "rec.md"))
     recorder = RunRecorder(config)
-    recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w")))
+    recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w", [EXCUSE])))
     recorder.pytest_runtest_logreport(_report("setup", row_property("greedy-MAX_DRAFTS=4", ROWS[1], "w")))
     recorder.pytest_runtest_logreport(_report("call", ("other", "x"), row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
+    recorder.pytest_runtest_logreport(_report("call", canary_property(CANARY)))
     term = _Terminal()
     recorder.pytest_terminal_summary(term)
     assert term.lines == [
         "== spec lever gate",
         gate_line(ROWS[0]),
         gate_line(ROWS[1]),
+        canary_line(CANARY),
+        f"canaries: 1 of {len(CANARIES)} caught",
         f"run record written to {tmp_path / 'rec.md'}",
     ]
     text = (tmp_path / "rec.md").read_text()
-    assert text.endswith(render_record(HEADER, ROWS).split("\n\n", 1)[1])
+    assert text.endswith(render_record(HEADER, ROWS, [EXCUSE], [CANARY]).split("\n\n", 1)[1])
     assert "- command: `pytest gates/ -n 6`" in text and "- weights: w" in text
-    assert f"- cases: 2 of {len(ALL_CASES)}" in text
+    assert f"- cases: 2 of {len(ALL_CASES)}\n- canaries: 1 of {len(CANARIES)} caught\n" in text
+    assert "| concurrent-MAX_BATCH=3 | req-2 | 17 | 5 | 6 | 0.0123 | 0.0456 | 0.27 |" in text
+
+
+def test_a_canary_not_caught_says_the_gate_cannot_see_it():
+    blind = CanaryRow("trim-leak", "the trim leaking", "concurrent-MAX_DRAFTS=2", False, "pass")
+    assert canary_line(blind) == (
+        "spec lever canary: trim-leak on concurrent-MAX_DRAFTS=2: NOT CAUGHT (the gate cannot see it): pass"
+    )
 
 
 def test_recorder_writes_under_the_working_directory_by_default(tmp_path, monkeypatch):

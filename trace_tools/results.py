@@ -1,5 +1,6 @@
 """The gate children's result lines beyond `[lossless]`: excused near-ties, lossless failures, the
-capture-content child's `[capture]` and `[resume]` lines. Same reading rules as trace_tools.parse."""
+capture-content child's `[capture]` and `[resume]` lines, the server child's `[server]` line. Same
+reading rules as trace_tools.parse."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ EXCUSED_MARKER = "[excused]"
 FAILED_MARKER = "[lossless-failed]"
 CAPTURE_MARKER = "[capture]"
 RESUME_MARKER = "[resume]"
+SERVER_MARKER = "[server]"
 
 
 @dataclass(frozen=True)
@@ -32,9 +34,11 @@ class ExcusedLine:
 class CaptureLine:
     """The drafter context a gated-then-resumed run stored against an ungated run's, over the same
     committed tokens: rows compared, of them written by gated rounds, rows whose difference exceeds
-    the tolerance, and the largest difference (relative to the row's largest value)."""
+    the tolerance (any bit at tolerance 0), and the largest difference (relative to the row's largest
+    value). bit_identical: 1 where the numerics promise bit-identical rows (tolerance 0)."""
 
     numerics: str
+    bit_identical: int
     requests: int
     compared_rows: int
     gated_rows: int
@@ -58,6 +62,20 @@ class ResumeLine:
     mismatched_rounds: int
 
 
+@dataclass(frozen=True)
+class ServerLine:
+    """The server child: requests it streamed and their tokens, clients that left before the first
+    output, and, once they left, the server's aborted count, running requests and KV blocks."""
+
+    requests: int
+    completion_tokens: int
+    disconnects: int
+    aborted: int
+    running: int
+    kv_blocks_free: int
+    kv_blocks_total: int
+
+
 def excused_lines(lines: Iterable[str]) -> list[ExcusedLine]:
     """One ExcusedLine per `[excused]` line a lossless child printed."""
     marked = _marked(lines, EXCUSED_MARKER, ("test", "request"), ("position", "token", "top"), ("gap", "bound"))
@@ -76,7 +94,7 @@ def lossless_failures(lines: Iterable[str]) -> list[str]:
 
 
 def capture_lines(lines: Iterable[str]) -> list[CaptureLine]:
-    counts = ("requests", "compared_rows", "gated_rows", "mismatched_rows")
+    counts = ("bit_identical", "requests", "compared_rows", "gated_rows", "mismatched_rows")
     return [CaptureLine(**f) for f in _marked(lines, CAPTURE_MARKER, ("numerics",), counts, ("max_diff", "tolerance"))]
 
 
@@ -91,3 +109,8 @@ def resume_lines(lines: Iterable[str]) -> list[ResumeLine]:
         "mismatched_rounds",
     )
     return [ResumeLine(**f) for f in _marked(lines, RESUME_MARKER, ("numerics",), counts)]
+
+
+def server_lines(lines: Iterable[str]) -> list[ServerLine]:
+    counts = ("requests", "completion_tokens", "disconnects", "aborted", "running", "kv_blocks_free", "kv_blocks_total")
+    return [ServerLine(**f) for f in _marked(lines, SERVER_MARKER, (), counts)]
