@@ -213,7 +213,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "gated-capture-lost",
             "a gated round that drops the drafter context",
-            _CASE["concurrent-MAX_BATCH=3"],
+            _CASE["known-MAX_BATCH=3"],
             "the capture is lost",
             _GATED_TARGETS,
             _gated_forget_capture,
@@ -229,7 +229,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "trim-leak",
             "the trim letting one draft more into the verify",
-            _CASE["concurrent-MAX_DRAFTS=2"],
+            _CASE["known-MAX_DRAFTS=4"],
             "the trim leaks",
             ("engine.round:round_drafts",),
             _trim_leak,
@@ -261,7 +261,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "gated-flag-lies",
             "a trace whose gated= flag says the opposite of the plan",
-            _CASE["concurrent-MAX_BATCH=3"],
+            _CASE["known-MAX_BATCH=3"],
             "a gated round verifies none",
             ("engine.trace:TRACE",),
             _trace_filter(_flip_gated),
@@ -269,7 +269,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "budget-overrun",
             "an accept limit that ignores the bonus token (a round overruns the budget)",
-            _CASE["concurrent-MAX_DRAFTS=2"],
+            _CASE["known-default-levers"],
             "the accept limit ignores the remaining budget",
             ("engine.round:draft_limit",),
             _budget_overrun,
@@ -277,7 +277,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "trace-silent",
             "a child that prints no round lines",
-            _CASE["concurrent-MAX_DRAFTS=2"],
+            _CASE["known-default-levers"],
             "printed no DFlash round lines",
             ("engine.trace:TRACE",),
             _trace_filter(lambda _text: None),
@@ -285,7 +285,7 @@ CANARIES: dict[str, Canary] = {
         Canary(
             "policy-over-cap",
             "an adaptive policy whose K ignores MAX_DRAFTS",
-            _CASE["concurrent-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv-MAX_DRAFTS=4"],
+            _CASE["known-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv-MAX_DRAFTS=4"],
             "above MAX_DRAFTS=4",
             ("engine.policy:SpanPolicy.plan",),
             _policy_over_cap,

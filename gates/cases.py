@@ -107,12 +107,13 @@ CASES: tuple[LeverCase, ...] = (
     # to its span_limit.
     LeverCase(CONCURRENT, "concurrent", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
-# The combinations (issue 48): the adaptive policy capped by MAX_DRAFTS (on the loss table it gates at
-# batch 4 and wants all 7 drafts below); stop strings completed inside accepted runs; the server.
+# The combinations (issue 48): the adaptive policy capped by MAX_DRAFTS, on the known pair (on the loss
+# table it gates at batch 4 and wants every draft below); stop strings completed inside accepted runs;
+# the server.
 COMBO_CASES: tuple[LeverCase, ...] = (
     LeverCase(
-        CONCURRENT,
-        "concurrent",
+        KNOWN,
+        "known",
         "POLICY",
         "adaptive",
         Expect.CAPPED,

@@ -42,6 +42,19 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A lossless test that a default-levers gate case of this session runs as its child anyway is not
+    run a second time in this process (the same test, the same levers: only CPU time)."""
+    from gates.cases import CHILD_MODULE
+
+    cases = [getattr(i, "callspec", None) and i.callspec.params.get("case") for i in items]
+    as_child = {c.child for c in cases if c is not None and not c.env and c.module is None}
+    twice = [i for i in items if i.nodeid.startswith(CHILD_MODULE + "::") and i.name in as_child]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [i for i in items if i not in twice]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
     report = yield

@@ -37,7 +37,7 @@ from gates.weights import resolve_gate_weights
 log = logging.getLogger(__name__)
 
 BUDGETS = (64, 24, 48, 40)
-LEFT_EARLY_TOKENS = 200  # the stream closed before its first chunk; a server that never aborts it runs them all
+LEFT_EARLY_TOKENS = 128  # the stream closed before its first chunk; a server that never aborts it runs them all
 START_LIMIT_S = 300.0
 SETTLE_LIMIT_S = 300.0  # bounds on waiting, not timing assertions
 

@@ -261,3 +261,26 @@ def test_a_malformed_require_flag_stops_the_session(inner, monkeypatch):
     result = inner.runpytest_subprocess()
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*PEGAINFER_REQUIRE_SPEC_GATE='yes' is not an unsigned decimal count*"])
+
+
+def test_a_gate_session_runs_a_default_levers_childs_test_once(monkeypatch):
+    """In a session that runs the levers gate, a lossless test that a default-levers case runs as its
+    child is deselected in-process; a child's own session (no gate items) keeps it."""
+    from gates.conftest import pytest_collection_modifyitems
+
+    def item(nodeid: str, case=None):
+        spec = SimpleNamespace(params={"case": case}) if case is not None else None
+        return SimpleNamespace(nodeid=nodeid, name=nodeid.rsplit("::", 1)[1], callspec=spec)
+
+    stop = next(c for c in ALL_CASES if c.id == "stop-default-levers")
+    gated = next(c for c in ALL_CASES if c.id == "concurrent-MAX_BATCH=3")
+    lossless = [item(f"gates/test_lossless.py::{n}") for n in (stop.child, gated.child)]
+    gate = [item(f"gates/test_spec_levers.py::t[{c.id}]", c) for c in (stop, gated)]
+    deselected = []
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+    items = lossless + gate
+    pytest_collection_modifyitems(config, items)
+    assert items == [lossless[1], *gate] and deselected == [lossless[0]]
+    alone = list(lossless)
+    pytest_collection_modifyitems(config, alone)
+    assert alone == lossless

@@ -13,6 +13,8 @@ import pytest
 from trace_tools import (
     BEGIN,
     END,
+    CanaryRow,
+    ExcuseRow,
     RecordError,
     RecordHeader,
     RecordRow,
@@ -48,6 +50,29 @@ def test_render_record_has_header_and_one_row_per_case():
     assert columns in text
     assert "| test_greedy_matches_plain_greedy | MAX_BATCH=1 | 315 | 0 | - | 320 | 0 | pass |" in text
     assert "| test_concurrent_heterogeneous_is_lossless | MAX_DRAFTS=4 | 0 | 64 | 4 | - | - | FAIL |" in text
+
+
+def test_render_record_lists_excused_near_ties_and_canaries():
+    excuse = ExcuseRow("greedy-MAX_DRAFTS=4", "req-1", 40, 7, 9, 0.012, 0.05)
+    canary = CanaryRow("trim-leak", "the trim leaking one draft", "known-MAX_DRAFTS=4", True, "the trim leaks")
+    blind = CanaryRow("trace-silent", "no round lines", "known-default-levers", False, "pass")
+    text = render_record(dataclasses.replace(HEADER, canaries_total=2), ROWS, [excuse], [canary, blind])
+    assert "- cases: 2 of 2\n- canaries: 1 of 2 caught\n" in text
+    assert "| greedy-MAX_DRAFTS=4 | req-1 | 40 | 7 | 9 | 0.012 | 0.05 | 0.24 |" in text
+    assert "| trim-leak | the trim leaking one draft | known-MAX_DRAFTS=4 | caught | the trim leaks |" in text
+    assert "| trace-silent | no round lines | known-default-levers | NOT CAUGHT | pass |" in text
+    assert "Excused near-ties: none." in render_record(HEADER, ROWS)
+    assert "canaries" not in render_record(HEADER, ROWS)  # a record of a gate without canaries
+
+
+def test_paste_refuses_a_record_whose_gate_missed_a_canary():
+    canary = CanaryRow("trim-leak", "the trim leaking one draft", "known-MAX_DRAFTS=4", True, "the trim leaks")
+    missed = render_record(dataclasses.replace(HEADER, canaries_total=2), ROWS, (), [canary])
+    with pytest.raises(RecordError, match="caught 1 of 2 canaries"):
+        paste(DOC, missed)
+    assert "- canaries: 1 of 1 caught" in paste(
+        DOC, render_record(dataclasses.replace(HEADER, canaries_total=1), ROWS, (), [canary])
+    )
 
 
 def test_render_record_escapes_pipes_in_cells():
