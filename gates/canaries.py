@@ -9,16 +9,13 @@ test (tests/test_gate_canaries.py) and this file is the one place to retarget. P
 stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim and
 the budget live in engine.round.
 
-    python -m gates.canaries NAME -m MODULE [ARGS...]   # plant NAME, then run MODULE as __main__
+The runner that plants one in a child process is gates/plant.py.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import runpy
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +23,6 @@ from gates.cases import ALL_CASES, LeverCase
 
 ENV = "PEGAINFER_TEST_CANARY"  # set in the planted child, so a child that starts a server plants it there too
 WRONG_AT = 70  # the output position the wrong-token canary corrupts: past the first 64 tokens
-
-
-class CanaryError(RuntimeError):
-    """A canary whose patch target no longer exists (retarget it here)."""
 
 
 @dataclass(frozen=True)
@@ -40,28 +33,6 @@ class Canary:
     expect: str  # a phrase some problem of the verdict must hold: the invariant named
     targets: tuple[str, ...]  # "module:attr.path" the patch replaces
     patch: Callable[[dict[str, Any]], dict[str, Callable[[Any], Any]]]  # originals -> replacements
-
-
-def resolve(target: str) -> tuple[Any, str, Any]:
-    """(owner, attribute, current value) of "module:attr.path"; CanaryError when it is gone."""
-    module, _, path = target.partition(":")
-    try:
-        owner: Any = importlib.import_module(module)
-        *parents, attr = path.split(".")
-        for name in parents:
-            owner = getattr(owner, name)
-        return owner, attr, getattr(owner, attr)
-    except (ImportError, AttributeError) as err:
-        raise CanaryError(f"{target} is gone ({err}): retarget gates/canaries.py") from None
-
-
-def plant(name: str) -> None:
-    """Apply canary `name`'s patch in this process."""
-    canary = CANARIES[name]
-    found = {t: resolve(t) for t in canary.targets}
-    for target, new in canary.patch({t: value for t, (_, _, value) in found.items()}).items():
-        owner, attr, _ = found[target]
-        setattr(owner, attr, new)
 
 
 # -- the patches: each gets the targets' originals and returns their replacements ---------------------
@@ -300,23 +271,3 @@ CANARIES: dict[str, Canary] = {
         ),
     )
 }
-
-
-def canary_argv(name: str, argv: Sequence[str]) -> tuple[str, ...]:
-    """A child's argv (python -m MODULE ...) run with canary `name` planted first."""
-    python, *rest = argv
-    return (python, "-m", "gates.canaries", name, *rest)
-
-
-def main(argv: Sequence[str]) -> None:
-    """NAME -m MODULE [ARGS...]: plant NAME, then run MODULE with ARGS as its command line."""
-    if len(argv) < 3 or argv[0] not in CANARIES or argv[1] != "-m":
-        raise SystemExit(f"usage: python -m gates.canaries {{{','.join(CANARIES)}}} -m MODULE [ARGS...]")
-    name, module, args = argv[0], argv[2], list(argv[3:])
-    plant(name)
-    sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

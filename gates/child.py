@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gates.canaries import ENV as CANARY_ENV
-from gates.canaries import canary_argv
 from gates.cases import HEDGE_DRAFTER_ENV, KNOB_PREFIX, LeverCase
+from gates.plant import canary_argv
 
 TRACE_ENV = "PEGAINFER_TEST_LOG"
 CHILD_TIMEOUT_S = 1800
@@ -49,7 +49,7 @@ def child_spec(
     a module case (the known-continuation, capture and server children) runs its module instead.
     extra_env: set on top (the hedge case's Markov drafter); the hedge drafter variable reaches no
     other child, so every other case keeps the pair's drafter. canary: the child runs with that
-    canary's bug planted (gates/canaries.py), named in its environment too."""
+    canary's bug planted (gates/canaries.py); a stale canary variable never reaches a child."""
     argv = (python, "-m", case.module, *case.args) if case.module else _pytest_argv(case, python)
     removed = tuple(
         k
@@ -58,8 +58,8 @@ def child_spec(
     )
     # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
     env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
-    if canary is not None:
-        argv, env_set = canary_argv(canary, argv), {**env_set, CANARY_ENV: canary}
+    if canary is not None:  # the runner names it in the child's environment (gates/plant.py)
+        argv = canary_argv(canary, argv)
     env = {k: v for k, v in base_env.items() if k not in removed} | env_set
     return ChildSpec(argv, env, env_set, removed)
 

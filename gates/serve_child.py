@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 from engine import Engine, EngineConfig
 from gates.canaries import ENV as CANARY_ENV
-from gates.canaries import canary_argv
 from gates.lossless import Tally, check, gate_prompts, greedy, request_line
+from gates.plant import canary_argv
 from gates.served_tokens import served_tokens
 from gates.weights import resolve_gate_weights
 

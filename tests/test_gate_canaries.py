@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from gates import canaries
-from gates.canaries import CANARIES, ENV, Canary, CanaryError, canary_argv, plant, resolve
+from gates.canaries import CANARIES, ENV, Canary
 from gates.cases import ALL_CASES, CASES
 from gates.child import child_spec
+from gates.plant import CanaryError, canary_argv, plant, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,25 +75,26 @@ def test_the_stop_canary_lets_an_accepted_run_go_on_past_its_stop_token(monkeypa
 
 def test_a_canary_child_plants_its_bug_then_runs_the_childs_module():
     spec = child_spec(CASES[0], {"PATH": "/bin", ENV: "stale"}, python="/py", canary="trim-leak")
-    assert spec.argv[:5] == ("/py", "-m", "gates.canaries", "trim-leak", "-m")
+    assert spec.argv[:5] == ("/py", "-m", "gates.plant", "trim-leak", "-m")
     assert spec.argv[5:] == child_spec(CASES[0], {}, python="/py").argv[2:]
-    assert spec.env[ENV] == "trim-leak" and spec.env_set[ENV] == "trim-leak"
-    assert ENV in child_spec(CASES[0], {ENV: "stale"}, python="/py").env_removed  # none leaks into a plain child
-    assert canary_argv("x", ("/py", "-m", "m", "a")) == ("/py", "-m", "gates.canaries", "x", "-m", "m", "a")
+    assert ENV not in spec.env and ENV in spec.env_removed  # the runner sets it, a stale one never reaches it
+    assert canary_argv("x", ("/py", "-m", "m", "a")) == ("/py", "-m", "gates.plant", "x", "-m", "m", "a")
 
 
 def test_the_canary_runner_plants_before_the_module_runs(tmp_path):
     probe = tmp_path / "probe_mod.py"
-    probe.write_text("import engine.round as r, sys\nprint('limit', r.draft_limit(7, 3), sys.argv[1:])\n")
+    probe.write_text(
+        f"import engine.round as r, os, sys\nprint('limit', r.draft_limit(7, 3), sys.argv[1:], os.environ[{ENV!r}])\n"
+    )
     env = {"PYTHONPATH": f"{ROOT}:{tmp_path}", "PATH": "/usr/bin:/bin"}
-    run = [sys.executable, "-m", "gates.canaries"]
+    run = [sys.executable, "-m", "gates.plant"]
     out = subprocess.run(
         [*run, "budget-overrun", "-m", "probe_mod", "x"], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "limit 3 ['x']"
+    assert out.stdout.strip() == "limit 3 ['x'] budget-overrun"
     bad = subprocess.run([*run, "no-such-canary", "-m", "probe_mod"], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert bad.returncode != 0 and "usage: python -m gates.canaries" in bad.stderr
+    assert bad.returncode != 0 and "usage: python -m gates.plant" in bad.stderr
 
 
 def test_a_canary_is_a_plain_record():

@@ -171,3 +171,11 @@ def test_served_tokens_follow_plain_greedy_and_find_a_divergence_along_the_targe
         served_tokens(Walk(pick=[0, 1, 2, 3], second={}), [7], "a?cd", 4, [0, 1, 2, 3])
     with pytest.raises(LosslessError, match="the streamed text is not what 3 tokens along the target spell"):
         served_tokens(walk, [7], "abcd", 3, [0, 1, 2, 3])
+
+
+def test_the_capture_child_refuses_an_unknown_numerics(capsys):
+    from gates.capture_child import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--numerics", "fast"])
+    assert exit_.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
