@@ -48,4 +48,4 @@ def run_case(
 
 
 def excuse_rows(case: LeverCase, result: CaseResult) -> list[ExcuseRow]:
-    return [ExcuseRow(case.id, e.request, e.position, e.token, e.top, e.gap, e.bound) for e in result.excuses]
+    return [ExcuseRow(case.id, e) for e in result.excuses]

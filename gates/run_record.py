@@ -33,6 +33,7 @@ from gates.devices import device_name
 from gates.verdict import gate_line
 from trace_tools import CanaryRow, ExcuseRow, RecordHeader, RecordRow, render_record
 from trace_tools.record import RECORDS_DIR
+from trace_tools.results import ExcusedLine
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORD_ENV = "PEGAINFER_RUN_RECORD"
@@ -48,7 +49,7 @@ def row_property(case_id: str, row: RecordRow, weights: str, excuses: Sequence[E
 
 def read_row_property(value: str) -> tuple[str, str, RecordRow, list[ExcuseRow]]:
     data = json.loads(value)
-    excuses = [ExcuseRow(**e) for e in data.get("excuses", [])]
+    excuses = [ExcuseRow(e["case"], ExcusedLine(**e["excuse"])) for e in data.get("excuses", [])]
     return data["case"], data["weights"], RecordRow(**data["row"]), excuses
 
 

@@ -69,17 +69,23 @@ def test_concurrent_heterogeneous_is_lossless(engines, gate_weights):
     tally.report("concurrent_heterogeneous_is_lossless")
 
 
+def _free_runs(plain, label: str, count: int):
+    """(prompt ids, plain greedy's TOKENS-token output) of each of the first `count` gate prompts."""
+    for prompt in gate_prompts(label, count):
+        ids = _prompt_ids(plain, prompt)
+        (free,) = plain.generate([ids], greedy(TOKENS))
+        yield ids, free.token_ids
+
+
 def test_stop_tokens_end_like_plain_decode(engines, gate_weights):
     """Stop tokens on (EOS too): a stop token inside an accepted run must end the request right there,
     exactly where plain decode ends it."""
     plain, spec = engines
     tally, exact = Tally(), batch_invariant()
-    for prompt in gate_prompts(gate_weights.label, 5):
-        ids = _prompt_ids(plain, prompt)
-        (free,) = plain.generate([ids], greedy(TOKENS))
+    for ids, free in _free_runs(plain, gate_weights.label, 5):
         for at in STOP_AT:
-            token = free.token_ids[at]
-            if token in free.token_ids[:at]:
+            token = free[at]
+            if token in free[:at]:
                 continue  # it would stop earlier: another position covers that
             params = greedy(TOKENS, stop=[token])
             (want,) = plain.generate([ids], params)
@@ -121,11 +127,9 @@ def test_stop_strings_end_like_plain_decode(engines, gate_weights):
     completes it, with the text cut before it, exactly as plain decode does."""
     plain, spec = engines
     tally, exact = Tally(), batch_invariant()
-    for prompt in gate_prompts(gate_weights.label, 3):
-        ids = _prompt_ids(plain, prompt)
-        (free,) = plain.generate([ids], greedy(TOKENS))
+    for ids, free in _free_runs(plain, gate_weights.label, 3):
         for at in STOP_AT:
-            stop = _stop_string(plain, free.token_ids, at)
+            stop = _stop_string(plain, free, at)
             if stop is None:
                 continue
             params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, stop=[stop])

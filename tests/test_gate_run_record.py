@@ -30,6 +30,7 @@ from gates.run_record import (
 )
 from gates.verdict import gate_line
 from trace_tools import CanaryRow, ExcuseRow, RecordHeader, RecordRow, render_record
+from trace_tools.results import ExcusedLine
 
 pytest_plugins = ["pytester"]
 
@@ -44,7 +45,7 @@ ROWS = [
 ]
 
 
-EXCUSE = ExcuseRow("concurrent-MAX_BATCH=3", "req-2", 17, 5, 6, 0.0123, 0.0456)
+EXCUSE = ExcuseRow("concurrent-MAX_BATCH=3", ExcusedLine("concurrent", "req-2", 17, 5, 6, 0.0123, 0.0456))
 CANARY = CanaryRow("trim-leak", "the trim leaking", "concurrent-MAX_DRAFTS=2", True, "62 rounds ...: the trim leaks")
 
 

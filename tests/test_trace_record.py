@@ -23,6 +23,7 @@ from trace_tools import (
     render_record,
     summarize,
 )
+from trace_tools.results import ExcusedLine
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "trace"
@@ -53,7 +54,7 @@ def test_render_record_has_header_and_one_row_per_case():
 
 
 def test_render_record_lists_excused_near_ties_and_canaries():
-    excuse = ExcuseRow("greedy-MAX_DRAFTS=4", "req-1", 40, 7, 9, 0.012, 0.05)
+    excuse = ExcuseRow("greedy-MAX_DRAFTS=4", ExcusedLine("greedy", "req-1", 40, 7, 9, 0.012, 0.05))
     canary = CanaryRow("trim-leak", "the trim leaking one draft", "known-MAX_DRAFTS=4", True, "the trim leaks")
     blind = CanaryRow("trace-silent", "no round lines", "known-default-levers", False, "pass")
     text = render_record(dataclasses.replace(HEADER, canaries_total=2), ROWS, [excuse], [canary, blind])

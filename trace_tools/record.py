@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trace_tools.results import ExcusedLine
+
 RECORDS_DIR = "gate-records"  # where the gate writes its records, under the directory it ran in
 BEGIN = "<!-- run-record:begin -->"
 END = "<!-- run-record:end -->"
@@ -35,16 +37,10 @@ class RecordRow:
 
 @dataclass(frozen=True)
 class ExcuseRow:
-    """One near-tie a case's lossless check excused: where, the emitted and fp32 top tokens, the fp32
-    gap and the bound it sat under (logits)."""
+    """One near-tie a case's lossless check excused (its child's `[excused]` line)."""
 
     case: str
-    request: str
-    position: int
-    token: int
-    top: int
-    gap: float
-    bound: float
+    excuse: ExcusedLine
 
 
 @dataclass(frozen=True)
@@ -128,13 +124,14 @@ def _excuse_table(excuses: Sequence[ExcuseRow]) -> list[str]:
     if not excuses:
         return ["", "Excused near-ties: none."]
     rows = [
-        (e.case, e.request, e.position, e.token, e.top, f"{e.gap:.4g}", f"{e.bound:.4g}", _ratio(e)) for e in excuses
+        (r.case, e.request, e.position, e.token, e.top, f"{e.gap:.4g}", f"{e.bound:.4g}", _ratio(e))
+        for r, e in ((r, r.excuse) for r in excuses)
     ]
     columns = ("case", "request", "output token", "emitted", "fp32 top", "fp32 gap", "bound", "gap / bound")
     return ["", "Excused near-ties (gates/near_tie.py):", "", *_table(columns, rows)]
 
 
-def _ratio(e: ExcuseRow) -> str:
+def _ratio(e: ExcusedLine) -> str:
     return f"{e.gap / e.bound:.2f}" if e.bound > 0 else "-"
 
 
