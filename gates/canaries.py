@@ -7,7 +7,7 @@ The whole table lives here: name -> the bug, the case it runs on, the phrase the
 the patch with its targets ("module:attribute"), so a refactor that moves a target fails the targets
 test (tests/test_gate_canaries.py) and this file is the one place to retarget. Patch points are the
 stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim and
-the budget live in engine.round.
+the budget live in engine.round, the policy's plan in engine.policy, the abort in engine.serve.worker.
 
 The runner that plants one in a child process is gates/plant.py.
 """
@@ -32,7 +32,7 @@ class Canary:
     case: LeverCase  # the case whose child runs with the bug
     expect: str  # a phrase some problem of the verdict must hold: the invariant named
     targets: tuple[str, ...]  # "module:attr.path" the patch replaces
-    patch: Callable[[dict[str, Any]], dict[str, Callable[[Any], Any]]]  # originals -> replacements
+    patch: Callable[[dict[str, Any]], dict[str, Any]]  # the targets' originals -> their replacements
 
 
 # -- the patches: each gets the targets' originals and returns their replacements ---------------------
