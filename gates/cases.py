@@ -9,22 +9,20 @@ CHILD_MODULE = "gates/test_lossless.py"
 GREEDY = "test_greedy_matches_plain_greedy"
 CONCURRENT = "test_concurrent_heterogeneous_is_lossless"
 STOP = "test_stop_tokens_end_like_plain_decode"
-# The known-continuation child (gates/known_child.py): the bench-only 4B-geometry pair (tiny shapes on
-# CPU) with the modelled drafter, started as `python -m gates.known_child`, not as a pytest node.
+STOP_STRINGS = "test_stop_strings_end_like_plain_decode"
+ARRIVALS = "test_arrivals_mid_run_are_lossless"
+# Children started as `python -m <module>`, not as pytest nodes: the known-continuation child (the
+# bench-only 4B-geometry pair, tiny shapes on CPU, with the modelled drafter), the capture-content
+# child and the server child (the lossless check through `pegaspec serve`).
 KNOWN = "known_continuation"
-KNOWN_MODULE = "gates.known_child"
+CAPTURE = "capture_content"
+SERVE = "served_lossless"
+MODULES = {KNOWN: "gates.known_child", CAPTURE: "gates.capture_child", SERVE: "gates.serve_child"}
 KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDGE*): a case sets its own only
 # A Markov-head (DSpark) drafter: the gate passes it to its hedge children only, whose weights then use
 # it in place of the pair's drafter (gates/weights.py); every other child keeps the pair's drafter.
 HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
-# Near-tie positions the lossless check may excuse under default numerics: 1 per 128 compared tokens,
-# rounded up (none were excused on CPU fp32: docs/levers.md); none under batch-invariant numerics.
-EXCUSE_PER_TOKENS = 128
 ADAPTIVE_TABLE = "gates/data/adaptive-loss.csv"  # relative to the repository root, the children's cwd
-
-
-def excuse_cap(compared_tokens: int, exact: bool) -> int:
-    return 0 if exact else -(-compared_tokens // EXCUSE_PER_TOKENS)
 
 
 class Expect(enum.Enum):
@@ -33,8 +31,11 @@ class Expect(enum.Enum):
     RESUME = "gated rounds, then gated requests speculate and accept again"
     HEDGE = "hedge chains verified; at least one chain wins and at least one is discarded"
     HEDGE_GATED = "gated rounds verify no hedge chain; speculating rounds verify chains"
-    STOP = "no gated round; some request ends on a stop token inside an accepted run"
+    STOP = "no gated round; some request ends on a stop token or string inside an accepted run"
     MIXED = "no gated round; drafts both accepted and rejected"
+    CAPPED = "gated and speculating rounds; no round's K above MAX_DRAFTS, and some round at it"
+    CAPTURE = "gated rounds store the ungated run's context rows; acceptance after the resume matches it"
+    SERVE = "through the server: speculating rounds, lossless streams, a client gone early frees its KV"
 
     @property
     def hedged(self) -> bool:
@@ -49,14 +50,24 @@ class LeverCase:
     value: int | str | None
     expect: Expect
     extra: tuple[tuple[str, str], ...] = ()  # more knobs of the same lever, e.g. (("HEDGE_POSITIONS", "0,1,2"),)
+    args: tuple[str, ...] = ()  # a module child's command-line arguments
 
     @property
     def id(self) -> str:
-        return f"{self.short}-{self.env_label.replace(' ', '-')}"
+        return f"{self.short}-{self._knob_label.replace(' ', '-')}"
 
     @property
     def nodeid(self) -> str:
         return f"{CHILD_MODULE}::{self.child}"
+
+    @property
+    def module(self) -> str | None:
+        """The module a `python -m` child runs; None for a pytest child of CHILD_MODULE."""
+        return MODULES.get(self.child)
+
+    def knob_value(self, name: str) -> str | None:
+        """The value this case sets for knob `name` (without its prefix), else None."""
+        return next((str(v) for k, v in self._knobs if k == name), None)
 
     @property
     def known(self) -> bool:
@@ -69,8 +80,13 @@ class LeverCase:
         return ((self.knob, self.value), *self.extra) if self.knob else self.extra
 
     @property
-    def env_label(self) -> str:
+    def _knob_label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self._knobs) or "default levers"
+
+    @property
+    def env_label(self) -> str:
+        """The knobs (and a module child's arguments) as the gate line and the run record show them."""
+        return " ".join((self._knob_label, *self.args))
 
     @property
     def env(self) -> dict[str, str]:
@@ -91,12 +107,42 @@ CASES: tuple[LeverCase, ...] = (
     # to its span_limit.
     LeverCase(CONCURRENT, "concurrent", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
+# The combinations (issue 48): the adaptive policy capped by MAX_DRAFTS, on the known pair (on the loss
+# table it gates at batch 4 and wants every draft below); stop strings completed inside accepted runs;
+# the server.
+COMBO_CASES: tuple[LeverCase, ...] = (
+    LeverCase(
+        KNOWN,
+        "known",
+        "POLICY",
+        "adaptive",
+        Expect.CAPPED,
+        (("COST_TABLE", ADAPTIVE_TABLE), ("MAX_DRAFTS", 4)),
+    ),
+    LeverCase(STOP_STRINGS, "stop-strings", None, None, Expect.STOP),
+    LeverCase(SERVE, "serve", None, None, Expect.SERVE),
+)
+# Capture content (SPEC 10): the gate lever set mid-run, its drafter context and acceptance after the
+# resume against an ungated run, under batch-invariant and under default numerics.
+CAPTURE_CASES: tuple[LeverCase, ...] = tuple(
+    LeverCase(CAPTURE, f"capture-{n}", None, None, Expect.CAPTURE, args=(f"--numerics={n}",))
+    for n in ("invariant", "default")
+)
 # Hedged verify (SPEC 2.7) needs a Markov-head drafter: these cases run on one and skip with the
-# reason when there is none. The second gates the batch: no chain may be verified in a gated round.
+# reason when there is none. The second gates the batch: no chain may be verified in a gated round; the
+# third does so with the auto-hedge controller choosing the chains, the gate arriving mid-run.
 HEDGE_CASES: tuple[LeverCase, ...] = (
     LeverCase(GREEDY, "greedy", "HEDGE", 8, Expect.HEDGE, (("HEDGE_POSITIONS", "0,1,2"),)),
     LeverCase(
         CONCURRENT, "concurrent", "HEDGE", 8, Expect.HEDGE_GATED, (("HEDGE_POSITIONS", "0,1,2"), ("MAX_BATCH", "3"))
+    ),
+    LeverCase(
+        ARRIVALS,
+        "arrivals",
+        "HEDGE",
+        8,
+        Expect.HEDGE_GATED,
+        (("HEDGE_POSITIONS", "0,1,2"), ("HEDGE_AUTO", "1"), ("MAX_BATCH", "3")),
     ),
 )
 # The known-continuation pair (SPEC 9, bench-only): the real Qwen3-4B geometry on a CUDA device, the
@@ -107,4 +153,4 @@ KNOWN_CASES: tuple[LeverCase, ...] = (
     LeverCase(KNOWN, "known", "MAX_BATCH", 3, Expect.RESUME),
     LeverCase(KNOWN, "known", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
-ALL_CASES = CASES + HEDGE_CASES + KNOWN_CASES
+ALL_CASES = CASES + COMBO_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES

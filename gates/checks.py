@@ -41,7 +41,13 @@ def _expected(
         return _ungated(case, s) + _stop_problems(rows)
     if case.expect is Expect.MIXED:
         return _ungated(case, s)
-    return _resume_problems(case, rows, s)
+    if case.expect is Expect.CAPPED:
+        return _capped_problems(case, rows, s)
+    if case.expect is Expect.SERVE:
+        return _ungated(case, s) + (
+            [] if s.speculating_rounds else ["no speculating round: the server never speculated"]
+        )
+    return _resume_problems(case, rows, s)  # RESUME, CAPTURE
 
 
 def _mix_problems(rows: Sequence[RoundRow]) -> list[str]:
@@ -87,6 +93,24 @@ def _trim_problems(case: LeverCase, rows: Sequence[RoundRow]) -> list[str]:
     if not any(r.verified_draft == k for r in rows):
         widest = max(r.verified_draft for r in rows)
         problems.append(f"no round verified exactly {k} drafts (widest {widest}): the trim was never exercised")
+    return problems
+
+
+def _capped_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary) -> list[str]:
+    # The policy chooses K per round (span_limit); MAX_DRAFTS caps it, and on this table the policy
+    # wants more (all drafts below batch 4), so some round must sit at the cap.
+    cap = int(case.knob_value("MAX_DRAFTS") or 0)
+    problems = []
+    over = [r for r in rows if max(r.span_limit or 0, r.verified_draft) > cap]
+    if over:
+        widest = max(max(r.span_limit or 0, r.verified_draft) for r in over)
+        problems.append(f"{len(over)} rounds chose K above MAX_DRAFTS={cap} (up to {widest}): the cap does not bound K")
+    if not any(r.verified_draft == cap for r in rows):
+        problems.append(f"no round verified exactly {cap} drafts: the cap never bound the policy")
+    if s.gated_rounds == 0 or s.speculating_rounds == 0:
+        problems.append(
+            f"{s.gated_rounds} gated and {s.speculating_rounds} speculating rounds: the policy never moved K"
+        )
     return problems
 
 

@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gates.cases import HEDGE_DRAFTER_ENV, KNOB_PREFIX, KNOWN_MODULE, LeverCase
+from gates.canaries import ENV as CANARY_ENV
+from gates.cases import HEDGE_DRAFTER_ENV, KNOB_PREFIX, LeverCase
+from gates.plant import canary_argv
 
 TRACE_ENV = "PEGAINFER_TEST_LOG"
 CHILD_TIMEOUT_S = 1800
@@ -41,17 +43,23 @@ def child_spec(
     base_env: Mapping[str, str],
     python: str = sys.executable,
     extra_env: Mapping[str, str] | None = None,
+    canary: str | None = None,
 ) -> ChildSpec:
     """The child pytest run of one case: its node alone, output uncaptured, no workers, no reordering;
-    a known-continuation case runs its own module instead (it builds the bench-only pair itself).
+    a module case (the known-continuation, capture and server children) runs its module instead.
     extra_env: set on top (the hedge case's Markov drafter); the hedge drafter variable reaches no
-    other child, so every other case keeps the pair's drafter."""
-    argv = (python, "-m", KNOWN_MODULE) if case.known else _pytest_argv(case, python)
+    other child, so every other case keeps the pair's drafter. canary: the child runs with that
+    canary's bug planted (gates/canaries.py); a stale canary variable never reaches a child."""
+    argv = (python, "-m", case.module, *case.args) if case.module else _pytest_argv(case, python)
     removed = tuple(
-        k for k in base_env if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV) or k == HEDGE_DRAFTER_ENV
+        k
+        for k in base_env
+        if k.startswith(KNOB_PREFIX) or k.startswith(_PARENT_ONLY_ENV) or k in (HEDGE_DRAFTER_ENV, CANARY_ENV)
     )
     # Unbuffered, so stdout and stderr interleave in time order in the one combined stream.
     env_set = {**case.env, **(extra_env or {}), TRACE_ENV: "1", "PYTHONUNBUFFERED": "1"}
+    if canary is not None:  # the runner names it in the child's environment (gates/plant.py)
+        argv = canary_argv(canary, argv)
     env = {k: v for k, v in base_env.items() if k not in removed} | env_set
     return ChildSpec(argv, env, env_set, removed)
 

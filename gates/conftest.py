@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 
 from engine.knobs import read_gate_knobs  # noqa: E402
 from gates.devices import visible_gpu_count, worker_gpu  # noqa: E402
-from gates.run_record import RECORD_ENV, RunRecorder  # noqa: E402
+from gates.run_record import RECORD_ENV, RECORDS_DIR, RunRecorder  # noqa: E402
 
 REQUIRE_ENV = "PEGAINFER_REQUIRE_SPEC_GATE"
 _REQUIRE = pytest.StashKey[bool]()
@@ -25,8 +25,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         default=None,
         help=f"where the levers gate writes its run record (default: ${RECORD_ENV}, else "
-        "levers-gate-<device>.md in the session's base temp dir); a run that skipped a case never "
-        "writes under docs/",
+        f"{RECORDS_DIR}/<UTC time>-<commit>.md under the working directory); a run that skipped a case "
+        "never writes under docs/",
     )
 
 
@@ -40,6 +40,19 @@ def pytest_configure(config: pytest.Config) -> None:
     gpu = worker_gpu(workerinput["workerid"], os.environ, visible_gpu_count())
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A lossless test that a default-levers gate case of this session runs as its child anyway is not
+    run a second time in this process (the same test, the same levers: only CPU time)."""
+    from gates.cases import CHILD_MODULE
+
+    cases = [getattr(i, "callspec", None) and i.callspec.params.get("case") for i in items]
+    as_child = {c.child for c in cases if c is not None and not c.env and c.module is None}
+    twice = [i for i in items if i.nodeid.startswith(CHILD_MODULE + "::") and i.name in as_child]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        items[:] = [i for i in items if i not in twice]
 
 
 @pytest.hookimpl(wrapper=True)

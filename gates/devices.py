@@ -46,10 +46,3 @@ def device_name() -> str:
     if torch is not None and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     return f"cpu ({platform.processor() or platform.machine() or 'unknown'})"
-
-
-def device_slug(name: str) -> str:
-    """`NVIDIA H200` -> `nvidia-h200`; every CPU -> `cpu`."""
-    if name.startswith("cpu"):
-        return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"

@@ -14,9 +14,11 @@ and the benches builds the pair; no knob selects it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -25,6 +27,7 @@ from engine.fixture.known.geometry import random_prompts
 from engine.fixture.known.modelled import ModelledDrafter, parse_profile
 from engine.fixture.known.target import echo_failures, known_pair
 from gates.lossless import Tally, batch_invariant, check, greedy, request_line
+from gates.near_tie import Fp32Reference
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,25 @@ def _engines(geometry: str, device: torch.device, seed: int) -> tuple[Engine, En
     return engines
 
 
+def _fp32_target(geometry: str, device: torch.device, seed: int) -> Engine:
+    """The pair's target at float32 on the torch path (its engine weights, upcast): the near-tie
+    rule's reference, built only if some output leaves the target's argmax."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    target, _ = known_pair(geometry, device, dtype, seed)
+    target = dataclasses.replace(target, tensors={k: v.float() for k, v in target.tensors.items()})
+    config = EngineConfig(
+        model=target,
+        device=device.type,
+        dtype="float32",
+        backend="torch",
+        cuda_graphs=False,
+        max_num_seqs=1,
+        max_model_len=PROMPT_LEN + max(BUDGETS) + 32,
+        trace=False,
+    )
+    return Engine(config)
+
+
 def run(geometry: str, profile_name: str, seed: int) -> int:
     """Run the workload, print the child's lines; 0 when the outputs are the known continuation and
     every token is the target's own choice."""
@@ -94,11 +116,11 @@ def run(geometry: str, profile_name: str, seed: int) -> int:
     for i, at in wrong:
         log.error("%s left the known continuation at output token %d", outs[i].request_id, at)
     tally, exact = Tally(), batch_invariant()
+    reference = Fp32Reference(plain, partial(_fp32_target, geometry, device, seed))
     try:
-        for ids, budget, w, g in zip(prompts, BUDGETS, want, got, strict=True):
-            check(plain, ids, w, g, tally, exact, budget)
-        print(tally.line("known_continuation"))
-        tally.check_cap(exact)
+        for ids, budget, w, g, out in zip(prompts, BUDGETS, want, got, outs, strict=True):
+            check(plain, ids, w, g, tally, exact, budget, request=out.request_id, reference=reference)
+        tally.report("known_continuation")
     except AssertionError as err:
         log.error("the lossless check failed: %s", err)
         return 1

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import pytest
 
-from gates.lossless import TOKENS, Tally, batch_invariant, build_engines, check, gate_prompts, greedy, request_line
+from engine import SamplingParams
+from gates.lossless import (
+    TOKENS,
+    Tally,
+    batch_invariant,
+    build_engines,
+    check,
+    fail,
+    gate_prompts,
+    greedy,
+    request_line,
+)
 
-STOP_AT = (6, 14, 25, 40)  # output positions whose plain-greedy token becomes the stop token
+STOP_AT = (6, 14, 25, 40)  # output positions whose plain-greedy token (or text) becomes the stop
+# The arrivals child: one long request alone, a wave of short ones arriving once it has run ARRIVE_AFTER
+# rounds (past the auto-hedge controller's first 64-round window), then the long one alone again.
+LONG, WAVE, ARRIVE_AFTER = 320, 24, 70
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +49,9 @@ def test_greedy_matches_plain_greedy(engines, gate_weights):
         (want,) = plain.generate([ids], greedy(TOKENS))
         (got,) = spec.generate([ids], greedy(TOKENS))
         _report(got, TOKENS)
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, request=got.request_id)
     assert spec.stats.rounds > 0, "the speculative engine never ran a verify round"
-    print(tally.line("greedy_matches_plain_greedy"))
-    tally.check_cap(exact)
+    tally.report("greedy_matches_plain_greedy")
 
 
 def test_concurrent_heterogeneous_is_lossless(engines, gate_weights):
@@ -51,10 +64,17 @@ def test_concurrent_heterogeneous_is_lossless(engines, gate_weights):
     for ids, budget, got in zip(prompts, budgets, outs, strict=True):
         _report(got, budget)
         (want,) = plain.generate([ids], greedy(budget))
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=got.request_id)
     assert spec.stats.rounds > rounds_before, "the speculative engine never ran a verify round"
-    print(tally.line("concurrent_heterogeneous_is_lossless"))
-    tally.check_cap(exact)
+    tally.report("concurrent_heterogeneous_is_lossless")
+
+
+def _free_runs(plain, label: str, count: int):
+    """(prompt ids, plain greedy's TOKENS-token output) of each of the first `count` gate prompts."""
+    for prompt in gate_prompts(label, count):
+        ids = _prompt_ids(plain, prompt)
+        (free,) = plain.generate([ids], greedy(TOKENS))
+        yield ids, free.token_ids
 
 
 def test_stop_tokens_end_like_plain_decode(engines, gate_weights):
@@ -62,21 +82,19 @@ def test_stop_tokens_end_like_plain_decode(engines, gate_weights):
     exactly where plain decode ends it."""
     plain, spec = engines
     tally, exact = Tally(), batch_invariant()
-    for prompt in gate_prompts(gate_weights.label, 5):
-        ids = _prompt_ids(plain, prompt)
-        (free,) = plain.generate([ids], greedy(TOKENS))
+    for ids, free in _free_runs(plain, gate_weights.label, 5):
         for at in STOP_AT:
-            token = free.token_ids[at]
-            if token in free.token_ids[:at]:
+            token = free[at]
+            if token in free[:at]:
                 continue  # it would stop earlier: another position covers that
             params = greedy(TOKENS, stop=[token])
             (want,) = plain.generate([ids], params)
             (got,) = spec.generate([ids], params)
             _report(got, TOKENS)
-            check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, {token, *plain.eos_ids})
+            stops = {token, *plain.eos_ids}
+            check(plain, ids, want.token_ids, got.token_ids, tally, exact, TOKENS, stops, request=got.request_id)
     assert tally.requests > 0, "no stop token to place: every candidate repeats earlier in its output"
-    print(tally.line("stop_tokens_end_like_plain_decode"))
-    tally.check_cap(exact)
+    tally.report("stop_tokens_end_like_plain_decode")
 
 
 def test_short_then_long_verify_capture_is_lossless(engines, gate_weights):
@@ -87,6 +105,71 @@ def test_short_then_long_verify_capture_is_lossless(engines, gate_weights):
     for ids, budget in ((short, 4), (long, TOKENS)):
         (got,) = spec.generate([ids], greedy(budget))
         (want,) = plain.generate([ids], greedy(budget))
-        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget)
-    print(tally.line("short_then_long_verify_capture_is_lossless"))
-    tally.check_cap(exact)
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=got.request_id)
+    tally.report("short_then_long_verify_capture_is_lossless")
+
+
+def _stop_string(plain, tokens: list[int], at: int) -> str | None:
+    """A few characters of plain's text that token `at` completes and that appear nowhere before."""
+    text = plain.tokenizer.decode(tokens[: at + 1], skip_special_tokens=True)
+    before = plain.tokenizer.decode(tokens[:at], skip_special_tokens=True).rstrip("\ufffd")
+    if "\ufffd" in text or not text.startswith(before) or len(text) == len(before):
+        return None
+    for width in (3, 4, 2, 5):
+        stop = text[-width:]
+        if len(text) >= width and text.find(stop) == len(text) - width and stop.strip():
+            return stop
+    return None
+
+
+def test_stop_strings_end_like_plain_decode(engines, gate_weights):
+    """Stop strings: one completed inside an accepted run must end the output at the token that
+    completes it, with the text cut before it, exactly as plain decode does."""
+    plain, spec = engines
+    tally, exact = Tally(), batch_invariant()
+    for ids, free in _free_runs(plain, gate_weights.label, 3):
+        for at in STOP_AT:
+            stop = _stop_string(plain, free, at)
+            if stop is None:
+                continue
+            params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, stop=[stop])
+            (want,) = plain.generate([ids], params)
+            (got,) = spec.generate([ids], params)
+            _report(got, TOKENS)
+            check(
+                plain,
+                ids,
+                want.token_ids,
+                got.token_ids,
+                tally,
+                exact,
+                TOKENS,
+                request=got.request_id,
+                stop_strings=[stop],
+            )
+            if got.text != want.text:
+                fail(f"{got.request_id} text {got.text!r} is not plain decode's {want.text!r} (stop {stop!r})")
+    assert tally.requests > 0, "no stop string to place: no candidate is new text at its position"
+    tally.report("stop_strings_end_like_plain_decode")
+
+
+def test_arrivals_mid_run_are_lossless(engines, gate_weights):
+    """Requests arriving mid-run: a long request speculates alone, a wave of short ones joins it (under
+    MAX_BATCH=3 the batch gates while they run), then it speculates alone again."""
+    plain, spec = engines
+    long, *wave = (_prompt_ids(plain, p) for p in gate_prompts(gate_weights.label, 4))
+    start, budgets = spec.stats.rounds, {}
+    budgets[spec.add_request(long, greedy(LONG))] = (long, LONG)
+    done = {}
+    while spec.has_unfinished():
+        done |= {o.request_id: o for o in spec.step() if o.finished}
+        if len(budgets) == 1 and spec.stats.rounds - start >= ARRIVE_AFTER:
+            budgets |= {spec.add_request(ids, greedy(WAVE)): (ids, WAVE) for ids in wave}
+    assert len(budgets) == 1 + len(wave), f"the long request ended before {ARRIVE_AFTER} rounds"
+    tally, exact = Tally(), batch_invariant()
+    for rid, (ids, budget) in budgets.items():
+        got = done[rid]
+        _report(got, budget)
+        (want,) = plain.generate([ids], greedy(budget))
+        check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=rid)
+    tally.report("arrivals_mid_run_are_lossless")

@@ -10,10 +10,11 @@ from trace_tools import levers_trace_rows
 PROMPT = 10  # prompt tokens of every request of a completed trace
 
 
-def complete(lines: Sequence[str], test: str = "t", excused: int = 0) -> list[str]:
+def complete(lines: Sequence[str], test: str = "t", excuses: Sequence[tuple[float, float]] = ()) -> list[str]:
     """Each round line gains draft_ctx (the committed length but the newest, 0 on a request's last
     round) and span_limit (its verified drafts; 0 when gated); then one request line per request
-    (budget = output: every request finishes on its last round) and the [lossless] line."""
+    (budget = output: every request finishes on its last round), an [excused] line per (gap, bound)
+    in `excuses` (req-0's output tokens 1, 2, ...) and the [lossless] line."""
     rows = levers_trace_rows(lines)
     last = {r.request: i for i, r in enumerate(rows)}
     produced: dict[int, int] = {}
@@ -30,8 +31,10 @@ def complete(lines: Sequence[str], test: str = "t", excused: int = 0) -> list[st
         i += 1
     for req, n in produced.items():
         out.append(request_line(req, PROMPT, n, n))
+    for j, (gap, bound) in enumerate(excuses, 1):
+        out.append(f"[excused] test={test} request=req-0 position={j} token=5 top=6 gap={gap} bound={bound}")
     total = sum(produced.values())
-    out.append(f"[lossless] test={test} requests={len(produced)} compared_tokens={total} excused={excused}")
+    out.append(f"[lossless] test={test} requests={len(produced)} compared_tokens={total} excused={len(excuses)}")
     return out
 
 

@@ -134,5 +134,4 @@ def test_bf16_speculative_matches_plain_up_to_the_oracle(tiny_target, tiny_draft
     for prompt, p, got in zip(PROMPTS, params, outs, strict=True):
         (want,) = plain.generate([prompt], p)
         check(plain, prompt, want.token_ids, got.token_ids, tally, exact=False, max_tokens=p.max_tokens)
-    tally.check_cap(exact=False)
     assert tally.compared_tokens == sum(p.max_tokens for p in params)

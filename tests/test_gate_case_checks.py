@@ -144,6 +144,7 @@ def test_the_cases_of_the_spec_in_order_then_the_stop_case():
     assert [c.id for c in hedged] == [
         "greedy-HEDGE=8-HEDGE_POSITIONS=0,1,2",
         "concurrent-HEDGE=8-HEDGE_POSITIONS=0,1,2-MAX_BATCH=3",
+        "arrivals-HEDGE=8-HEDGE_POSITIONS=0,1,2-HEDGE_AUTO=1-MAX_BATCH=3",
     ]
     assert hedged[1].env == {
         "PEGAINFER_SPEC_HEDGE": "8",
@@ -200,3 +201,24 @@ def test_a_chain_verified_in_a_gated_round_fails():
 def test_hedge_under_the_gate_must_gate_and_hedge():
     found = hedge_problems([rnd(0, 0, 7, 2), rnd(1, 0, 7, 3)])
     assert any("no gated round" in p for p in found) and any("no hedge chain verified" in p for p in found)
+
+
+# ---- the adaptive policy under MAX_DRAFTS ----
+
+CAPPED = next(c for c in ALL_CASES if c.expect is Expect.CAPPED)
+
+
+def _capped(verified: int, span_limit: int) -> str:
+    return rnd(0, 0, verified, 1) + f" span_limit={span_limit}"
+
+
+def test_capped_needs_every_k_within_the_cap_and_some_round_at_it():
+    assert CAPPED.knob_value("MAX_DRAFTS") == "4"
+    good = [rnd(0, 1, 0, 0), _capped(4, 4), _capped(2, 4)]
+    assert check_case(CAPPED, levers_trace_rows(good)) == []
+    over = check_case(CAPPED, levers_trace_rows([rnd(0, 1, 0, 0), _capped(4, 4), _capped(3, 7)]))
+    assert over == ["1 rounds chose K above MAX_DRAFTS=4 (up to 7): the cap does not bound K"]
+    never = check_case(CAPPED, levers_trace_rows([rnd(0, 1, 0, 0), _capped(2, 2)]))
+    assert never == ["no round verified exactly 4 drafts: the cap never bound the policy"]
+    ungated = check_case(CAPPED, levers_trace_rows([_capped(4, 4)]))
+    assert ungated == ["0 gated and 1 speculating rounds: the policy never moved K"]

@@ -13,7 +13,7 @@ import pytest
 
 from gates.cases import CASES
 from gates.child import TAIL_LINES, ChildSpec, child_spec, failure_message, run_child
-from gates.devices import device_slug, worker_gpu
+from gates.devices import worker_gpu
 
 CASE = {c.id: c for c in CASES}
 
@@ -144,9 +144,3 @@ def test_failure_message_names_command_env_exit_code_and_tail(tmp_path):
 )
 def test_worker_gpu(worker, environ, count, expected):
     assert worker_gpu(worker, environ, count) == expected
-
-
-def test_device_slug():
-    assert device_slug("NVIDIA H200") == "nvidia-h200"
-    assert device_slug("NVIDIA GeForce RTX 4090 (24GB)") == "nvidia-geforce-rtx-4090-24gb"
-    assert device_slug("cpu (x86_64)") == "cpu"

@@ -11,7 +11,7 @@ import pytest
 
 import engine.request
 from gates import known_child
-from gates.cases import KNOWN_CASES, KNOWN_MODULE
+from gates.cases import KNOWN, KNOWN_CASES, MODULES
 from gates.checks import check_case
 from gates.child import child_spec
 from gates.verdict import check_child
@@ -44,7 +44,7 @@ def test_the_cases_run_the_known_child_with_their_knobs():
         "known-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv",
     ]
     spec = child_spec(CASE["known-MAX_BATCH=3"], {"PATH": "/bin", "PEGAINFER_SPEC_MAX_DRAFTS": "2"}, python="/py")
-    assert spec.argv == ("/py", "-m", KNOWN_MODULE)
+    assert spec.argv == ("/py", "-m", MODULES[KNOWN])
     assert spec.env["PEGAINFER_SPEC_MAX_BATCH"] == "3" and "PEGAINFER_SPEC_MAX_DRAFTS" not in spec.env
     assert spec.env["PEGAINFER_TEST_LOG"] == "1"
 

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from gates.canaries import CANARIES
 from gates.cases import ALL_CASES, CASES
 from gates.run_record import (
+    CANARY_PROPERTY,
     RECORD_ENV,
     RunRecorder,
+    canary_line,
+    canary_property,
+    default_record,
     guarded_path,
     head_commit,
     read_row_property,
@@ -22,7 +29,8 @@ from gates.run_record import (
     write_run_record,
 )
 from gates.verdict import gate_line
-from trace_tools import RecordHeader, RecordRow, render_record
+from trace_tools import CanaryRow, ExcuseRow, RecordHeader, RecordRow, render_record
+from trace_tools.results import ExcusedLine
 
 pytest_plugins = ["pytester"]
 
@@ -30,17 +38,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---- run record ----
 
-HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/", 2, 9)
+HEADER = RecordHeader("abc1234", "cpu (x86_64)", "fixture:tiny", "2026-11-29T08:16:27Z", "pytest gates/", 2, 9, 11)
 ROWS = [
     RecordRow("test_greedy_matches_plain_greedy", "MAX_BATCH=1", 315, 0, None, 320, 0, True),
     RecordRow("test_concurrent_heterogeneous_is_lossless", "MAX_BATCH=3", 140, 8, 7, 176, 1, False),
 ]
 
 
-def test_row_property_round_trips_through_json():
-    name, value = row_property("concurrent-MAX_BATCH=3", ROWS[1], "fixture:tiny")
+EXCUSE = ExcuseRow("concurrent-MAX_BATCH=3", ExcusedLine("concurrent", "req-2", 17, 5, 6, 0.0123, 0.0456))
+CANARY = CanaryRow("trim-leak", "the trim leaking", "concurrent-MAX_DRAFTS=2", True, "62 rounds ...: the trim leaks")
+
+
+def test_row_and_canary_properties_round_trip_through_json():
+    name, value = row_property("concurrent-MAX_BATCH=3", ROWS[1], "fixture:tiny", [EXCUSE])
     assert json.loads(value)["case"] == "concurrent-MAX_BATCH=3"
-    assert read_row_property(value) == ("concurrent-MAX_BATCH=3", "fixture:tiny", ROWS[1])
+    assert read_row_property(value) == ("concurrent-MAX_BATCH=3", "fixture:tiny", ROWS[1], [EXCUSE])
+    assert read_row_property(row_property("c", ROWS[0], "w")[1])[3] == []
+    name, value = canary_property(CANARY)
+    assert name == CANARY_PROPERTY and CanaryRow(**json.loads(value)) == CANARY
 
 
 def test_write_run_record_replaces_the_file(tmp_path):
@@ -51,22 +66,31 @@ def test_write_run_record_replaces_the_file(tmp_path):
     assert sorted(p.name for p in path.parent.iterdir()) == ["levers-gate-cpu.md"]
 
 
+def test_the_default_record_is_named_by_utc_time_and_commit(tmp_path):
+    stamp = datetime(2026, 12, 1, 8, 16, 27, tzinfo=timezone(timedelta(hours=2)))
+    path = default_record(tmp_path, stamp, "abc1234-dirty")
+    assert path == tmp_path / "gate-records" / "20261201T061627Z-abc1234-dirty.md"
+    assert default_record(tmp_path, stamp, "unknown (no git)").name == "20261201T061627Z-unknown-no-git.md"
+    later = default_record(tmp_path, stamp + timedelta(seconds=1), "0000000")
+    assert sorted([later.name, path.name])[-1] == later.name  # the newest sorts last: what paste takes
+
+
 def test_record_path_precedence(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    out = tmp_path / "pytest-7"
-    assert record_path(None, "NVIDIA H200", out) == out / "levers-gate-nvidia-h200.md"  # the run's own folder
+    default = tmp_path / "gate-records" / "x.md"
+    assert record_path(None, default) == default
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "env.md"))
-    assert record_path(None, "cpu (x86_64)", out) == tmp_path / "env.md"
-    assert record_path(str(tmp_path / "opt.md"), "cpu", out) == tmp_path / "opt.md"
+    assert record_path(None, default) == tmp_path / "env.md"
+    assert record_path(str(tmp_path / "opt.md"), default) == tmp_path / "opt.md"
 
 
 def test_a_partial_run_never_writes_under_docs(tmp_path):
-    repo, out = tmp_path / "repo", tmp_path / "out"
+    repo, default = tmp_path / "repo", tmp_path / "gate-records" / "x.md"
     doc = repo / "docs" / "benchmarks" / "records" / "levers-gate-cpu.md"
-    assert guarded_path(doc, whole=True, out_dir=out, repo=repo) == doc
-    assert guarded_path(doc, whole=False, out_dir=out, repo=repo) == out / "levers-gate-cpu.md"
+    assert guarded_path(doc, whole=True, default=default, repo=repo) == doc
+    assert guarded_path(doc, whole=False, default=default, repo=repo) == default
     elsewhere = tmp_path / "mine.md"
-    assert guarded_path(elsewhere, whole=False, out_dir=out, repo=repo) == elsewhere
+    assert guarded_path(elsewhere, whole=False, default=default, repo=repo) == elsewhere
 
 
 def test_head_commit_marks_a_dirty_tree_and_tolerates_no_git(tmp_path):
@@ -110,40 +134,50 @@ def _report(when: str, *props: tuple[str, str]) -> SimpleNamespace:
 def _config(tmp_path: Path, option: str | None) -> SimpleNamespace:
     return SimpleNamespace(
         getoption=lambda name: option,
-        invocation_params=SimpleNamespace(args=("gates/", "-n", "6")),
-        _tmp_path_factory=SimpleNamespace(getbasetemp=lambda: tmp_path / "basetemp"),
+        invocation_params=SimpleNamespace(args=("gates/", "-n", "6"), dir=tmp_path / "cwd"),
     )
 
 
 def test_recorder_orders_rows_by_case_and_writes_the_record(tmp_path):
     config = _config(tmp_path, str(tmp_path / "rec.md"))
     recorder = RunRecorder(config)
-    recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w")))
+    recorder.pytest_runtest_logreport(_report("call", row_property("concurrent-MAX_BATCH=3", ROWS[1], "w", [EXCUSE])))
     recorder.pytest_runtest_logreport(_report("setup", row_property("greedy-MAX_DRAFTS=4", ROWS[1], "w")))
     recorder.pytest_runtest_logreport(_report("call", ("other", "x"), row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
+    recorder.pytest_runtest_logreport(_report("call", canary_property(CANARY)))
     term = _Terminal()
     recorder.pytest_terminal_summary(term)
     assert term.lines == [
         "== spec lever gate",
         gate_line(ROWS[0]),
         gate_line(ROWS[1]),
+        canary_line(CANARY),
+        f"canaries: 1 of {len(CANARIES)} caught",
         f"run record written to {tmp_path / 'rec.md'}",
     ]
     text = (tmp_path / "rec.md").read_text()
-    assert text.endswith(render_record(HEADER, ROWS).split("\n\n", 1)[1])
+    assert text.endswith(render_record(HEADER, ROWS, [EXCUSE], [CANARY]).split("\n\n", 1)[1])
     assert "- command: `pytest gates/ -n 6`" in text and "- weights: w" in text
-    assert f"- cases: 2 of {len(ALL_CASES)}" in text
+    assert f"- cases: 2 of {len(ALL_CASES)}\n- canaries: 1 of {len(CANARIES)} caught\n" in text
+    assert "| concurrent-MAX_BATCH=3 | req-2 | 17 | 5 | 6 | 0.0123 | 0.0456 | 0.27 |" in text
 
 
-def test_recorder_writes_into_the_runs_own_folder_by_default(tmp_path, monkeypatch):
+def test_a_canary_not_caught_says_the_gate_cannot_see_it():
+    blind = CanaryRow("trim-leak", "the trim leaking", "concurrent-MAX_DRAFTS=2", False, "pass")
+    assert canary_line(blind) == (
+        "spec lever canary: trim-leak on concurrent-MAX_DRAFTS=2: NOT CAUGHT (the gate cannot see it): pass"
+    )
+
+
+def test_recorder_writes_under_the_working_directory_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
-    (tmp_path / "basetemp").mkdir()
     recorder = RunRecorder(_config(tmp_path, None))
     recorder.pytest_runtest_logreport(_report("call", row_property("greedy-MAX_BATCH=1", ROWS[0], "w")))
     term = _Terminal()
     recorder.pytest_terminal_summary(term)
-    written = list((tmp_path / "basetemp").glob("levers-gate-*.md"))
+    written = list((tmp_path / "cwd" / "gate-records").glob("*.md"))
     assert len(written) == 1 and term.lines[-1] == f"run record written to {written[0]}"
+    assert re.fullmatch(r"[0-9]{8}T[0-9]{6}Z-.+\.md", written[0].name)
 
 
 def test_recorder_without_rows_writes_nothing(tmp_path):
@@ -228,3 +262,26 @@ def test_a_malformed_require_flag_stops_the_session(inner, monkeypatch):
     result = inner.runpytest_subprocess()
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*PEGAINFER_REQUIRE_SPEC_GATE='yes' is not an unsigned decimal count*"])
+
+
+def test_a_gate_session_runs_a_default_levers_childs_test_once(monkeypatch):
+    """In a session that runs the levers gate, a lossless test that a default-levers case runs as its
+    child is deselected in-process; a child's own session (no gate items) keeps it."""
+    from gates.conftest import pytest_collection_modifyitems
+
+    def item(nodeid: str, case=None):
+        spec = SimpleNamespace(params={"case": case}) if case is not None else None
+        return SimpleNamespace(nodeid=nodeid, name=nodeid.rsplit("::", 1)[1], callspec=spec)
+
+    stop = next(c for c in ALL_CASES if c.id == "stop-default-levers")
+    gated = next(c for c in ALL_CASES if c.id == "concurrent-MAX_BATCH=3")
+    lossless = [item(f"gates/test_lossless.py::{n}") for n in (stop.child, gated.child)]
+    gate = [item(f"gates/test_spec_levers.py::t[{c.id}]", c) for c in (stop, gated)]
+    deselected = []
+    config = SimpleNamespace(hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+    items = lossless + gate
+    pytest_collection_modifyitems(config, items)
+    assert items == [lossless[1], *gate] and deselected == [lossless[0]]
+    alone = list(lossless)
+    pytest_collection_modifyitems(config, alone)
+    assert alone == lossless

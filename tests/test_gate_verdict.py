@@ -1,5 +1,6 @@
 """The verdict on a whole child output: exit code, trace vs case, trace vs the child's own requests,
-the [lossless] lines (every requested token compared, excused near-ties capped), the gate line."""
+the [lossless] lines (every requested token compared, excused near-ties listed under their bounds),
+a failed lossless check named, the gate line."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gates.cases import ALL_CASES, CASES, excuse_cap
+from gates.cases import ALL_CASES, CASES
 from gates.verdict import check_child, gate_line
 from tests.gate_traces import complete, request_line
 from trace_tools import RecordRow, levers_trace_rows
@@ -132,16 +133,24 @@ def test_the_lossless_lines_must_count_the_childs_requests():
     assert found == ("the [lossless] lines count 3 requests, the child ran 4",)
 
 
-def test_excused_near_ties_are_capped_and_none_under_batch_invariance():
-    assert [excuse_cap(n, exact=False) for n in (0, 1, 128, 129, 320)] == [0, 1, 1, 2, 3]
-    assert excuse_cap(320, exact=True) == 0
+def test_excused_near_ties_are_listed_under_their_bound_and_none_under_batch_invariance():
     case = CASE["concurrent-MAX_BATCH=3"]
-    total = 4 + sum(r.committed_tokens for r in levers_trace_rows(RESUME))  # 4 prefills
-    assert check_child(case, 0, "\n".join(complete(RESUME, excused=1))).problems == ()
-    over = check_child(case, 0, "\n".join(complete(RESUME, excused=2))).problems
-    assert over == (f"2 near-tie positions excused: the cap is 1 for {total} tokens",)
-    exact = check_child(case, 0, "\n".join(complete(RESUME, excused=1)), exact=True).problems
-    assert exact == ("1 near-tie positions excused: batch-invariant numerics excuse none",)
+    near = [(0.01, 0.05), (0.02, 0.03)]
+    result = check_child(case, 0, "\n".join(complete(RESUME, excuses=near)))
+    assert result.problems == () and [(e.gap, e.bound) for e in result.excuses] == near
+    over = check_child(case, 0, "\n".join(complete(RESUME, excuses=[(0.01, 0.05), (0.3, 0.05)]))).problems
+    assert over == ("req-0 output token 2 was excused 0.3 logits behind the fp32 top token, over its bound 0.05",)
+    unlisted = [ln for ln in complete(RESUME, excuses=near) if not ln.startswith("[excused]")]
+    found = check_child(case, 0, "\n".join(unlisted)).problems
+    assert found == ("the [lossless] lines excused 2 near-ties but 0 are listed",)
+    exact = check_child(case, 0, "\n".join(complete(RESUME, excuses=near[:1])), exact=True).problems
+    assert exact == ("1 near-ties excused: batch-invariant numerics excuse none",)
+
+
+def test_a_failed_lossless_check_is_named_in_the_verdict():
+    lines = complete(RESUME) + ["[lossless-failed] req-2 output token 70: the target picks 5, speculative 6"]
+    found = check_child(CASE["concurrent-MAX_BATCH=3"], 1, "\n".join(lines)).problems
+    assert "the lossless check failed: req-2 output token 70: the target picks 5, speculative 6" in found
 
 
 def test_trace_faults_that_need_the_childs_requests_fail_the_case():
@@ -169,7 +178,7 @@ def test_unreadable_trace_is_a_problem_not_a_crash():
 
 def test_row_carries_compared_tokens_excused_and_the_verdict():
     case = CASE["concurrent-MAX_BATCH=3"]
-    row = check_child(case, 0, "\n".join(complete(RESUME, excused=1))).row
+    row = check_child(case, 0, "\n".join(complete(RESUME, excuses=[(0.01, 0.05)]))).row
     assert row == RecordRow(case.child, "MAX_BATCH=3", 12, 3, 7, 3 * 7 + 4, 1, True)
 
 

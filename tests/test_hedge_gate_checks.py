@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gates.cases import ALL_CASES, CASES, HEDGE_CASES, HEDGE_DRAFTER_ENV, KNOWN_CASES, Expect
+from gates.cases import (
+    ALL_CASES,
+    CAPTURE_CASES,
+    CASES,
+    COMBO_CASES,
+    HEDGE_CASES,
+    HEDGE_DRAFTER_ENV,
+    KNOWN_CASES,
+    Expect,
+)
 from gates.checks import check_case
 from gates.child import child_spec
 from gates.verdict import check_child, gate_line
@@ -47,7 +56,8 @@ def test_the_hedge_case():
     assert HEDGE.env_label == "HEDGE=8 HEDGE_POSITIONS=0,1,2"
     assert HEDGE.env == {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2"}
     assert HEDGE.expect is Expect.HEDGE and HEDGE.child == "test_greedy_matches_plain_greedy"
-    assert ALL_CASES == CASES + HEDGE_CASES + KNOWN_CASES and len(CASES) == 8 and len(HEDGE_CASES) == 2
+    assert ALL_CASES == CASES + COMBO_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES
+    assert len(CASES) == 8 and len(HEDGE_CASES) == 3
 
 
 def test_a_trace_with_wins_and_discards_passes():

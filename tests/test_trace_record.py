@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import pytest
 from trace_tools import (
     BEGIN,
     END,
+    CanaryRow,
+    ExcuseRow,
     RecordError,
     RecordHeader,
     RecordRow,
@@ -20,6 +23,7 @@ from trace_tools import (
     render_record,
     summarize,
 )
+from trace_tools.results import ExcusedLine
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data" / "trace"
@@ -47,6 +51,29 @@ def test_render_record_has_header_and_one_row_per_case():
     assert columns in text
     assert "| test_greedy_matches_plain_greedy | MAX_BATCH=1 | 315 | 0 | - | 320 | 0 | pass |" in text
     assert "| test_concurrent_heterogeneous_is_lossless | MAX_DRAFTS=4 | 0 | 64 | 4 | - | - | FAIL |" in text
+
+
+def test_render_record_lists_excused_near_ties_and_canaries():
+    excuse = ExcuseRow("greedy-MAX_DRAFTS=4", ExcusedLine("greedy", "req-1", 40, 7, 9, 0.012, 0.05))
+    canary = CanaryRow("trim-leak", "the trim leaking one draft", "known-MAX_DRAFTS=4", True, "the trim leaks")
+    blind = CanaryRow("trace-silent", "no round lines", "known-default-levers", False, "pass")
+    text = render_record(dataclasses.replace(HEADER, canaries_total=2), ROWS, [excuse], [canary, blind])
+    assert "- cases: 2 of 2\n- canaries: 1 of 2 caught\n" in text
+    assert "| greedy-MAX_DRAFTS=4 | req-1 | 40 | 7 | 9 | 0.012 | 0.05 | 0.24 |" in text
+    assert "| trim-leak | the trim leaking one draft | known-MAX_DRAFTS=4 | caught | the trim leaks |" in text
+    assert "| trace-silent | no round lines | known-default-levers | NOT CAUGHT | pass |" in text
+    assert "Excused near-ties: none." in render_record(HEADER, ROWS)
+    assert "canaries" not in render_record(HEADER, ROWS)  # a record of a gate without canaries
+
+
+def test_paste_refuses_a_record_whose_gate_missed_a_canary():
+    canary = CanaryRow("trim-leak", "the trim leaking one draft", "known-MAX_DRAFTS=4", True, "the trim leaks")
+    missed = render_record(dataclasses.replace(HEADER, canaries_total=2), ROWS, (), [canary])
+    with pytest.raises(RecordError, match="caught 1 of 2 canaries"):
+        paste(DOC, missed)
+    assert "- canaries: 1 of 1 caught" in paste(
+        DOC, render_record(dataclasses.replace(HEADER, canaries_total=1), ROWS, (), [canary])
+    )
 
 
 def test_render_record_escapes_pipes_in_cells():
@@ -126,9 +153,10 @@ def test_cli_paste_refuses_a_partial_record_and_leaves_the_doc(tmp_path):
 # ---- CLI ----
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "trace_tools", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trace_tools", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
     )
 
 
@@ -164,6 +192,21 @@ def test_cli_paste_rewrites_the_doc_in_place(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.md", "record.md"]  # no temp file left
 
 
+def test_cli_paste_takes_the_newest_record_under_gate_records_by_default(tmp_path):
+    doc = tmp_path / "bench.md"
+    doc.write_text(DOC)
+    out = cli("paste", "--doc", str(doc), cwd=tmp_path)
+    assert out.returncode == 1 and "no run record under gate-records/" in out.stderr
+    records = tmp_path / "gate-records"
+    records.mkdir()
+    (records / "20261201T061627Z-abc1234.md").write_text(render_record(HEADER, ROWS[:1]))
+    (records / "20261201T071627Z-def5678.md").write_text(render_record(HEADER, ROWS))
+    out = cli("paste", "--doc", str(doc), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "pasted gate-records/20261201T071627Z-def5678.md" in out.stdout
+    assert doc.read_text() == paste(DOC, render_record(HEADER, ROWS))
+
+
 def test_cli_paste_leaves_a_doc_without_markers_untouched(tmp_path):
     doc, record = tmp_path / "bench.md", tmp_path / "record.md"
     doc.write_text("# Bench\n")
@@ -175,7 +218,7 @@ def test_cli_paste_leaves_a_doc_without_markers_untouched(tmp_path):
 
 def test_cli_usage_errors_exit_nonzero():
     assert cli("--help").returncode == 0
-    assert cli("paste", "--doc", "x.md").returncode == 2
+    assert cli("paste", "--record", "x.md").returncode == 2
     assert "summarize" in cli().stderr
 
 

@@ -16,13 +16,25 @@ from trace_tools.parse import (
     lossless_lines,
     request_lines,
 )
-from trace_tools.record import BEGIN, END, RecordError, RecordHeader, RecordRow, paste, render_record
+from trace_tools.record import (
+    BEGIN,
+    END,
+    CanaryRow,
+    ExcuseRow,
+    RecordError,
+    RecordHeader,
+    RecordRow,
+    paste,
+    render_record,
+)
 from trace_tools.summary import ChildSummary, HedgeSummary, summarize, summarize_hedge, unresumed_requests
 
 __all__ = [
     "BEGIN",
     "END",
+    "CanaryRow",
     "ChildSummary",
+    "ExcuseRow",
     "HedgeRow",
     "HedgeSummary",
     "KnownLine",

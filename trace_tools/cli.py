@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trace_tools.consistency import request_problems
 from trace_tools.parse import TraceError, hedge_trace_rows, levers_trace_rows, lossless_lines, request_lines
-from trace_tools.record import RecordError, paste
+from trace_tools.record import RECORDS_DIR, RecordError, paste
 from trace_tools.summary import summarize, summarize_hedge
 
 
@@ -68,8 +68,17 @@ def _read_exact(path: Path) -> str:
         return f.read()
 
 
+def newest_record(records_dir: Path) -> Path:
+    """The newest record the gate wrote under records_dir (its names start with the UTC time)."""
+    found = sorted(records_dir.glob("*.md")) if records_dir.is_dir() else []
+    if not found:
+        raise RecordError(f"no run record under {records_dir}/ (run the gate there first, or pass --record)")
+    return found[-1]
+
+
 def _paste(args: argparse.Namespace) -> None:
-    doc, record = Path(args.doc), Path(args.record)
+    doc = Path(args.doc)
+    record = Path(args.record) if args.record else newest_record(Path(RECORDS_DIR))
     old = _read_exact(doc)
     new = paste(old, _read_exact(record))
     if new == old:
@@ -104,7 +113,11 @@ def build_parser(prog: str = "python -m trace_tools") -> argparse.ArgumentParser
         "DOC must hold each marker exactly once; RECORD must be of a run that ran every case.",
     )
     p.add_argument("--doc", required=True, metavar="DOC", help="the Markdown doc to rewrite in place")
-    p.add_argument("--record", required=True, metavar="RECORD", help="the run record the gate wrote")
+    p.add_argument(
+        "--record",
+        metavar="RECORD",
+        help=f"the run record the gate wrote (default: the newest in ./{RECORDS_DIR}/, where the gate writes them)",
+    )
     p.set_defaults(run=_paste)
     return parser
 

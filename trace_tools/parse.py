@@ -26,6 +26,7 @@ REQUEST_FIELDS = ("request", "prompt_tokens", "output_tokens", "max_tokens")
 LOSSLESS_COUNTS = ("requests", "compared_tokens", "excused")
 KNOWN_MARKER = "[known]"
 KNOWN_COUNTS = ("requests", "compared_tokens", "mismatches", "plain_mismatches")
+_REAL = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 
 
 class TraceError(ValueError):
@@ -161,8 +162,22 @@ def hedge_trace_rows(lines: Iterable[str]) -> list[HedgeRow]:
     return rows
 
 
-def _marked(lines: Iterable[str], marker: str, names: Sequence[str], counts: tuple[str, ...]) -> Iterator[dict]:
-    """The fields of each line carrying `marker`: the named text fields (each required) and the counts."""
+def _reals(text: str, names: tuple[str, ...], lineno: int, line: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name in names:
+        value = _value(text, name)
+        if value is None or not _REAL.fullmatch(value):
+            what = "lacks" if value is None else "has no number in"
+            raise TraceError(f"line {lineno}: {what} field {name}=: {line.rstrip()!r}")
+        out[name] = float(value)
+    return out
+
+
+def _marked(
+    lines: Iterable[str], marker: str, names: Sequence[str], counts: tuple[str, ...], reals: tuple[str, ...] = ()
+) -> Iterator[dict]:
+    """The fields of each line carrying `marker`: the named text fields (each required), the counts
+    and the real numbers (a decimal or exponent float)."""
     _check_lines(lines)
     for lineno, line in enumerate(lines, 1):
         at = line.find(marker)
@@ -173,7 +188,7 @@ def _marked(lines: Iterable[str], marker: str, names: Sequence[str], counts: tup
         for name, value in fields.items():
             if not value:
                 raise TraceError(f"line {lineno}: lacks field {name}=: {line.rstrip()!r}")
-        yield {**fields, **_counts(text, counts, lineno, line)}
+        yield {**fields, **_counts(text, counts, lineno, line), **_reals(text, reals, lineno, line)}
 
 
 def lossless_lines(lines: Iterable[str]) -> list[LosslessLine]:
