@@ -6,8 +6,9 @@ fails for another reason, fails the gate run: the gate cannot see that bug.
 The whole table lives here: name -> the bug, the case it runs on, the phrase the verdict must hold, and
 the patch with its targets ("module:attribute"), so a refactor that moves a target fails the targets
 test (tests/test_gate_canaries.py) and this file is the one place to retarget. Patch points are the
-stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim and
-the budget live in engine.round, the policy's plan in engine.policy, the abort in engine.serve.worker.
+stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim
+lives in engine.policy.choice, the budget in engine.round, the policy's plan in engine.policy.span,
+the abort in engine.serve.worker.
 
 The runner that plants one in a child process is gates/plant.py.
 """
@@ -84,7 +85,7 @@ def _trim_leak(orig: dict[str, Any]) -> dict[str, Any]:
     def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
         return min(drafts_per_round, max_drafts + 1) if max_drafts else drafts_per_round
 
-    return {"engine.round:round_drafts": round_drafts}
+    return {"engine.policy.choice:round_drafts": round_drafts}
 
 
 def _budget_overrun(orig: dict[str, Any]) -> dict[str, Any]:
@@ -164,12 +165,12 @@ def _flip_gated(text: str) -> str:
 
 def _policy_over_cap(orig: dict[str, Any]) -> dict[str, Any]:
     """The adaptive policy plans its K without MAX_DRAFTS' cap."""
-    plan = orig["engine.policy:SpanPolicy.plan"]
+    plan = orig["engine.policy.span:SpanPolicy.plan"]
 
     def plan_(self, batch, max_drafts=0, *a, **k):
         return plan(self, batch, 0, *a, **k)
 
-    return {"engine.policy:SpanPolicy.plan": plan_}
+    return {"engine.policy.span:SpanPolicy.plan": plan_}
 
 
 def _abort_ignored(orig: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +203,7 @@ CANARIES: dict[str, Canary] = {
             "the trim letting one draft more into the verify",
             _CASE["known-MAX_DRAFTS=4"],
             "the trim leaks",
-            ("engine.round:round_drafts",),
+            ("engine.policy.choice:round_drafts",),
             _trim_leak,
         ),
         Canary(
@@ -258,7 +259,7 @@ CANARIES: dict[str, Canary] = {
             "an adaptive policy whose K ignores MAX_DRAFTS",
             _CASE["known-POLICY=adaptive-COST_TABLE=gates/data/adaptive-loss.csv-MAX_DRAFTS=4"],
             "above MAX_DRAFTS=4",
-            ("engine.policy:SpanPolicy.plan",),
+            ("engine.policy.span:SpanPolicy.plan",),
             _policy_over_cap,
         ),
         Canary(

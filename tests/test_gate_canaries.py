@@ -49,13 +49,14 @@ def test_a_target_that_moved_is_named():
 
 
 def test_plant_replaces_exactly_the_targets(monkeypatch):
+    import engine.policy.choice as choice
     import engine.round as rounds
 
-    monkeypatch.setattr(rounds, "round_drafts", rounds.round_drafts)  # undone after the test
+    monkeypatch.setattr(choice, "round_drafts", choice.round_drafts)  # undone after the test
     monkeypatch.setattr(rounds, "draft_limit", rounds.draft_limit)
-    assert (rounds.round_drafts(7, 2), rounds.draft_limit(7, 3)) == (2, 2)
+    assert (choice.round_drafts(7, 2), rounds.draft_limit(7, 3)) == (2, 2)
     plant("trim-leak")
-    assert (rounds.round_drafts(7, 2), rounds.round_drafts(7, 0), rounds.draft_limit(7, 3)) == (3, 7, 2)
+    assert (choice.round_drafts(7, 2), choice.round_drafts(7, 0), rounds.draft_limit(7, 3)) == (3, 7, 2)
     plant("budget-overrun")
     assert rounds.draft_limit(7, 3) == 3
 
