@@ -132,7 +132,7 @@ def test_stop_strings_end_like_plain_decode(engines, gate_weights):
             stop = _stop_string(plain, free, at)
             if stop is None:
                 continue
-            params = SamplingParams(max_tokens=TOKENS, ignore_eos=True, stop=[stop])
+            params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True, stop=[stop])
             (want,) = plain.generate([ids], params)
             (got,) = spec.generate([ids], params)
             _report(got, TOKENS)
