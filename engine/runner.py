@@ -254,10 +254,6 @@ class ModelRunner:
         heads = per_round if heads is None else heads
         if not 1 <= heads <= per_round:
             raise ValueError(f"draft heads {heads} outside [1, {per_round}]")
-        if self.drafter.markov is not None and self.graphs.enabled:
-            # Graphed, the Markov walk over fewer positions drafted otherwise than the full walk's first
-            # K on the H200 (bf16, batch_invariant; eager: exact): the full head until that is found.
-            return self._draft(reqs, (), per_round)[0][:, :heads]
         return self._draft(reqs, (), heads)[0]
 
     def draft_chains(self, reqs: list[Request], positions: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
