@@ -1,4 +1,4 @@
-"""The draining wave (engine/drain.py): the moments of a round's committed tokens, the expected time
+"""The draining wave (engine/policy/wave.py): the moments of a round's committed tokens, the expected time
 to finish a wave under one K (exact at K=0, against a Monte Carlo of the acceptance model for K>0),
 the policy's choice over the wave on the H200 4B table, and the engine passing each request's
 remaining tokens only while nothing waits for a slot."""

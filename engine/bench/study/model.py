@@ -1,4 +1,4 @@
-"""The study's cost model of one engine step: the device table (engine/costs.py CostTable: graph
+"""The study's cost model of one engine step: the device table (engine/policy/costs.py CostTable: graph
 replays) plus the two terms it does not see, calibrated on the same engines in the same run
 (step_walls.py): host ms per step per plan and batch (linear between calibrated batches; a
 speculative round's also linear in its drafts K), and the wall of a prefill step admitting n
