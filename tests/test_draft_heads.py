@@ -74,7 +74,7 @@ def test_graphed_heads_on_the_gpu(tiny_target, drafter, dtype, invariant):
     """The graphed drafter with the head over K positions, replay against replay (a graph's first call
     also captures it): bit-identical to the full head's first K in fp32 and under batch_invariant; in
     default bf16 the LM head's GEMM may tile K rows otherwise, so near-ties can flip: at most 1 % of the
-    drafts differ."""
+    drafts differ. A Markov-head drafter under graphs keeps the full head (engine/runner.py)."""
     engine = Engine(
         EngineConfig(
             model=str(tiny_target), draft_model=str(drafter), device="cuda", dtype=dtype, batch_invariant=invariant
