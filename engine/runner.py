@@ -1,13 +1,12 @@
 """Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs.
 
-Uniform steps replay CUDA graphs (engine/graphs.py), padded to the batch bucket with rows that point
-at the null block. Hedge chains are extra row groups of the same span with block-table rows of their
-own (after the null row); the draft graph is keyed on the branch positions it walks. A decode, gated
-or speculative step reads its per-request inputs (current token, table row, committed rows, draft
-limit) from one staged buffer, copied host -> device once per step; the verify graph takes the draft
-graph's output buffer as is and accepts on the device: one copy in, two graph launches, one copy out.
-Every target forward that captures features also stores them as drafter context K/V at the same
-slots: rows a round rejects sit past the committed length, where later rows overwrite them.
+Uniform steps replay CUDA graphs (engine/graphs.py), padded to the batch bucket with null-block rows.
+Hedge chains are extra row groups of the same span on block-table rows of their own; the draft graph is
+keyed on its branch positions and head count. A decode, gated or speculative step reads its inputs
+(current token, table row, committed rows, draft limit) from one staged buffer copied once per step; the
+verify graph takes the draft graph's output buffer as is and accepts on the device. Every target forward
+that captures features stores them as drafter context K/V at the same slots: rows a round rejects sit
+past the committed length, where later rows overwrite them.
 """
 
 from __future__ import annotations
@@ -134,9 +133,7 @@ class ModelRunner:
         return self.staged[STAGED.index(name), :m]
 
     def assign_blocks(self, reqs: Sequence[Request]) -> None:
-        """The requests' block-table rows from their block lists, in one host -> device copy from pinned
-        memory: the host does not wait for a step launched ahead (docs/benchmarks/qwen3-4b-geometry-
-        decode-h200.md has the A/B)."""
+        """The requests' block-table rows, one copy from pinned memory: no wait for a step launched ahead."""
         pinned = self.device.type == "cuda"
         rows = torch.zeros(len(reqs), self.block_tables.shape[1], dtype=torch.int32, pin_memory=pinned)
         for i, r in enumerate(reqs):
@@ -177,8 +174,7 @@ class ModelRunner:
         return self._span_out[0][:rows]
 
     def _span_outputs(self, rows: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """A span step's logits and features: views of one buffer each (not each graph's own), or (None,
-        fresh features) when eager."""
+        """A span step's logits and features: views of one shared buffer each, or (None, fresh) eager."""
         if self._span_out is None or rows > self._span_out[0].shape[0]:
             return None, self.features(rows)
         logits, features = self._span_out
@@ -255,8 +251,7 @@ class ModelRunner:
         if not 1 <= heads <= per_round:
             raise ValueError(f"draft heads {heads} outside [1, {per_round}]")
         if self.drafter.markov is not None and self.graphs.enabled:
-            # Graphed in bf16, the Markov walk over K positions drafted otherwise than the full walk's first
-            # K on the H200 (33 of 216 drafts, replay against replay; eager and fp32: exact): the full head.
+            # graphed in bf16 its walk over K positions differed from the full walk's first K (H200)
             return self._draft(reqs, (), per_round)[0][:, :heads]
         return self._draft(reqs, (), heads)[0]
 
