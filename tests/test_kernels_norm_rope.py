@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import _triton, linear, norm, rope
+from engine.kernels import _triton, linear, norm, rope, rotary
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
@@ -65,7 +65,7 @@ def test_qk_norm_rope_store(dtype, hq, hkv, d, with_q):
     v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
     positions = torch.randint(0, 100, (t,), device=DEV)
     slots = torch.tensor([0, -1, 15, 16, 17, 31, -1, 47, 63], device=DEV)  # page boundaries, skips
-    cos_sin = rope.rope_cos_sin(128, d, 1e6, DEV)
+    cos_sin = rotary.rope_cos_sin(128, d, 1e6, DEV)
     qw, kw = randn(d, dtype=dtype), randn(d, dtype=dtype)
     caches = [torch.full((blocks, page, hkv, d), float("nan"), dtype=dtype, device=DEV) for _ in range(4)]
     kc, vc, kc_ref, vc_ref = caches
@@ -86,7 +86,7 @@ def test_qk_norm_rope_store(dtype, hq, hkv, d, with_q):
 def test_qk_norm_rope_store_empty():
     kc = torch.zeros(2, 16, 2, 32, device=DEV)
     k = randn(0, 2, 32)
-    cs = rope.rope_cos_sin(16, 32, 1e4, DEV)
+    cs = rotary.rope_cos_sin(16, 32, 1e4, DEV)
     empty = torch.zeros(0, dtype=torch.int64, device=DEV)
     out = rope.qk_norm_rope_store(randn(0, 4, 32), k, k, empty, empty, randn(32), randn(32), cs, kc, kc, 1e-6)
     assert out.shape == (0, 4, 32)
@@ -104,7 +104,7 @@ def test_gpu_early_inputs_change_no_output(rows, monkeypatch):
     w_qkv = randn((hq + 2 * hkv) * d, 2560, dtype=torch.bfloat16, scale=0.02)
     positions = torch.randint(0, 4000, (rows,), device=DEV)
     slots = torch.randperm(rows * 4, device=DEV)[:rows]
-    cos_sin = rope.rope_cos_sin(4096, d, 1e6, DEV)
+    cos_sin = rotary.rope_cos_sin(4096, d, 1e6, DEV)
     qw, kw = randn(d, dtype=torch.bfloat16), randn(d, dtype=torch.bfloat16)
     outs = []
     for limit in (-1, _triton.PDL_MAX_ROWS):  # -1: no launch with PDL

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import activation, fused_linear, get_ops, linear, mlp, norm, rope, sampling
+from engine.kernels import activation, fused_linear, get_ops, linear, mlp, norm, rope, rotary, sampling
 from tests.kernel_helpers import (
     DEV,
     DTYPES,
@@ -86,7 +86,7 @@ def test_gpu_4b_shapes():
     qkv = randn(t, (g["hq"] + 2 * g["hkv"]) * g["d"], dtype=bf)
     q, k, v = qkv.split([g["hq"] * g["d"], g["hkv"] * g["d"], g["hkv"] * g["d"]], dim=1)
     q, k, v = (z.view(t, -1, g["d"]) for z in (q, k, v))
-    cs = rope.rope_cos_sin(4096, g["d"], 1e6, DEV)
+    cs = rotary.rope_cos_sin(4096, g["d"], 1e6, DEV)
     pos, slots = torch.arange(100, 100 + t, device=DEV), torch.arange(t, device=DEV) * 7
     qw, kw = randn(g["d"], dtype=bf), randn(g["d"], dtype=bf)
     caches = [torch.zeros(8, 16, g["hkv"], g["d"], dtype=bf, device=DEV) for _ in range(4)]

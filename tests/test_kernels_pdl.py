@@ -9,7 +9,7 @@ import torch
 
 from engine.fixture.known.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import _triton, get_ops
-from engine.kernels.rope import rope_cos_sin
+from engine.kernels.rotary import rope_cos_sin
 from engine.kernels.split_sum import dense
 from engine.models.config import Geometry
 from engine.models.layers import decoder_layer

@@ -12,7 +12,7 @@ import torch
 
 from engine.fixture.known.geometry import QWEN3_4B as QWEN3_4B_CONFIG
 from engine.kernels import fused_linear, gemm, get_ops, linear, norm
-from engine.kernels.rope import rope_cos_sin
+from engine.kernels.rotary import rope_cos_sin
 from engine.kernels.split_sum import SplitSum, dense
 from engine.kernels.tuning import SkinnyConfig, TunedTables
 from engine.models.config import Geometry

@@ -8,7 +8,7 @@ import torch
 
 from engine.kernels._triton import cdiv, jit, next_pow2, pdl
 from engine.kernels.norm import rms_norm_ref
-from engine.kernels.rotary import apply_rope_ref, rope_cos_sin  # noqa: F401 (rope_cos_sin: this module's callers' table)
+from engine.kernels.rotary import apply_rope_ref
 from engine.kernels.split_sum import SplitSum
 
 
