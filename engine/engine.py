@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, kv_from: Engine | None = None):
+        """kv_from: an engine whose target KV pool this one uses instead of its own (benches: a plain and a
+        speculative engine on one pool); the two must never hold requests at once."""
         # Knobs first: a malformed variable refuses to start before any weight is read.
         knobs = read_knobs()
         self.levers = knobs.levers.replace(config.levers)
@@ -56,7 +58,10 @@ class Engine:
         self.max_model_len = max_model_len(config, models)
 
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
-        self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
+        shared = None if kv_from is None else kv_from.runner.kv
+        self.runner, self.blocks, scratch = build_runner(
+            config, models, self.levers, self.max_model_len, use_graphs, shared
+        )
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
         # No request comes until the running ones finish (generate(), a bench's last wave): a draining wave
         self.no_more_requests = False

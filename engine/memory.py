@@ -46,12 +46,7 @@ def plan_kv_blocks(
             )
         return config.num_kv_blocks
     want = config.max_num_seqs * max_blocks_per_seq + 1 + scratch
-    if free is not None:
-        budget = int(total * config.gpu_memory_utilization) - (total - free) - ACTIVATION_RESERVE
-        where = f"gpu_memory_utilization={config.gpu_memory_utilization} of the device, less what is in use and "
-        where += f"a {_gib(ACTIVATION_RESERVE)} activation reserve"
-    else:
-        budget, where = CPU_KV_BUDGET, "the CPU KV budget"
+    budget, where = kv_budget(config.gpu_memory_utilization, free, total)
     one = max_blocks_per_seq + 1 + scratch  # one request of max_model_len, block 0 and the hedge scratch
     fits = max(budget, 0) // per_block
     if fits < one:
@@ -63,6 +58,31 @@ def plan_kv_blocks(
     if fits < want:
         log.warning("KV cache limited to %d blocks (wanted %d) by the memory budget", fits, want)
     return int(min(want, fits))
+
+
+def check_shared(kv: list, g: Geometry, block_size: int, dtype: torch.dtype, device: torch.device, scratch: int) -> int:
+    """The blocks of another engine's target KV (per layer (k, v) [blocks, block_size, kv heads, head dim]),
+    refused unless its layers, shape, dtype and device are this target's."""
+    k = kv[0][0]
+    want = (g.num_layers, block_size, g.num_kv_heads, g.head_dim, dtype, device.type)
+    if (len(kv), *k.shape[1:], k.dtype, k.device.type) != want or k.shape[0] - scratch < 2:
+        got = (len(kv), *k.shape, k.dtype, k.device.type)
+        raise ValueError(
+            f"kv_from: the shared KV (layers, blocks, block, heads, dim, dtype, device) {got} does not fit {want}"
+        )
+    return k.shape[0]
+
+
+def kv_budget(utilization: float, free: int | None, total: int | None) -> tuple[int, str]:
+    """(bytes the KV cache may take, where that figure comes from): on a device of `total` bytes with
+    `free` free, its utilization share less what is in use and the activation reserve; on CPU (free
+    None) the CPU KV budget."""
+    if free is None or total is None:
+        return CPU_KV_BUDGET, "the CPU KV budget"
+    where = f"gpu_memory_utilization={utilization} of the device, less what is in use and "
+    return int(total * utilization) - (
+        total - free
+    ) - ACTIVATION_RESERVE, where + f"a {_gib(ACTIVATION_RESERVE)} reserve"
 
 
 def _gib(n: int) -> str:

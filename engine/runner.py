@@ -53,12 +53,13 @@ class ModelRunner:
         max_blocks_per_seq: int,
         use_graphs: bool,
         chain_rows: int = 0,
+        shared_kv: list | None = None,  # another runner's target KV (engine.py: kv_from)
     ):
         self.target, self.drafter = target, drafter
         self.device, self.dtype, self.ops = target.device, target.dtype, target.ops
         self.block_size = block_size
         g = target.g
-        self.kv = allocate_kv_cache(
+        self.kv = shared_kv or allocate_kv_cache(
             g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim, self.dtype, self.device
         )
         self.draft_kv = []

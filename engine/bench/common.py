@@ -11,7 +11,12 @@ import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.loader import Checkpoint
+from engine.kv_cache import kv_bytes_per_block
+from engine.loader import Checkpoint, open_checkpoint
+from engine.memory import kv_budget
+from engine.models.config import DFlashConfig, Geometry
+
+BLOCK = 16  # KV block size of every bench engine
 
 
 def add_device_args(p: argparse.ArgumentParser) -> None:
@@ -20,6 +25,12 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager steps (graphs are on by default on CUDA)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO from every module")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=_share,
+        default=EngineConfig.gpu_memory_utilization,
+        help="the share of the card the bench's engines (weights, KV pool, activations) may hold, as the engine's",
+    )
 
 
 def add_weight_args(p: argparse.ArgumentParser, drafter_help: str = "the drafter (spec arms need it)") -> None:
@@ -69,6 +80,52 @@ def torch_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _share(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 < value <= 1.0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{raw}: must be in (0, 1]")
+    return value
+
+
+def memory_budget(device: torch.device, utilization: float) -> tuple[int, str]:
+    """(bytes the bench's KV pool and the weights it has yet to load may take, where the figure comes
+    from): the engine's own budget (engine/memory.py) on the device's free memory now."""
+    free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else (None, None)
+    return kv_budget(utilization, free, total)
+
+
+def weight_bytes(model: str | Path | Checkpoint | None, dtype: torch.dtype) -> int:
+    """Bytes an engine's copy of these weights takes on the device (in-memory tensors, or the
+    checkpoint's safetensors files taken as bf16)."""
+    if model is None:
+        return 0
+    ckpt = open_checkpoint(model)
+    if ckpt.tensors is not None:
+        return sum(t.numel() for t in ckpt.tensors.values()) * dtype.itemsize
+    files = Path(ckpt.directory).glob("*.safetensors")
+    return sum(f.stat().st_size for f in files) * dtype.itemsize // 2
+
+
+def plan_pool(grid: str, per_block: int, blocks: int, budget: tuple[int, str], later: int = 0) -> int:
+    """`blocks` KV blocks (the grid's largest cell) plus the null block; refused (SystemExit naming the
+    grid, the bytes needed and the bytes free) where they and the `later` bytes of weights still to
+    load exceed the budget (memory_budget)."""
+    blocks += 1
+    need, (free, where) = blocks * per_block + later, budget
+    if need > free:
+        raise SystemExit(
+            f"the grid {grid} does not fit: it needs {need:,} bytes ({need / 2**30:.2f} GiB: {blocks} KV blocks of "
+            f"{per_block:,} bytes + {later:,} bytes of weights to load) but {max(free, 0):,} bytes are free "
+            f"({where}); lower the concurrency or the prompt length, or raise --gpu-memory-utilization"
+        )
+    return blocks
+
+
+def seq_blocks(seqs: int, tokens: int) -> int:
+    """KV blocks `seqs` sequences of `tokens` tokens hold."""
+    return seqs * -(-tokens // BLOCK)
+
+
 def make_engine(
     model: str | Path | Checkpoint,
     draft_model: str | Path | Checkpoint | None,
@@ -78,24 +135,74 @@ def make_engine(
     max_num_seqs: int,
     seq_tokens: int,
     headroom: int = 0,
+    kv_from: Engine | None = None,
+    pool_blocks: int | None = None,
+    grid: str | None = None,
+    later: int = 0,
 ) -> Engine:
-    """An engine whose KV is sized for exactly max_num_seqs sequences of seq_tokens (+ the drafter's
-    headroom), so two engines fit on one card (the default takes a share of the whole card)."""
-    block = 16
+    """An engine for max_num_seqs sequences of seq_tokens (+ the drafter's headroom): its KV pool sized
+    for them (pool_blocks: for a grid's largest cell) within the memory budget, the grid refused
+    before anything is built where it does not fit (later: bytes of other engines' weights still to
+    load); kv_from: run on that engine's target pool instead (engine_pair)."""
+    utilization = getattr(args, "gpu_memory_utilization", EngineConfig.gpu_memory_utilization)
     max_model_len = seq_tokens + headroom + 1
-    blocks = max_num_seqs * (-(-(seq_tokens + headroom) // block)) + 2  # + the null block, + slack
     weights = [m if m is None or isinstance(m, Checkpoint) else str(m) for m in (model, draft_model)]
     cfg = dict(model=weights[0], draft_model=weights[1], device=device.type, dtype=args.dtype, backend=args.backend)
     cfg.update(cuda_graphs=not args.no_cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), kv_block_size=block, num_kv_blocks=blocks)
-    return Engine(EngineConfig(**cfg, levers={"max_batch": 0, "max_drafts": 0}, trace=False))
+    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), kv_block_size=BLOCK, gpu_memory_utilization=utilization)
+    if kv_from is None:
+        dtype = torch_dtype(args.dtype, device)
+        per_block = pool_block_bytes(model, draft_model, dtype)
+        mine = weight_bytes(model, dtype) + weight_bytes(draft_model, dtype) if device.type == "cuda" else 0
+        blocks = pool_blocks or seq_blocks(max_num_seqs, seq_tokens + headroom)
+        grid = grid or f"{max_num_seqs} sequences of {seq_tokens + headroom} tokens"
+        cfg["num_kv_blocks"] = plan_pool(grid, per_block, blocks, memory_budget(device, utilization), mine + later)
+    levers = {"max_batch": 0, "max_drafts": 0, "hedge": 0}
+    return Engine(EngineConfig(**cfg, levers=levers, trace=False), kv_from=kv_from)
+
+
+def engine_pair(
+    target: str | Path | Checkpoint,
+    drafter: str | Path | Checkpoint | None,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    max_num_seqs: int,
+    seq_tokens: int,
+    pool_blocks: int | None = None,
+    grid: str | None = None,
+) -> dict[str, Engine]:
+    """{"plain"} or {"spec", "plain"}: the speculative engine owns the pool (target + drafter KV, the
+    drafter's headroom past each sequence) and the plain engine runs on its target KV, so the two arms
+    fit where one engine's pool does; the arms run one at a time (never requests in both)."""
+    size = dict(max_num_seqs=max_num_seqs, seq_tokens=seq_tokens)
+    if drafter is None:
+        return {"plain": make_engine(target, None, args, device, **size, pool_blocks=pool_blocks, grid=grid)}
+    later = weight_bytes(target, torch_dtype(args.dtype, device)) if device.type == "cuda" else 0
+    spec = make_engine(
+        target,
+        drafter,
+        args,
+        device,
+        **size,
+        headroom=drafter_block(drafter),
+        pool_blocks=pool_blocks,
+        grid=grid,
+        later=later,
+    )
+    return {"plain": make_engine(target, None, args, device, **size, kv_from=spec), "spec": spec}
+
+
+def pool_block_bytes(target, drafter, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over an engine's models (the target's, + the drafter's with one)."""
+    gs = [Geometry.from_dict(open_checkpoint(target).config, "target")]
+    if drafter is not None:
+        gs.append(DFlashConfig.from_dict(open_checkpoint(drafter).config).geometry)
+    return sum(kv_bytes_per_block(g.num_layers, BLOCK, g.num_kv_heads, g.head_dim, dtype) for g in gs)
 
 
 def drafter_block(drafter: str | Path) -> int:
     """The drafter's block size: the KV headroom a speculative engine needs past each sequence."""
-    from engine.loader import open_checkpoint
-    from engine.models.config import DFlashConfig
-
     return DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +25,27 @@ from engine.policy.calibration import (
     time_forwards as profile_costs,  # the engine's own timing (the study imports it here)
 )
 from engine.policy.warmup import dummy_requests
+from engine.timing import time_ms
 
 log = logging.getLogger(__name__)
+
+
+def time_prefills(engine, batches: Sequence[int], prompt_len: int, repeats: int = 3) -> list[dict]:
+    """Rows {kind: prefill, batch, span: prompt tokens, context, rows, bucket, ms, ms_min, ms_max}: the
+    engine's prefill (runner.prefill: every prompt row's K/V, logits at each request's last row only) of
+    `batch` prompts of prompt_len tokens on dummy requests, in groups of the engine's token budget."""
+    budget, rows = engine.config.max_num_batched_tokens, []
+    with dummy_requests(engine, max(batches), prompt_len, 1) as reqs:
+        for b in batches:
+            per = max(1, budget // prompt_len)
+            groups = [reqs[i : min(i + per, b)] for i in range(0, b, per)]
+            samples = time_ms(lambda g=groups: [engine.runner.prefill(x) for x in g], engine.device, repeats)
+            ms = statistics.median(samples)
+            row = dict(kind="prefill", batch=b, span=prompt_len, context=prompt_len, rows=b)
+            rows.append(
+                row | dict(bucket=engine.runner.graphs.rows(b), ms=ms, ms_min=min(samples), ms_max=max(samples))
+            )
+    return rows
 
 
 def mark_over(rows: list[dict], threshold: float) -> float | None:

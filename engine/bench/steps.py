@@ -23,9 +23,8 @@ from engine.bench.closed_loop import closed_loop
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
-    drafter_block,
+    engine_pair,
     load_prompts,
-    make_engine,
     resolve_device,
     setup_logging,
     weights_of,
@@ -109,17 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--arms: {err}") from None
     if drafter is None and any(not a.is_plain for a in arms):
         raise SystemExit("spec arms need --drafter (or --recipe)")
-    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)}
-    if drafter is not None:
-        engines["spec"] = make_engine(
-            target,
-            drafter,
-            args,
-            device,
-            max_num_seqs=args.concurrency,
-            seq_tokens=seq_tokens,
-            headroom=drafter_block(drafter),
-        )
+    engines = engine_pair(target, drafter, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)
     results = {
         arm.label: profile_arm(engine_for(arm, engines), prompts, args.concurrency, args.new_tokens, args.top)
         for arm in arms

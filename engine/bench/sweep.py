@@ -29,9 +29,8 @@ from engine.bench.closed_loop import (
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
-    drafter_block,
+    engine_pair,
     load_prompts,
-    make_engine,
     resolve_device,
     setup_logging,
     weights_of,
@@ -199,11 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--length-spread: {err}") from None
     seq_tokens = max(len(p) for p in prompts) + (max(lengths) if lengths else args.new_tokens)
     max_c = max(args.concurrency)
-    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)}
-    if drafter is not None:
-        engines["spec"] = make_engine(
-            target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=drafter_block(drafter)
-        )
+    engines = engine_pair(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)
     meta = run_meta("sweep", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
     meta.update(length_spread=args.length_spread)
