@@ -83,6 +83,10 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
+# A decode that splits launches LONG_SPLIT_FACTOR x its splits; a sequence uses the extra ones only
+# where each split would otherwise stream more than SPLIT_KEYS keys (long context: docs/design/kernels.md).
+LONG_SPLIT_FACTOR = 2
+SPLIT_KEYS = 512
 # Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for the
 # flash-decoding splits of a decode of two or more sequences. On the H200 (decode_ab at 64973ba, 4B
 # geometry) three stages there ran a step 1.017 at c=8 and 1.019 at c=16, and 0.994 at c=1 (so one
@@ -107,10 +111,12 @@ def attention_config(
     device: torch.device,
     batch_invariant: bool,
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS) from shapes and python ints only."""
+    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS, MIN_SPLITS) from shapes and python ints only: the grid
+    has NUM_SPLITS splits, a sequence uses MIN_SPLITS of them up to SPLIT_KEYS keys a split and more
+    beyond (attention_kernels._kv_range)."""
     if batch_invariant:
         block_m = max(INVARIANT_BLOCK_M, next_pow2(group))
-        return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1
+        return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1, 1
     span = max(1, max_query_len)
     block_m = max(16, min(MAX_BLOCK_M, next_pow2(span * group)))
     block_q = max(1, block_m // group)
@@ -123,7 +129,8 @@ def attention_config(
         splits *= 2
     if splits == 1 and span == 1:  # a full grid without splitting: wider key tiles, fewer loop trips
         block_n = DECODE_WIDE_BLOCK_N
-    return block_q, block_m, block_n, splits
+    grid = min(MAX_SPLITS, splits * LONG_SPLIT_FACTOR) if splits > 1 and span == 1 else splits
+    return block_q, block_m, block_n, grid, splits
 
 
 def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
@@ -163,11 +170,11 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
     max_kv = block_tables.shape[1] * page
-    block_q, block_m, block_n, splits = attention_config(
+    block_q, block_m, block_n, splits, min_splits = attention_config(
         num_seqs, num_kv_heads, group, max_query_len, max_kv, q.device, batch_invariant
     )
     if num_splits is not None and not batch_invariant:
-        splits = num_splits
+        splits = min_splits = num_splits
     if splits > 1:
         part_o = torch.empty(num_tokens * num_heads * splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
@@ -206,6 +213,8 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         NUM_SPLITS=splits,
+        MIN_SPLITS=min_splits,
+        SPLIT_KEYS=SPLIT_KEYS,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),

@@ -48,6 +48,8 @@ def paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLITS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
@@ -63,7 +65,7 @@ def paged_attn_kernel(
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
     if EARLY_LINES > 0:  # the first tile's cached rows into L2
-        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
+        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
         n = lo + tl.arange(0, BLOCK_N)
         blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
         line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
@@ -84,7 +86,7 @@ def paged_attn_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pos = ctx + qi
-    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
+    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -136,9 +138,13 @@ def _kv_range(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLITS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
     CAUSAL: tl.constexpr,
 ):
-    """This program's key rows [lo, hi)."""
+    """This program's key rows [lo, hi). A sequence uses MIN_SPLITS of the NUM_SPLITS splits, more (up to
+    all) once its keys exceed SPLIT_KEYS a split: the grid is fixed (graph-safe), the work follows the
+    context read here; unused splits run no loop and leave an empty partial (lse -inf)."""
     kv_end = seq_len
     if CAUSAL:  # the tile's last query bounds the keys
         kv_end = seq_len - q_len + tl.minimum(q_tile + BLOCK_Q, q_len)
@@ -147,7 +153,8 @@ def _kv_range(
         hi = kv_end
     else:
         # Splits share this sequence's actual keys (read here, not on the host) in whole tiles.
-        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        used = tl.minimum(tl.maximum(tl.cdiv(kv_end, SPLIT_KEYS), MIN_SPLITS), NUM_SPLITS)
+        chunk = tl.cdiv(tl.cdiv(kv_end, used), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(lo + chunk, kv_end)
     return lo, hi
