@@ -181,9 +181,12 @@ class ModelRunner:
         return logits[:rows], None if features is None else features[:rows]
 
     def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
-        positions, meta = self._span_meta(rows, num_kv, ids.shape[1], causal=True)
+        return self.flat_forward(ids.reshape(-1), *self._span_meta(rows, num_kv, ids.shape[1], causal=True))
+
+    def flat_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta) -> tuple:
+        """Flat rows through the target, their features stored as drafter context: (logits, greedy, features)."""
         out, features = self._span_outputs(ids.numel())
-        hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
+        hidden = self.target.forward(ids, positions, meta, self.kv, self.taps, features)
         if features is not None:
             self.drafter.store_context(features, positions, meta.slot_mapping, self.draft_kv)
         logits = self.target.logits(hidden, out=out)
@@ -192,11 +195,7 @@ class ModelRunner:
     def span_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:
         """Span groups ids[i] on block-table row table_rows[i] at positions num_kv[i] .. + S - 1."""
         n, span = ids.shape
-        values = {
-            "ids": ids,
-            "rows": self.to_device(list(table_rows)),
-            "num_kv": self.to_device(list(num_kv)),
-        }
+        values = {"ids": ids, "rows": self.to_device(list(table_rows)), "num_kv": self.to_device(list(num_kv))}
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
         logits, greedy, features = self.graphs.run(("span", span), self._span_forward, n, values, pads)
         return _trim(SpanResult(logits, greedy, features), n * span)

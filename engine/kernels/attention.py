@@ -37,6 +37,8 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """q: [T, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B] (cached rows incl. this step's);
     query_start_loc: [B+1]. Query i of a span of length L sits at position seq_len - L + i.
+    batch_invariant: each row alone over the keys up to its own position (causal), so its output is
+    the same whatever the span, batch or sequence order around it.
     Returns [T, Hq, D] in q's dtype. max_query_len is a launch hint for kernels; unused here.
     """
     del max_query_len
@@ -53,15 +55,18 @@ def paged_attention_ref(
         k = gather_kv_ref(k_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)
         v = gather_kv_ref(v_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)
         qb = q[q_lo:q_hi].float()
-        key_pos = torch.arange(seq_len, device=q.device)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        rows = [slice(i, i + 1) for i in range(q_len)] if batch_invariant else [slice(0, q_len)]
-        for r in rows:
-            scores = torch.einsum("qhd,khd->hqk", qb[r], k) * scale
-            if causal:
-                scores = scores.masked_fill(key_pos[None, None, :] > q_pos[r][None, :, None], float("-inf"))
-            probs = scores.softmax(dim=-1)
-            out[q_lo + r.start : q_lo + r.stop] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        if batch_invariant:  # one row at a time over its own keys: a row's output is span-invariant
+            for i in range(q_len):
+                keys = seq_len - q_len + i + 1 if causal else seq_len
+                probs = (torch.einsum("qhd,khd->hqk", qb[i : i + 1], k[:keys]) * scale).softmax(dim=-1)
+                out[q_lo + i] = torch.einsum("hqk,khd->qhd", probs, v[:keys])[0].to(q.dtype)
+            continue
+        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        if causal:
+            key_pos = torch.arange(seq_len, device=q.device)
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            scores = scores.masked_fill(key_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[q_lo:q_hi] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
 
 
