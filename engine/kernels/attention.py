@@ -88,8 +88,8 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
-# A decode that splits launches LONG_SPLIT_FACTOR x its splits; a sequence uses the extra ones only
-# where each split would otherwise stream more than SPLIT_KEYS keys (long context: docs/design/kernels.md).
+# A split decode whose keys may exceed SPLIT_KEYS a split (max_kv) launches LONG_SPLIT_FACTOR x its
+# splits; a sequence uses the extra ones only past SPLIT_KEYS keys a split (docs/design/kernels.md).
 LONG_SPLIT_FACTOR = 2
 SPLIT_KEYS = 512
 # Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for the
@@ -116,9 +116,9 @@ def attention_config(
     device: torch.device,
     batch_invariant: bool,
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS, MIN_SPLITS) from shapes and python ints only: the grid
-    has NUM_SPLITS splits, a sequence uses MIN_SPLITS of them up to SPLIT_KEYS keys a split and more
-    beyond (attention_kernels._kv_range)."""
+    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS, MIN_SPLITS) from shapes and python ints only; max_kv
+    bounds every sequence's keys (the block table's width). The grid has NUM_SPLITS splits, a sequence
+    uses MIN_SPLITS of them up to SPLIT_KEYS keys a split and more beyond (attention_kernels._kv_range)."""
     if batch_invariant:
         block_m = max(INVARIANT_BLOCK_M, next_pow2(group))
         return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1, 1
@@ -134,7 +134,8 @@ def attention_config(
         splits *= 2
     if splits == 1 and span == 1:  # a full grid without splitting: wider key tiles, fewer loop trips
         block_n = DECODE_WIDE_BLOCK_N
-    grid = min(MAX_SPLITS, splits * LONG_SPLIT_FACTOR) if splits > 1 and span == 1 else splits
+    long = splits > 1 and span == 1 and max_kv > splits * SPLIT_KEYS
+    grid = min(MAX_SPLITS, splits * LONG_SPLIT_FACTOR) if long else splits
     return block_q, block_m, block_n, grid, splits
 
 
