@@ -10,6 +10,7 @@ import time
 from engine.cli_args import add_engine_args, engine_config
 from engine.config import SamplingParams, text_error
 from engine.serve import cli as serve_cli
+from engine.serve.text import Choice
 from engine.shipped import shipped_pair
 
 
@@ -53,14 +54,11 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     start = time.perf_counter()
     engine.add_request(args.prompt, params)
-    shown, out = "", None
+    choice, out = Choice(0, engine.tokenizer, params), None  # decoded incrementally; a partial character held
     while engine.has_unfinished():
         for out in engine.step():
-            text = engine.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            if text.startswith(shown):  # hold back while a multi-byte character is incomplete
-                sys.stdout.write(text[len(shown) :])
-                sys.stdout.flush()
-                shown = text
+            sys.stdout.write(choice.update(out))
+            sys.stdout.flush()
     elapsed = time.perf_counter() - start
     sys.stdout.write("\n")
     if out is not None and out.error:

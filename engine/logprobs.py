@@ -32,13 +32,19 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[
 
 
 def record_logprobs(
-    reqs: Sequence[Request], logits: torch.Tensor, span: int, counts: Sequence[int], groups: Sequence[int] | None = None
+    reqs: Sequence[Request],
+    logits: torch.Tensor,
+    span: int | Sequence[int],
+    counts: Sequence[int],
+    groups: Sequence[int] | None = None,
 ) -> None:
     """For each request that asked: its last counts[i] committed tokens were chosen from logit rows
-    [g * span, g * span + counts[i]) with g = groups[i] (default i: the request's own row group)."""
+    [start, start + counts[i]) of its row group g = groups[i] (default i), which starts at g * span
+    (or span[g]: each group's first row, a ragged verify)."""
     for i, r in enumerate(reqs):
         if r.params.logprobs is None or not counts[i]:
             continue
         g = i if groups is None else groups[i]
-        rows = logits[g * span : g * span + counts[i]]
+        start = g * span if isinstance(span, int) else span[g]
+        rows = logits[start : start + counts[i]]
         r.scored(token_logprobs(rows, r.output_ids[-counts[i] :], r.params.logprobs))

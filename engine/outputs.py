@@ -49,3 +49,5 @@ class RequestOutput:
     logprobs: list | None = None  # TokenLogprob per output token when SamplingParams.logprobs is set
     prompt: str | None = None  # the prompt's text (None for a token-id prompt), as vLLM's
     outputs: list[CompletionOutput] = field(default_factory=list)  # vLLM's shape: one per completion
+    prompt_logprobs: list | None = None  # vLLM's; None: prompt log-probabilities are not computed
+    num_cached_tokens: int = 0  # vLLM's prefix-cache hits; this engine has no prefix cache

@@ -17,16 +17,19 @@ positions the round verifies.
 from __future__ import annotations
 
 from functools import partial
+from itertools import accumulate
 
 import torch
 
 from engine.decode_overlap import HostTokens, OverlappedDecode, TakeBlocks
 from engine.hedge import Hedger
+from engine.kernels.span_meta import ragged_spans
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
 from engine.policy.choice import AdaptiveSpans, StaticSpans
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy, check_table
+from engine.ragged import ragged_verify
 from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
@@ -47,6 +50,12 @@ def accept_rows(accept_prefix, drafts: torch.Tensor, targets: torch.Tensor, limi
     targets (every request greedy). Host form: `Rounds._accept_on_host`, on sampled targets."""
     n = accept_prefix(drafts, targets, limits)
     return torch.cat([n[:, None], drafts, targets], dim=1)
+
+
+def draft_heads(k: int, ragged: bool, per_round: int) -> int:
+    """The drafter head's positions for a round whose widest span verifies k drafts: k, or for a ragged
+    round the least uniform variant at or above it (1, 2, 4, .., all), whose draft graph is captured."""
+    return k if not ragged else min(s - 1 for s in ragged_spans(per_round) if s - 1 >= k)
 
 
 def settle(req: Request, row: list[int], k: int, limit: int) -> RoundOutcome:
@@ -171,36 +180,48 @@ class Rounds:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
         admitting: as one_token's, for the gated round the policy may choose."""
         runner = self.runner
-        k = self.spans.choose(reqs, self.levers, draining)
+        chosen = self.spans.choose(reqs, self.levers, draining)
+        ks = [chosen] * len(reqs) if isinstance(chosen, int) else chosen
+        k = max(ks)
         if k == 0:
             self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
             return
-        limits = [draft_limit(k, r.remaining) for r in reqs]
+        limits = [draft_limit(ki, r.remaining) for ki, r in zip(ks, reqs, strict=True)]
         self._store_pending_context(reqs)
         runner.stage(reqs, limits)
         plan = self.hedger.plan(reqs, limits, k)
+        ragged = not plan and min(ks) != k  # a hedged round verifies 1 + k rows each, its limits <= K_i
+        starts: int | list[int] = 1 + k
         if plan:
             drafted = self.hedger.draft(reqs)
             self._mark("draft")
             res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
             self._mark("target")
         else:
-            drafts = runner.draft(reqs, k)  # the LM head over the K positions verified
+            drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
             self._mark("draft")
-            res, device_rows = runner.verify(reqs, drafts, k, self.accept)
+            if ragged:
+                out, device_rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)
+                res = SpanResult(*out)
+            else:
+                res, device_rows = runner.verify(reqs, drafts, k, self.accept)
             self.spans.launched(reqs, self.levers, draining, limits)
             self._mark("target")
-            greedy = all(r.params.greedy for r in reqs)
-            rows = device_rows.tolist() if greedy else self._accept_on_host(res, drafts[:, :k], reqs, limits)
+            k = device_rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
+            if all(r.params.greedy for r in reqs):
+                rows = device_rows.tolist()
+            else:
+                drafts = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1]))[:, :k]
+                rows = self._accept_on_host(res, drafts, reqs, limits, ks if ragged else None)
             best = list(range(len(reqs)))
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
-        self.spans.settled(k, reqs, limits, [o.accepted_draft for o in outcomes])
-        record_logprobs(reqs, res.logits, 1 + k, [o.committed for o in outcomes], best)
+        self.spans.settled(max(ks), reqs, limits, [o.accepted_draft for o in outcomes])
+        record_logprobs(reqs, res.logits, starts, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
         if self.trace:  # a request's hedge line follows its round line
             for i, (r, o) in enumerate(zip(reqs, outcomes, strict=True)):
-                log_round(r.id, False, o.verified_draft, o.accepted_draft, o.committed, r.draft_context_len, k)
+                log_round(r.id, False, o.verified_draft, o.accepted_draft, o.committed, r.draft_context_len, ks[i])
                 if i in hedges:
                     log_hedge(r.id, *hedges[i])
         wins = sum(h[1] != 0 for h in hedges.values())
@@ -223,9 +244,17 @@ class Rounds:
                 r.context_flushed()
 
     def _accept_on_host(
-        self, res: SpanResult, drafts: torch.Tensor, groups: list[Request], limits: list[int]
+        self, res: SpanResult, drafts: torch.Tensor, groups: list[Request], limits: list[int], ks=None
     ) -> list[list[int]]:
-        """The accept rule on targets sampled per span row (greedy or seeded): rows on the host."""
+        """The accept rule on targets sampled per span row (greedy or seeded). ks: a ragged verify's
+        drafts per request (its targets past a span repeat the span's last, as on the device)."""
         k = drafts.shape[1]
-        targets = sample_requests(res.logits, res.greedy, groups, 1 + k, drafts).view(len(groups), 1 + k)
-        return self.accept(drafts, targets, self.runner.to_device(limits)).tolist()
+        if ks is None:
+            targets = sample_requests(res.logits, res.greedy, groups, 1 + k, drafts)
+        else:
+            flat = sample_requests(res.logits, res.greedy, groups, [1 + ki for ki in ks], drafts)
+            firsts = accumulate([1 + ki for ki in ks], initial=0)
+            targets = flat[
+                self.runner.to_device([a + min(j, ki) for a, ki in zip(firsts, ks, strict=False) for j in range(1 + k)])
+            ]
+        return self.accept(drafts, targets.view(len(groups), 1 + k), self.runner.to_device(limits)).tolist()

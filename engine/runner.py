@@ -18,6 +18,7 @@ from functools import partial
 import torch
 
 from engine.graphs import StepGraphs, batch_buckets
+from engine.kernels.attention import SPLIT_KEYS
 from engine.kv_cache import allocate_kv_cache
 from engine.models.dflash import DFlashDrafter
 from engine.models.layers import AttnMeta
@@ -28,6 +29,7 @@ from engine.prefill import staged_buffers
 from engine.request import Request
 
 STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
+SHORT_KEYS = 2 * SPLIT_KEYS  # a decode whose sequences all fit runs on a table this wide: no extra splits
 # The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,8 +58,7 @@ class ModelRunner:
         shared_kv: list | None = None,  # another runner's target KV (engine.py: kv_from)
     ):
         self.target, self.drafter = target, drafter
-        self.device, self.dtype, self.ops = target.device, target.dtype, target.ops
-        self.block_size = block_size
+        self.device, self.dtype, self.ops, self.block_size = target.device, target.dtype, target.ops, block_size
         g = target.g
         self.kv = shared_kv or allocate_kv_cache(
             g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim, self.dtype, self.device
@@ -75,6 +76,7 @@ class ModelRunner:
             max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
         )
         self.null_row = max_num_seqs
+        self.decode_widths = sorted({min(-(-SHORT_KEYS // block_size), max_blocks_per_seq), max_blocks_per_seq})
         self.chain_row0 = max_num_seqs + 1
         self.graphs = StepGraphs(use_graphs, sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs}))
         # The staged step inputs, one field per row: current token, table row, committed rows, limit.
@@ -106,10 +108,12 @@ class ModelRunner:
         n = len(reqs)
         pad = self.graphs.rows(n) - n
         ahead = int(next_tokens is not None)
+        kv = [r.num_kv + ahead for r in reqs]  # a decode's keys: one more each; its table the narrowest holding them
+        self._staged_width = next((w for w in self.decode_widths if w * self.block_size > max(kv, default=0)), None)
         fields = [
             [0 if ahead else r.current_token for r in reqs] + [0] * pad,
             [r.slot for r in reqs] + [self.null_row] * pad,
-            [r.num_kv + ahead for r in reqs] + [0] * pad,
+            kv + [0] * pad,
             (list(limits) if limits is not None else [0] * n) + [0] * pad,
         ]
         if self._staged_copied is not None:
@@ -153,9 +157,9 @@ class ModelRunner:
         return [req.blocks[p // bs] * bs + p % bs for p in positions]
 
     # -- device-side index math (graph-safe) --------------------------------------------------------
-    def _span_meta(self, rows: torch.Tensor, num_kv: torch.Tensor, span: int, causal: bool):
+    def _span_meta(self, rows: torch.Tensor, num_kv: torch.Tensor, span: int, causal: bool, width: int | None = None):
         positions, slots, tables, seq_lens, qsl = self.ops.span_meta(
-            self.block_tables, rows, num_kv, span, self.block_size
+            self.block_tables[:, :width], rows, num_kv, span, self.block_size
         )
         return positions, AttnMeta(slots, tables, seq_lens, qsl, span, causal)
 
@@ -181,10 +185,13 @@ class ModelRunner:
         logits, features = self._span_out
         return logits[:rows], None if features is None else features[:rows]
 
-    def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor) -> tuple:
-        positions, meta = self._span_meta(rows, num_kv, ids.shape[1], causal=True)
+    def _span_forward(self, ids: torch.Tensor, rows: torch.Tensor, num_kv: torch.Tensor, width: int | None = None):
+        return self.flat_forward(ids.reshape(-1), *self._span_meta(rows, num_kv, ids.shape[1], True, width))
+
+    def flat_forward(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttnMeta) -> tuple:
+        """Flat rows through the target, their features stored as drafter context: (logits, greedy, features)."""
         out, features = self._span_outputs(ids.numel())
-        hidden = self.target.forward(ids.reshape(-1), positions, meta, self.kv, self.taps, features)
+        hidden = self.target.forward(ids, positions, meta, self.kv, self.taps, features)
         if features is not None:
             self.drafter.store_context(features, positions, meta.slot_mapping, self.draft_kv)
         logits = self.target.logits(hidden, out=out)
@@ -193,27 +200,23 @@ class ModelRunner:
     def span_rows(self, ids: torch.Tensor, table_rows: Sequence[int], num_kv: Sequence[int]) -> SpanResult:
         """Span groups ids[i] on block-table row table_rows[i] at positions num_kv[i] .. + S - 1."""
         n, span = ids.shape
-        values = {
-            "ids": ids,
-            "rows": self.to_device(list(table_rows)),
-            "num_kv": self.to_device(list(num_kv)),
-        }
+        values = {"ids": ids, "rows": self.to_device(list(table_rows)), "num_kv": self.to_device(list(num_kv))}
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
         logits, greedy, features = self.graphs.run(("span", span), self._span_forward, n, values, pads)
         return _trim(SpanResult(logits, greedy, features), n * span)
 
-    def decode(self, reqs: list[Request]) -> SpanResult:
-        """Each staged request's current token at position num_kv (a plain or gated step)."""
+    def decode(self, reqs: list[Request], width: int | None = None) -> SpanResult:
+        """Each staged request's current token at position num_kv (a plain or gated step) on `width` table
+        columns: SHORT_KEYS' worth where the staged keys fit, else all (decode_widths; the split grid follows)."""
         self._check_staged(reqs)
-        n = len(reqs)
-        logits, greedy, features = self.graphs.run(
-            ("decode",), partial(self._staged_decode, self.graphs.rows(n)), n, {}, {}
-        )
+        n, width = len(reqs), width or self._staged_width or self.decode_widths[-1]
+        fn = partial(self._staged_decode, self.graphs.rows(n), width)
+        logits, greedy, features = self.graphs.run(("decode", width), fn, n, {}, {})
         return _trim(SpanResult(logits, greedy, features), n)
 
-    def _staged_decode(self, m: int) -> tuple:
+    def _staged_decode(self, m: int, width: int) -> tuple:
         ids = self.field("token", m)[:, None]
-        return self._span_forward(ids, self.field("row", m), self.field("num_kv", m))
+        return self._span_forward(ids, self.field("row", m), self.field("num_kv", m), width)
 
     def verify(
         self, reqs: list[Request], drafts: torch.Tensor, k: int, accept: AcceptRule
@@ -278,15 +281,13 @@ class ModelRunner:
         """Drafts [m, heads] (argmax per row, or the Markov walk: causal, so its first `heads` steps need
         only those rows' logits), plus chains [m, P, D] with branch positions (heads = D). Static shapes
         and no host reads: captured whole."""
-        cfg = self.drafter.cfg
-        b = cfg.block_size
+        cfg, b, d = self.drafter.cfg, self.drafter.cfg.block_size, heads
         anchors = self.field("token", m)
         ids = torch.full((m, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         ids[:, 0] = anchors
         positions, meta = self._span_meta(self.field("row", m), self.field("num_kv", m), b, causal=False)
         hidden = self.drafter.forward_block(ids.reshape(-1), positions, meta, self.draft_kv)
         first = 0 if cfg.anchor_first else 1
-        d = heads
         logits = self.target.logits(hidden.view(m, b, -1)[:, first : first + d].reshape(m * d, -1))
         if self.drafter.markov is None:
             return (self.ops.argmax(logits).view(m, d),)

@@ -96,23 +96,31 @@ def sample_rows(
 
 
 def sample_requests(
-    logits: torch.Tensor, greedy: torch.Tensor, reqs: list[Request], rows_each: int, drafts: torch.Tensor | None = None
+    logits: torch.Tensor,
+    greedy: torch.Tensor,
+    reqs: list[Request],
+    rows_each: int | Sequence[int],
+    drafts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`sample_rows` over `rows_each` consecutive logit rows per request, each with its own params;
-    row j of request i follows its output and drafts[i, :j] (a verify span; none for one row). A
-    request whose rows cannot be sampled is named in a RequestFailure."""
-    params = [r.params for r in reqs for _ in range(rows_each)]
-    gens = [r.generator for r in reqs for _ in range(rows_each)]
+    """`sample_rows` over `rows_each` consecutive logit rows per request (or rows_each[i] for request
+    i: a ragged verify), each with its own params; row j of request i follows its output and
+    drafts[i, :j] (a verify span; none for one row). A request whose rows cannot be sampled is named
+    in a RequestFailure."""
+    spans = [rows_each] * len(reqs) if isinstance(rows_each, int) else list(rows_each)
+    owner = [r for r, span in zip(reqs, spans, strict=True) for _ in range(span)]
+    params, gens = [r.params for r in owner], [r.generator for r in owner]
     priors = None
     if any(r.params.penalized for r in reqs):
         drawn = drafts.tolist() if drafts is not None else [[] for _ in reqs]
         priors = [
-            (r.prompt_ids, r.output_ids + d[:j]) for r, d in zip(reqs, drawn, strict=True) for j in range(rows_each)
+            (r.prompt_ids, r.output_ids + d[:j])
+            for r, d, span in zip(reqs, drawn, spans, strict=True)
+            for j in range(span)
         ]
     try:
         return sample_rows(logits, greedy, params, gens, priors)
     except BadRows as err:
-        culprits = dict.fromkeys(reqs[row // rows_each] for row in err.rows)
+        culprits = dict.fromkeys(owner[row] for row in err.rows)
         raise RequestFailure(
             {r: f"cannot sample: the distribution is NaN or inf ({_describe(r.params)})" for r in culprits}
         ) from err

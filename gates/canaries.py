@@ -8,7 +8,7 @@ the patch with its targets ("module:attribute"), so a refactor that moves a targ
 test (tests/test_gate_canaries.py) and this file is the one place to retarget. Patch points are the
 stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim
 lives in engine.policy.choice, the budget in engine.round, the policy's plan in engine.policy.span,
-the abort in engine.serve.worker.
+the abort in engine.serve.worker, the verify rows' sampling in engine.round.
 
 The runner that plants one in a child process is gates/plant.py.
 """
@@ -173,6 +173,16 @@ def _policy_over_cap(orig: dict[str, Any]) -> dict[str, Any]:
     return {"engine.policy.span:SpanPolicy.plan": plan_}
 
 
+def _penalty_ignores_drafts(orig: dict[str, Any]) -> dict[str, Any]:
+    """A verify row's penalties count the committed output only, not the drafts before it in the round."""
+    sample = orig["engine.round:sample_requests"]
+
+    def sample_(logits, greedy, reqs, rows_each, drafts=None):
+        return sample(logits, greedy, reqs, rows_each)
+
+    return {"engine.round:sample_requests": sample_}
+
+
 def _abort_ignored(orig: dict[str, Any]) -> dict[str, Any]:
     """The server never aborts a request whose client went away: its KV stays held."""
     return {"engine.serve.worker:EngineWorker.abort": lambda self, *a, **k: None}
@@ -261,6 +271,14 @@ CANARIES: dict[str, Canary] = {
             "above MAX_DRAFTS=4",
             ("engine.policy.span:SpanPolicy.plan",),
             _policy_over_cap,
+        ),
+        Canary(
+            "penalty-ignores-drafts",
+            "a verify row penalized on the committed output alone, not the round's drafts before it",
+            _CASE["penalties-MAX_DRAFTS=4"],
+            "the target picks",
+            ("engine.round:sample_requests",),
+            _penalty_ignores_drafts,
         ),
         Canary(
             "abort-ignored",

@@ -11,6 +11,7 @@ CONCURRENT = "test_concurrent_heterogeneous_is_lossless"
 STOP = "test_stop_tokens_end_like_plain_decode"
 STOP_STRINGS = "test_stop_strings_end_like_plain_decode"
 ARRIVALS = "test_arrivals_mid_run_are_lossless"
+PENALTIES = "test_penalties_and_min_p_are_lossless"
 # Children started as `python -m <module>`, not as pytest nodes: the known-continuation child (the
 # bench-only 4B-geometry pair, tiny shapes on CPU, with the modelled drafter), the capture-content
 # child and the server child (the lossless check through `pegaspec serve`).
@@ -122,6 +123,12 @@ COMBO_CASES: tuple[LeverCase, ...] = (
     LeverCase(STOP_STRINGS, "stop-strings", None, None, Expect.STOP),
     LeverCase(SERVE, "serve", None, None, Expect.SERVE),
 )
+# vLLM's penalties and min_p (issue 49) under the trim and under the gate: a verify row's penalties
+# count the drafts before it in the round, a gated round's the committed output.
+PENALTY_CASES: tuple[LeverCase, ...] = (
+    LeverCase(PENALTIES, "penalties", "MAX_DRAFTS", 4, Expect.TRIM),
+    LeverCase(PENALTIES, "penalties", "MAX_BATCH", 3, Expect.RESUME),
+)
 # Capture content (SPEC 10): the gate lever set mid-run, its drafter context and acceptance after the
 # resume against an ungated run, under batch-invariant and under default numerics.
 CAPTURE_CASES: tuple[LeverCase, ...] = tuple(
@@ -153,4 +160,4 @@ KNOWN_CASES: tuple[LeverCase, ...] = (
     LeverCase(KNOWN, "known", "MAX_BATCH", 3, Expect.RESUME),
     LeverCase(KNOWN, "known", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
-ALL_CASES = CASES + COMBO_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES
+ALL_CASES = CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES

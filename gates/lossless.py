@@ -15,8 +15,11 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from engine import Engine, EngineConfig, SamplingParams
 from engine.knobs import read_gate_knobs
+from engine.sampler import penalized_logits
 from engine.shipped import shipped_prompts
 from gates.near_tie import Excuse, Fp32Reference, judge, reference_for
 from trace_tools.results import FAILED_MARKER
@@ -112,10 +115,13 @@ def check(
     request: str = "?",
     stop_strings: Sequence[str] = (),
     reference: Fp32Reference | None = None,
+    penalties: SamplingParams | None = None,
 ) -> None:
     """Fail unless every token of got is the target's choice (or an excused near-tie) and got ends
     where a plain greedy run on its own prefix ends; count what was compared. request: the output's
-    id, for the messages; stop_strings: the request's (decoded with plain's tokenizer)."""
+    id, for the messages; stop_strings: the request's (decoded with plain's tokenizer); penalties:
+    the request's params when penalized: the target's choice is then the argmax of its logits
+    penalized over the prompt and got's tokens before the position (engine.sampler)."""
     tally.requests += 1
     for j, token in enumerate(got):
         if token in stops and j != len(got) - 1:
@@ -123,14 +129,17 @@ def check(
         if got[: j + 1] == want[: j + 1]:
             continue  # plain greedy's own decode picked it over the same prefix
         ids = prompt_ids + got[:j]
+        ref = reference or reference_for(plain)
         logits = plain.last_logits(ids)
+        if penalties is not None and penalties.penalized:
+            logits, ref = penalize(logits, prompt_ids, got[:j], penalties), _Penalized(ref, prompt_ids, penalties)
         best = int(logits.argmax())
         if best == token:
             continue
         where = f"{request} output token {j}: the target picks {best}, speculative {token} (plain {want[j : j + 1]})"
         if exact:
             fail(f"batch-invariant numerics excuse nothing; {where}")
-        excuse = judge(reference or reference_for(plain), ids, logits, token, j)
+        excuse = judge(ref, ids, logits, token, j)
         if not excuse.holds:
             behind = f"in fp32 it is {excuse.gap:.4g} logits behind the top one, over the bound {excuse.bound:.4g}"
             fail(f"{where}; {behind}")
@@ -141,6 +150,21 @@ def check(
     if len(got) != max_tokens and not ended:
         fail(f"{request} output ends after {len(got)} of {max_tokens} tokens on {got[-1:]}, which stops nothing")
     tally.compared_tokens += len(got)
+
+
+def penalize(logits: torch.Tensor, prompt_ids: Sequence[int], output: Sequence[int], params: SamplingParams):
+    """One row of logits [V] with params' penalties over (prompt, output before it)."""
+    return penalized_logits(logits[None], [(prompt_ids, output)], [params])[0]
+
+
+class _Penalized:
+    """A reference whose logits after ids (the prompt, then output) carry the request's penalties."""
+
+    def __init__(self, ref: Fp32Reference, prompt_ids: Sequence[int], params: SamplingParams):
+        self.ref, self.prompt, self.params = ref, list(prompt_ids), params
+
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        return penalize(self.ref.logits(ids).float(), self.prompt, list(ids)[len(self.prompt) :], self.params)
 
 
 def _ends_on_stop_string(plain: Engine, got: list[int], stop_strings: Sequence[str], request: str) -> bool:

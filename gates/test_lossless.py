@@ -7,9 +7,12 @@ their per-round trace and cross-checks it against the `DFlash request` line each
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine import SamplingParams
+from engine.sampler import filtered_probs
 from gates.lossless import (
     TOKENS,
     Tally,
@@ -19,6 +22,7 @@ from gates.lossless import (
     fail,
     gate_prompts,
     greedy,
+    penalize,
     request_line,
 )
 
@@ -26,6 +30,15 @@ STOP_AT = (6, 14, 25, 40)  # output positions whose plain-greedy token (or text)
 # The arrivals child: one long request alone, a wave of short ones arriving once it has run ARRIVE_AFTER
 # rounds (past the auto-hedge controller's first 64-round window), then the long one alone again.
 LONG, WAVE, ARRIVE_AFTER = 320, 24, 70
+# vLLM's penalties, one set per request of the penalties child (a batch of mixed params). Repetition
+# also hits the prompt's tokens, so only presence and frequency make a round's earlier drafts count
+# (the canary that drops them is caught on the first request on the tiny pair).
+PENALTIES = (
+    dict(presence_penalty=1.0, frequency_penalty=0.5),
+    dict(presence_penalty=0.6, frequency_penalty=0.4, repetition_penalty=1.3),
+    dict(presence_penalty=1.5, frequency_penalty=0.5),
+    dict(frequency_penalty=1.0, repetition_penalty=1.1),
+)
 
 
 @pytest.fixture(scope="module")
@@ -175,3 +188,48 @@ def test_arrivals_mid_run_are_lossless(engines, gate_weights):
         (want,) = plain.generate([ids], greedy(budget))
         check(plain, ids, want.token_ids, got.token_ids, tally, exact, budget, request=rid)
     tally.report("arrivals_mid_run_are_lossless")
+
+
+def test_penalties_and_min_p_are_lossless(engines, gate_weights):
+    """Presence, frequency and repetition penalties, greedy, staggered requests at once: every verify
+    row counts the drafts before it, so each token is the target's penalized choice after the same
+    prefix. Then min_p with the penalties, seeded sampling: each token lies in plain decode's own
+    min_p support after the same prefix."""
+    plain, spec = engines
+    budgets = (64, 24, 48, 40)  # staggered: the batch shrinks mid-run (MAX_BATCH=3 resumes)
+    prompts = [_prompt_ids(plain, p) for p in gate_prompts(gate_weights.label, len(budgets))]
+    rounds_before = spec.stats.rounds
+    params = [
+        SamplingParams(temperature=0, max_tokens=b, ignore_eos=True, **pen)
+        for b, pen in zip(budgets, PENALTIES, strict=True)
+    ]
+    tally, exact, bitten = Tally(), batch_invariant(), 0
+    for ids, p, got in zip(prompts, params, spec.generate(prompts, params), strict=True):
+        _report(got, p.max_tokens)
+        (want,) = plain.generate([ids], p)
+        check(
+            plain, ids, want.token_ids, got.token_ids, tally, exact, p.max_tokens, request=got.request_id, penalties=p
+        )
+        bitten += want.token_ids != plain.generate([ids], greedy(p.max_tokens))[0].token_ids
+    assert bitten, "the penalties never changed plain greedy's output: the check has no power"
+    sampled = SamplingParams(temperature=0.8, min_p=0.2, max_tokens=32, ignore_eos=True, **PENALTIES[1])
+    seeded = [dataclasses.replace(sampled, seed=7 + i) for i in range(2)]
+    for ids, p, got in zip(prompts[:2], seeded, spec.generate(prompts[:2], seeded), strict=True):
+        _report(got, p.max_tokens)
+        _check_support(plain, ids, got.token_ids, p, tally, got.request_id)
+    assert spec.stats.rounds > rounds_before, "the speculative engine never ran a verify round"
+    tally.report("penalties_and_min_p_are_lossless")
+
+
+def _check_support(plain, ids: list[int], got: list[int], params: SamplingParams, tally: Tally, request: str) -> None:
+    """Fail unless every sampled token has a nonzero probability in plain decode's distribution after
+    the same prefix (penalties, temperature, min_p) and the output ran to max_tokens."""
+    tally.requests += 1
+    for j, token in enumerate(got):
+        probs = filtered_probs(penalize(plain.last_logits(ids + got[:j]), ids, got[:j], params), params)
+        if not probs[token] > 0:
+            kept = int((probs > 0).sum())
+            fail(f"{request} output token {j}: {token} is outside plain decode's min_p support ({kept} tokens)")
+    if len(got) != params.max_tokens:
+        fail(f"{request} output ends after {len(got)} of {params.max_tokens} tokens")
+    tally.compared_tokens += len(got)

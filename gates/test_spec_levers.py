@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from gates.cases import CAPTURE_CASES, CASES, COMBO_CASES, HEDGE_CASES, KNOWN_CASES, LeverCase
+from gates.cases import CAPTURE_CASES, CASES, COMBO_CASES, HEDGE_CASES, KNOWN_CASES, PENALTY_CASES, LeverCase
 from gates.child import failure_message
 from gates.gate_case import excuse_rows, prepare, run_case
 from gates.run_record import row_property
 from gates.verdict import gate_line
 
-PAIR_CASES = CASES + COMBO_CASES + CAPTURE_CASES + HEDGE_CASES
+PAIR_CASES = CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES
 
 
 @pytest.mark.parametrize("case", PAIR_CASES, ids=[c.id for c in PAIR_CASES])

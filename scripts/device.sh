@@ -74,6 +74,11 @@ run_retune() {
   python3 -m scripts.ab --base . --head "$head" --out "$LOG/retune-ab" --repeats 4 --metric decode_summary.csv:tok_s \
     --key concurrency -- python3 -m engine.bench decode --out {out} --concurrency ${RETUNE_C:-1 8 16 64} --no-peer
 }
+stage attn-context 120 "paged attention at long context (decode and spans up to 32k, every split count) against the K+V read floor; logs/attn-context"
+run_attn_context() {
+  python3 -m engine.bench kernels --out "$LOG/attn-context" --skip linear,fused,norm,invariant --attn-cases \
+    ${ATTN_CASES:-1:8192:1,16:8192:1,32:8192:1,16:2048:1,64:2048:1,128:2048:1,4:32768:1,16:32768:1,16:2048:16,16:8192:16,32:8192:16,4:32768:16}
+}
 stage steps 45 "where a c=1 step's time goes on \$PAIR (torch.profiler): plain vs spec"
 run_steps() {
   needs_pair && python3 -m engine.bench steps --target "$PAIR/target" --drafter "$PAIR/drafter" \

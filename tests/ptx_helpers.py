@@ -54,6 +54,7 @@ def compile_attention_ptx(block_n: int, warps: int, stages: int, splits: int, ea
     from engine.kernels import attention_kernels
 
     const = dict(HKV=8, HQ=32, G=4, D=128, PAGE=16, BLOCK_Q=4, BLOCK_M=16, BLOCK_N=block_n, NUM_SPLITS=splits)
+    const |= dict(MIN_SPLITS=splits, SPLIT_KEYS=512)
     const |= dict(CAUSAL=True, PRECISION="tf32", EARLY_LINES=early_lines, PDL=True)
     divisible = lambda n: n in POINTERS or n.endswith(("_ptr", "_cache")) or STRIDES.get(n, 1) % 16 == 0  # noqa: E731
     types = {**POINTERS, "qk_scale": "fp32", "k_cache": "*bf16", "v_cache": "*bf16"}

@@ -48,3 +48,38 @@ def test_python_m_engine_keeps_its_own_name(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert capsys.readouterr().out.startswith("usage: python -m engine generate")
+
+
+def test_generate_streams_text_past_a_character_split_over_tokens(capsys, monkeypatch):
+    """The streamed text is the final text, held back only while a character is incomplete (the CLI
+    once printed U+FFFD there and then nothing more)."""
+    from transformers import AutoTokenizer
+
+    from engine.outputs import RequestOutput
+    from engine.shipped import shipped_pair
+
+    tokenizer = AutoTokenizer.from_pretrained(str(shipped_pair("tiny")[0]))
+    ids = tokenizer.encode("x = 'héllo — 日本'\nprint(x)\n", add_special_tokens=False)
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+
+    class Streaming:  # the engine's step() outputs, one token each
+        drafter, stats = None, None
+
+        def __init__(self, config):
+            self.tokenizer, self.n = tokenizer, 0
+
+        def add_request(self, prompt, params):
+            return "req-0"
+
+        def has_unfinished(self):
+            return self.n < len(ids)
+
+        def step(self):
+            self.n += 1
+            done = self.n == len(ids)
+            reason, final = ("length", text) if done else (None, "")
+            return [RequestOutput("req-0", [1], ids[: self.n], ids[self.n - 1 : self.n], done, reason, text=final)]
+
+    monkeypatch.setattr("engine.engine.Engine", Streaming)
+    assert main(["generate", "--prompt", "x", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == text + "\n"

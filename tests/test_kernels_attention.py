@@ -119,6 +119,19 @@ def test_paged_attention_batch_invariant(causal, hq, hkv, d):
     _invariance_check(torch.float32, hq, hkv, d, causal)
 
 
+def test_long_keys_use_the_extra_splits(monkeypatch):
+    """A split decode launches twice its splits; a sequence past SPLIT_KEYS keys a split uses them (up to
+    all), a short one its usual share, and both equal the reference (the unused splits are empty)."""
+    monkeypatch.setattr(attention, "SPLIT_KEYS", 32)
+    torch.manual_seed(21)
+    q, kc, vc, bt, seq, qsl, mq = make_paged([1, 1], [600, 20], 2, 1, 16, torch.float32)
+    cfg = attention.attention_config(2, 1, 2, 1, bt.shape[1] * 16, q.device, False)
+    assert cfg[3:] == (2 * cfg[4], cfg[4]) and cfg[4] > 1
+    out = attention.paged_attention(q, kc, vc, bt, seq, qsl, mq, 16**-0.5, True)
+    ref = attention.paged_attention_ref(q, kc, vc, bt, seq, qsl, mq, 16**-0.5, True)
+    assert rel_err(out, ref) < ATTN_TOL[torch.float32]
+
+
 # --- GPU only -----------------------------------------------------------------------------------
 
 

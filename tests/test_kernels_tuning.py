@@ -3,6 +3,8 @@ per-device loading, and the kernel bench's sweep -> tuned table path (setup: tes
 
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import warnings
 from pathlib import Path
@@ -249,3 +251,34 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
 
     rows = list(csv.DictReader((out / "silu_mul_linear.csv").open()))
     assert {r["M"] for r in rows} == {"1", "2"} and {"fused", "silu_and_mul+cublas"} <= {r["impl"] for r in rows}
+
+
+def test_attention_cases_parse_and_refuse():
+    from engine.bench.kernel_cases import parse_attn_cases
+
+    assert parse_attn_cases("16:8192:1, 4:32768:16") == [(16, 8192, 1), (4, 32768, 16)]
+    for bad in ("16:8192", "16:0:1", "a:1:1", "16:8192:1:2", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="BATCH:CONTEXT:SPAN"):
+            parse_attn_cases(bad)
+
+
+@pytest.mark.skipif(CUDA, reason="a CPU dry run of the bench plumbing; on a GPU run the bench itself")
+def test_bench_attention_cases_dry_run(monkeypatch, tmp_path):
+    """The attention section over --attn-cases: every split variant runs and agrees with the reference."""
+    from engine.bench import kernel_cases as cases
+    from engine.bench import kernels as bench
+
+    monkeypatch.setattr(cases, "ATTN_GEOMETRY", dict(hq=4, hkv=2, d=16, page=4))
+    monkeypatch.setattr(cases, "DEVICE", DEV)
+    monkeypatch.setattr(cases, "DTYPE", torch.float32)
+    monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes: 4.2e12)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")
+    monkeypatch.setattr(bench, "Timer", lambda kind: lambda fn, variants, est_us: (fn(0), 10.0)[1])
+    out = tmp_path / "out"
+    rc = bench.main(["--out", str(out), "--skip", "linear,fused,norm,invariant", "--attn-cases", "2:40:1,1:24:3"])
+    assert rc == 0
+    rows = list(csv.DictReader((out / "attention.csv").open()))
+    assert {(r["ctx"], r["variant"]) for r in rows} >= {("40", "splits=8"), ("24", "splits=2"), ("40", "auto")}
+    assert max(float(r["rel_err"]) for r in rows) < 1e-4

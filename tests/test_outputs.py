@@ -27,7 +27,8 @@ def _fields(cls) -> set[str]:
 
 
 def test_the_shapes_carry_vllms_fields():
-    assert {"request_id", "prompt", "prompt_token_ids", "outputs", "finished"} <= _fields(RequestOutput)
+    vllm = {"request_id", "prompt", "prompt_token_ids", "prompt_logprobs", "outputs", "finished", "num_cached_tokens"}
+    assert vllm <= _fields(RequestOutput)
     vllm = {"index", "text", "token_ids", "cumulative_logprob", "logprobs", "finish_reason", "stop_reason"}
     assert vllm <= _fields(CompletionOutput)
     assert _fields(Logprob) == {"logprob", "rank", "decoded_token"}
@@ -115,3 +116,50 @@ def test_chat_without_a_tokenizer_is_refused(tiny_target):
     engine = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
     with pytest.raises(ValueError, match="chat needs a tokenizer"):
         engine.chat([{"role": "user", "content": "x"}])
+
+
+def test_n_completions_each_carry_their_own_shape(engine):
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=6, ignore_eos=True, logprobs=1)
+    (out,) = engine.generate({"prompt": PROMPT}, params)
+    assert out.finished and out.prompt == PROMPT and (out.prompt_logprobs, out.num_cached_tokens) == (None, 0)
+    assert [c.index for c in out.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in out.outputs}) > 1
+    for c in out.outputs:
+        assert (
+            c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            and c.finish_reason == "length"
+            and c.finished()
+        )
+        chosen = [p[t].logprob for t, p in zip(c.token_ids, c.logprobs, strict=True)]
+        assert len(chosen) == 6 and c.cumulative_logprob == pytest.approx(sum(chosen))
+    first = out.outputs[0]
+    assert (out.token_ids, out.text, out.finish_reason) == (first.token_ids, first.text, first.finish_reason)
+    with pytest.raises(ValueError, match="add_request runs one completion"):
+        engine.add_request(PROMPT, params)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "named"),
+    [
+        ({"prompt": PROMPT, "multi_modal_data": {}}, "'multi_modal_data'"),
+        ({"prompt_token_ids": [1, 2], "prompt_embeds": None}, "'prompt_embeds'"),
+        ({"prompt": 5}, "prompt 1['prompt'] must be a string"),
+        ({"prompt_token_ids": "12"}, "prompt 1['prompt_token_ids'] must be token ids"),
+        ({"prompt_token_ids": [3, 2.5]}, "item 1 is 2.5"),
+        ({}, "exactly one of 'prompt' and 'prompt_token_ids'"),
+        ({"prompt": PROMPT, "prompt_token_ids": [1]}, "exactly one of 'prompt' and 'prompt_token_ids'"),
+    ],
+)
+def test_a_malformed_dict_prompt_is_refused_alone_naming_the_key(engine, prompt, named):
+    good, bad = engine.generate([PROMPT, prompt], GREEDY)
+    assert good.finish_reason == "length" and len(good.token_ids) == 8
+    assert bad.finish_reason == "rejected" and bad.outputs[0].finish_reason == "rejected" and named in bad.error
+    rid = engine.add_request(prompt, GREEDY)  # the same answer one request at a time
+    (out,) = [o for o in engine.step() if o.request_id == rid]
+    assert out.finish_reason == "rejected" and out.error
+
+
+def test_chat_with_a_tokenizer_without_a_template_is_refused(engine, monkeypatch):
+    monkeypatch.setattr(engine.tokenizer, "chat_template", None)
+    with pytest.raises(ValueError, match="no chat template"):
+        engine.chat([{"role": "user", "content": "x"}], GREEDY)
+    assert not engine.has_unfinished()  # refused before anything was admitted

@@ -179,7 +179,8 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     # ...and still every graph its rounds replay captured before it serves: the gated round's decode
     # graph, the drafter and every span the policy chooses, at every bucket (here 1, 2, 4, 8)
     captured, buckets = set(again.runner.graphs.captured), again.runner.graphs.buckets
-    assert {("decode", b) for b in buckets} | {("draft", (), k, b) for k in heads for b in buckets} <= captured
+    decode = {("decode", w, b) for w in again.runner.decode_widths for b in buckets}
+    assert decode | {("draft", (), k, b) for k in heads for b in buckets} <= captured
     verify = {("verify", s - 1, again.rounds.accept, b) for s in table.spans() if s > 1 for b in buckets}
     assert verify <= captured  # keyed on the new engine's accept rule (one object per engine)
     assert not again.scheduler.has_work() and again.blocks.num_free == again.blocks.capacity

@@ -22,13 +22,14 @@ class Runner:
         )
         self.calls: list[tuple] = []
         self.staged = None
+        self.decode_widths = [64, 2560]  # the short and the full block table
 
     def stage(self, reqs, limits=None):
         self.staged = (len(reqs), tuple(limits) if limits else None)
 
-    def decode(self, reqs):
+    def decode(self, reqs, width):
         assert self.staged == (len(reqs), None)
-        self._ran(("decode", len(reqs)))
+        self._ran(("decode", width, len(reqs)))
 
     def draft(self, reqs, heads):
         assert self.staged == (len(reqs), None)
@@ -60,18 +61,18 @@ def engine(monkeypatch):
 
 
 def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 5 * (1 + 2 * 5)
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 5 * (2 + 2 * 5)
     per_k = [(("draft", k), ("verify", k, "greedy")) for k in (1, 2, 4, 8, 15)]
-    per_bucket = [("decode",), *(key for pair in per_k for key in pair)]
+    per_bucket = [("decode", 64), ("decode", 2560), *(key for pair in per_k for key in pair)]
     assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 55  # once
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 60  # once
 
 
 def test_a_busy_engine_captures_nothing_until_it_is_idle(engine):
     engine.scheduler.has_work = lambda: True
     assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and engine.runner.calls == []
     engine.scheduler.has_work = lambda: False
-    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 55
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 60
 
 
 def test_without_graphs_nothing_runs(engine):

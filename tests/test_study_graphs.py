@@ -53,7 +53,14 @@ def engine(one_thread):
 def test_every_verify_span_the_drafter_and_the_one_token_step_are_captured_at_every_batch(engine):
     got = capture_graphs(engine, [1, 2], True, [1, 2, 3, 4], context=6, budget_s=None)
     accept = engine.rounds.accept
-    kinds = (("verify", 1, accept), ("verify", 2, accept), ("draft", (), 1), ("draft", (), 2), ("decode",))
+    widths = engine.runner.decode_widths
+    kinds = (
+        ("verify", 1, accept),
+        ("verify", 2, accept),
+        ("draft", (), 1),
+        ("draft", (), 2),
+        *(("decode", w) for w in widths),
+    )
     want = {(kind, b) for kind in kinds for b in (1, 2, 3, 4)}
     keys = {(key[:-1], key[-1]) for key in engine.runner.graphs.captured}
     assert want <= keys and got == len(keys) >= 20

@@ -8,6 +8,7 @@ with one monkeypatch of this module.
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import torch
@@ -30,6 +31,17 @@ DEVICE = "cuda"
 DTYPE = torch.bfloat16
 ATTN_GEOMETRY = dict(hq=32, hkv=8, d=128, page=16)  # Qwen3-4B heads
 ATTN_CASES = [(b, c, 1) for b in (1, 8, 64) for c in (256, 2048)] + [(1, 2048, 8), (8, 2048, 8)]  # batch, ctx, span
+
+
+def parse_attn_cases(text: str) -> list[tuple[int, int, int]]:
+    """'B:CTX:SPAN,...' -> [(batch, ctx, span)], each a positive int (argparse type)."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"attention case {item!r}: expected BATCH:CONTEXT:SPAN, positive ints")
+        out.append(tuple(int(p) for p in parts))
+    return out
 
 
 # The shapes furthest from the copy bandwidth in the last H200 sweep (q|k|v 67 %, o 56 %, down 74 %

@@ -47,23 +47,25 @@ def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict],
 
 def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
     rows, table = [], []
-    for batch, ctx, span in cases.ATTN_CASES:
+    splits = (1, 2, 4, 8, 16, 32)
+    for batch, ctx, span in args.attn_cases:
         q, kc, vc, bt, seq_lens, qsl = cases.paged_case(batch, ctx, span, **cases.ATTN_GEOMETRY)
         kv_bytes = 2 * batch * (ctx + span) * kc.shape[2] * kc.shape[3] * kc.element_size()
         copies = max(1, min(512, math.ceil(cases.ROTATE_BYTES / kv_bytes)))
         caches = [(kc, vc)] + [(kc.clone(), vc.clone()) for _ in range(copies - 1)]
         scale = kc.shape[-1] ** -0.5
         ref = attention.paged_attention_ref(q, kc, vc, bt, seq_lens, qsl, span, scale)
-        variants = [("auto", {})]
-        if span == 1:
-            variants += [(f"splits={s}", {"num_splits": s}) for s in (1, 4, 16, 32)]
-            variants.append(("decode_block_n=64", {"decode_block_n": 64}))
+        variants = [("auto", {})] + [(f"splits={s}", {"num_splits": s}) for s in splits]
+        variants += [("decode_block_n=64", {"decode_block_n": 64})] if span == 1 else [("decode_block_n=64", None)]
         variants.append(("batch_invariant", {"batch_invariant": True}))
         auto_cfg = attention.attention_config(
             batch, kc.shape[2], q.shape[1] // kc.shape[2], span, bt.shape[1] * kc.shape[1], q.device, False
         )
         line = [batch, ctx, span, str(auto_cfg)]
         for name, kw in variants:
+            if kw is None:
+                line.append("-")
+                continue
 
             def fn(i, caches=caches, kw=kw, q=q, bt=bt, seq_lens=seq_lens, qsl=qsl, span=span, scale=scale):
                 kw = dict(kw)
@@ -80,13 +82,11 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             row = dict(batch=batch, ctx=ctx, span=span, variant=name, us=round(us, 2), kv_GBps=round(gbps, 1))
             rows.append(row | dict(frac=round(gbps / peak, 3), rel_err=f"{err:.1e}"))
             line.append(f"{us:.1f} ({gbps / peak:.2f})")
-        if span != 1:
-            line[5:5] = ["-"] * 5
         table.append(line)
         print(f"  attention B={batch} ctx={ctx} span={span}: {line[4:]}", flush=True)
         del caches
     header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)"]
-    header += ["splits=1", "splits=4", "splits=16", "splits=32", "decode BLOCK_N=64", "batch_invariant"]
+    header += [f"splits={s}" for s in splits] + ["decode BLOCK_N=64", "batch_invariant"]
     return (
         rows,
         f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)\n\n"

@@ -37,6 +37,8 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """q: [T, Hq, D]; block_tables: [B, max_blocks]; seq_lens: [B] (cached rows incl. this step's);
     query_start_loc: [B+1]. Query i of a span of length L sits at position seq_len - L + i.
+    batch_invariant: each row alone over the keys up to its own position (causal), so its output is
+    the same whatever the span, batch or sequence order around it.
     Returns [T, Hq, D] in q's dtype. max_query_len is a launch hint for kernels; unused here.
     """
     del max_query_len
@@ -53,15 +55,18 @@ def paged_attention_ref(
         k = gather_kv_ref(k_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)
         v = gather_kv_ref(v_cache, block_tables[b], seq_len).float().repeat_interleave(group, dim=1)
         qb = q[q_lo:q_hi].float()
-        key_pos = torch.arange(seq_len, device=q.device)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        rows = [slice(i, i + 1) for i in range(q_len)] if batch_invariant else [slice(0, q_len)]
-        for r in rows:
-            scores = torch.einsum("qhd,khd->hqk", qb[r], k) * scale
-            if causal:
-                scores = scores.masked_fill(key_pos[None, None, :] > q_pos[r][None, :, None], float("-inf"))
-            probs = scores.softmax(dim=-1)
-            out[q_lo + r.start : q_lo + r.stop] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        if batch_invariant:  # one row at a time over its own keys: a row's output is span-invariant
+            for i in range(q_len):
+                keys = seq_len - q_len + i + 1 if causal else seq_len
+                probs = (torch.einsum("qhd,khd->hqk", qb[i : i + 1], k[:keys]) * scale).softmax(dim=-1)
+                out[q_lo + i] = torch.einsum("hqk,khd->qhd", probs, v[:keys])[0].to(q.dtype)
+            continue
+        scores = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        if causal:
+            key_pos = torch.arange(seq_len, device=q.device)
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            scores = scores.masked_fill(key_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out[q_lo:q_hi] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(q.dtype)
     return out
 
 
@@ -83,6 +88,10 @@ DECODE_WIDE_BLOCK_N = 64
 # Flash-decoding: split the keys of a sequence over programs when the grid would be small.
 MAX_SPLITS = 32
 SPLIT_TARGET_PROGRAMS_PER_SM = 2
+# A split decode whose keys may exceed SPLIT_KEYS a split (max_kv) launches LONG_SPLIT_FACTOR x its
+# splits; a sequence uses the extra ones only past SPLIT_KEYS keys a split (docs/design/kernels.md).
+LONG_SPLIT_FACTOR = 2
+SPLIT_KEYS = 512
 # Software pipeline depth of the key and value tile loads (Triton's num_stages); SPLIT_STAGES for the
 # flash-decoding splits of a decode of two or more sequences. On the H200 (decode_ab at 64973ba, 4B
 # geometry) three stages there ran a step 1.017 at c=8 and 1.019 at c=16, and 0.994 at c=1 (so one
@@ -107,10 +116,12 @@ def attention_config(
     device: torch.device,
     batch_invariant: bool,
 ) -> tuple[int, int, int, int]:
-    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS) from shapes and python ints only."""
+    """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS, MIN_SPLITS) from shapes and python ints only; max_kv
+    bounds every sequence's keys (the block table's width). The grid has NUM_SPLITS splits, a sequence
+    uses MIN_SPLITS of them up to SPLIT_KEYS keys a split and more beyond (attention_kernels._kv_range)."""
     if batch_invariant:
         block_m = max(INVARIANT_BLOCK_M, next_pow2(group))
-        return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1
+        return max(1, block_m // group), block_m, INVARIANT_BLOCK_N, 1, 1
     span = max(1, max_query_len)
     block_m = max(16, min(MAX_BLOCK_M, next_pow2(span * group)))
     block_q = max(1, block_m // group)
@@ -123,7 +134,9 @@ def attention_config(
         splits *= 2
     if splits == 1 and span == 1:  # a full grid without splitting: wider key tiles, fewer loop trips
         block_n = DECODE_WIDE_BLOCK_N
-    return block_q, block_m, block_n, splits
+    long = splits > 1 and span == 1 and max_kv > splits * SPLIT_KEYS
+    grid = min(MAX_SPLITS, splits * LONG_SPLIT_FACTOR) if long else splits
+    return block_q, block_m, block_n, grid, splits
 
 
 def attention_stages(num_seqs: int, max_query_len: int, splits: int) -> int:
@@ -163,11 +176,11 @@ def paged_attention(
     if num_tokens == 0 or num_seqs == 0 or max_query_len <= 0:
         return out
     max_kv = block_tables.shape[1] * page
-    block_q, block_m, block_n, splits = attention_config(
+    block_q, block_m, block_n, splits, min_splits = attention_config(
         num_seqs, num_kv_heads, group, max_query_len, max_kv, q.device, batch_invariant
     )
     if num_splits is not None and not batch_invariant:
-        splits = num_splits
+        splits = min_splits = num_splits
     if splits > 1:
         part_o = torch.empty(num_tokens * num_heads * splits, head_dim, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(num_tokens * num_heads * splits, dtype=torch.float32, device=q.device)
@@ -206,6 +219,8 @@ def paged_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         NUM_SPLITS=splits,
+        MIN_SPLITS=min_splits,
+        SPLIT_KEYS=SPLIT_KEYS,
         CAUSAL=causal,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         EARLY_LINES=early_lines(head_dim, k_cache, launch),

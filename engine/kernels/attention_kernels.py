@@ -48,6 +48,8 @@ def paged_attn_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLITS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
     CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr,
     EARLY_LINES: tl.constexpr,
@@ -63,28 +65,33 @@ def paged_attn_kernel(
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
     if EARLY_LINES > 0:  # the first tile's cached rows into L2
-        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
+        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
         n = lo + tl.arange(0, BLOCK_N)
         blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
         line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
         _prefetch_l2(k_cache + blk[:, None] * stride_kb + off[:, None] * stride_ko + kvh * stride_kh + line)
         _prefetch_l2(v_cache + blk[:, None] * stride_vb + off[:, None] * stride_vo + kvh * stride_vh + line)
+    m = tl.arange(0, BLOCK_M)
+    qi = q_tile + m // G
+    row_ok = (m < BLOCK_Q * G) & (qi < q_len)
+    t = (q_start + qi).to(tl.int64)
+    h = kvh * G + m % G
+    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
+    if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test around a runtime one: Triton keeps them apart)
+        # An unused split writes its empty lse and leaves before the wait, holding no slot: the buffer's
+        # last reader (an earlier layer's reduce) is two or more kernels back, done before this launch.
+        if lo >= hi:
+            tl.store(part_lse_ptr + (t * HQ + h) * NUM_SPLITS + split, float("-inf"), mask=row_ok & (q_tile < q_len))
+            return
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     if q_tile >= q_len:
         return
     ctx = seq_len - q_len  # position of the span's first query
-
-    m = tl.arange(0, BLOCK_M)
-    qi = q_tile + m // G
-    row_ok = (m < BLOCK_Q * G) & (qi < q_len)
-    t = (q_start + qi).to(tl.int64)
-    h = kvh * G + m % G
     d = tl.arange(0, D)
     q = tl.load(q_ptr + t[:, None] * stride_qt + h[:, None] * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
     q_pos = ctx + qi
-    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, CAUSAL)
 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)  # finite: fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -136,9 +143,13 @@ def _kv_range(
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    MIN_SPLITS: tl.constexpr,
+    SPLIT_KEYS: tl.constexpr,
     CAUSAL: tl.constexpr,
 ):
-    """This program's key rows [lo, hi)."""
+    """This program's key rows [lo, hi). A sequence uses MIN_SPLITS of the NUM_SPLITS splits, more (up to
+    all) once its keys exceed SPLIT_KEYS a split: the grid is fixed (graph-safe), the work follows the
+    context read here; an unused split writes only its lse (-inf), its partial is never read."""
     kv_end = seq_len
     if CAUSAL:  # the tile's last query bounds the keys
         kv_end = seq_len - q_len + tl.minimum(q_tile + BLOCK_Q, q_len)
@@ -147,7 +158,8 @@ def _kv_range(
         hi = kv_end
     else:
         # Splits share this sequence's actual keys (read here, not on the host) in whole tiles.
-        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        used = tl.minimum(tl.maximum(tl.cdiv(kv_end, SPLIT_KEYS), MIN_SPLITS), NUM_SPLITS)
+        chunk = tl.cdiv(tl.cdiv(kv_end, used), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(lo + chunk, kv_end)
     return lo, hi
@@ -195,6 +207,6 @@ def paged_attn_reduce_kernel(
     lse = tl.load(part_lse_ptr + part)
     mx = tl.max(lse, axis=0)
     w = tl.exp2(lse - mx)  # empty splits: exp2(-inf) = 0
-    o = tl.load(part_o_ptr + part[:, None] * D + d[None, :])
+    o = tl.load(part_o_ptr + part[:, None] * D + d[None, :], mask=(lse > float("-inf"))[:, None], other=0.0)
     o = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))

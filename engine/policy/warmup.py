@@ -140,9 +140,10 @@ def warm_graphs(
         if stop is not None and stop(b):
             break
         sub = list(reqs[:b])
-        if one_token:
+        if one_token:  # at each table width: long contexts replay the full one
             runner.stage(sub)
-            runner.decode(sub)
+            for width in runner.decode_widths:
+                runner.decode(sub, width)
         for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
             runner.stage(sub)
             drafts = runner.draft(sub, k)

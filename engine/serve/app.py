@@ -65,7 +65,7 @@ class Job:
 
     def choice(self, c: Choice, text: str, finished: bool, tokenizer) -> dict:
         reason = _FINISH.get(c.out.finish_reason) if finished else None
-        offset = len(c.sent) - len(text)
+        offset = c.sent - len(text)
         entries = c.new_logprobs()
         logprobs = None
         if self.parsed.params.logprobs is not None:
@@ -154,7 +154,7 @@ def build_app(worker: EngineWorker, model_name: str) -> Starlette:
                 if parsed.n > 1 and params.seed is not None:  # n seeded choices must differ
                     params = dataclasses.replace(params, seed=params.seed + i)
                 tickets.append(worker.submit(prompt, params, outputs))
-                choices.append(Choice(len(choices), engine.tokenizer, parsed.params))
+                choices.append(Choice(len(choices), engine.tokenizer, parsed.params, parsed.stream))
         return Job(kind, parsed, model_name, tickets, choices, outputs)
 
     async def _first_outputs(job: Job) -> tuple[list[RequestOutput], list[tuple[Ticket, RequestOutput]]]:

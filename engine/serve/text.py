@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from engine.config import SamplingParams
 from engine.request import RequestOutput
+from engine.stopping import Detokenizer
 
 log = logging.getLogger(__name__)
 
@@ -13,14 +15,19 @@ log = logging.getLogger(__name__)
 class Choice:
     """One choice's text as streamed: only text that can no longer change is sent. While running, a
     trailing incomplete character and the last (longest stop - 1) characters (a stop string may be
-    forming) are held back; the finished output's text is the engine's final word."""
+    forming) are held back; the finished output's text is the engine's final word. The running text
+    is decoded incrementally (`Detokenizer`: a few tokens per update, not the whole output), and not
+    at all for a choice that is not streamed."""
 
-    def __init__(self, index: int, tokenizer, params: SamplingParams):
+    def __init__(self, index: int, tokenizer, params: SamplingParams, stream: bool = True):
         self.index = index
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = params.skip_special_tokens
+        self.stream = stream
         self.hold = max((len(s) for s in params.stop), default=1) - 1
-        self.sent = ""
+        self.text = None
+        if tokenizer is not None:
+            decode = partial(tokenizer.decode, skip_special_tokens=params.skip_special_tokens)
+            self.text = Detokenizer(decode, self.hold)
+        self.sent = 0  # characters sent
         self.scored = 0  # logprob entries already sent
         self.out: RequestOutput | None = None
 
@@ -34,13 +41,17 @@ class Choice:
         """The new text since the last call."""
         self.out = out
         if out.finished:
-            text = out.text
-        else:
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=self.skip_special_tokens).rstrip("\ufffd")
-            text = text[: max(0, len(text) - self.hold)]
-        if len(text) <= len(self.sent):
+            new = out.text[self.sent :]
+            self.sent = max(self.sent, len(out.text))
+            return new
+        if not self.stream or self.text is None or not out.token_ids:
             return ""
-        new, self.sent = text[len(self.sent) :], text
+        self.text.feed(out.token_ids)
+        window, origin = self.text.window  # origin <= sent: at most `hold` final characters were unsent
+        end = self.text.done + len(self.text.tail.rstrip("\ufffd")) - self.hold
+        if end <= self.sent:
+            return ""
+        new, self.sent = window[self.sent - origin : end - origin], end
         return new
 
 
