@@ -58,7 +58,9 @@ class Engine:
         self.max_model_len = max_model_len(config, models)
 
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
-        shared = None if kv_from is None else kv_from.runner.kv
+        self._pool = kv_from._pool if kv_from else []  # the engines on one KV pool: one holds requests at a time
+        self._pool.append(self)
+        shared = kv_from.runner.kv if kv_from else None
         self.runner, self.blocks, scratch = build_runner(
             config, models, self.levers, self.max_model_len, use_graphs, shared
         )
@@ -124,6 +126,8 @@ class Engine:
         return self._add(prompt, params, "prompt")
 
     def _add(self, prompt: object, params: SamplingParams, label: str) -> str:
+        if any(e.scheduler.has_work() for e in self._pool if e is not self):
+            raise RuntimeError("kv_from: an engine on this KV pool still holds requests (one at a time)")
         ids, error = encode_prompt(self.tokenizer, prompt, label)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         decode = (

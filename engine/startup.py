@@ -103,7 +103,7 @@ def build_runner(
     if shared_kv is None:
         num_blocks = plan_kv_blocks(config, geometries, dtype, device, max_blocks_per_seq, chains * per_chain)
     else:
-        num_blocks = check_shared(shared_kv, geometries[0], bs, dtype, device, chains * per_chain)
+        num_blocks = check_shared(shared_kv, geometries[0], bs, dtype, device, max_blocks_per_seq, chains * per_chain)
     pool = num_blocks - chains * per_chain
     runner = ModelRunner(
         models.target,
