@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,12 +26,8 @@ def add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--no-cuda-graphs", action="store_true", help="eager steps (graphs are on by default on CUDA)")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO from every module")
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=_share,
-        default=EngineConfig.gpu_memory_utilization,
-        help="the share of the card the bench's engines (weights, KV pool, activations) may hold, as the engine's",
-    )
+    help = "the share of the card the bench's engines (weights, KV pool, activations) may hold, as the engine's"
+    p.add_argument("--gpu-memory-utilization", type=_share, default=EngineConfig.gpu_memory_utilization, help=help)
 
 
 def add_weight_args(p: argparse.ArgumentParser, drafter_help: str = "the drafter (spec arms need it)") -> None:
@@ -88,28 +85,25 @@ def _share(raw: str) -> float:
 
 
 def memory_budget(device: torch.device, utilization: float) -> tuple[int, str]:
-    """(bytes the bench's KV pool and the weights it has yet to load may take, where the figure comes
-    from): the engine's own budget (engine/memory.py) on the device's free memory now."""
+    """(bytes, where the figure comes from): the engine's own KV budget (memory.kv_budget) on the free memory now."""
     free, total = torch.cuda.mem_get_info(device) if device.type == "cuda" else (None, None)
     return kv_budget(utilization, free, total)
 
 
-def weight_bytes(model: str | Path | Checkpoint | None, dtype: torch.dtype) -> int:
-    """Bytes an engine's copy of these weights takes on the device (in-memory tensors, or the
-    checkpoint's safetensors files taken as bf16)."""
-    if model is None:
+def weight_bytes(models: Sequence, dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes these weights will take on a CUDA device (in-memory tensors at dtype, checkpoint files taken
+    as bf16); 0 on CPU, whose budget is the KV cache's alone."""
+    if device.type != "cuda":
         return 0
-    ckpt = open_checkpoint(model)
-    if ckpt.tensors is not None:
-        return sum(t.numel() for t in ckpt.tensors.values()) * dtype.itemsize
-    files = Path(ckpt.directory).glob("*.safetensors")
-    return sum(f.stat().st_size for f in files) * dtype.itemsize // 2
+    ckpts = [open_checkpoint(m) for m in models if m is not None]
+    files = sum(f.stat().st_size for c in ckpts if c.tensors is None for f in Path(c.directory).glob("*.safetensors"))
+    tensors = sum(t.numel() for c in ckpts if c.tensors is not None for t in c.tensors.values())
+    return (tensors + files // 2) * dtype.itemsize
 
 
 def plan_pool(grid: str, per_block: int, blocks: int, budget: tuple[int, str], later: int = 0) -> int:
-    """`blocks` KV blocks (the grid's largest cell) plus the null block; refused (SystemExit naming the
-    grid, the bytes needed and the bytes free) where they and the `later` bytes of weights still to
-    load exceed the budget (memory_budget)."""
+    """`blocks` KV blocks plus the null block, refused (SystemExit naming the grid, the bytes needed and
+    the bytes free) where they and `later` bytes of weights still to load exceed the budget."""
     blocks += 1
     need, (free, where) = blocks * per_block + later, budget
     if need > free:
@@ -121,75 +115,43 @@ def plan_pool(grid: str, per_block: int, blocks: int, budget: tuple[int, str], l
     return blocks
 
 
-def seq_blocks(seqs: int, tokens: int) -> int:
-    """KV blocks `seqs` sequences of `tokens` tokens hold."""
-    return seqs * -(-tokens // BLOCK)
+def seq_blocks(seqs: int, max_model_len: int) -> int:
+    """KV blocks `seqs` requests of max_model_len tokens hold."""
+    return seqs * -(-max_model_len // BLOCK)
 
 
-def make_engine(
-    model: str | Path | Checkpoint,
-    draft_model: str | Path | Checkpoint | None,
-    args: argparse.Namespace,
-    device: torch.device,
-    *,
-    max_num_seqs: int,
-    seq_tokens: int,
-    headroom: int = 0,
-    kv_from: Engine | None = None,
-    pool_blocks: int | None = None,
-    grid: str | None = None,
-    later: int = 0,
-) -> Engine:
-    """An engine for max_num_seqs sequences of seq_tokens (+ the drafter's headroom): its KV pool sized
-    for them (pool_blocks: for a grid's largest cell) within the memory budget, the grid refused
-    before anything is built where it does not fit (later: bytes of other engines' weights still to
-    load); kv_from: run on that engine's target pool instead (engine_pair)."""
+def make_engine(model, draft_model, args, device, *, max_num_seqs: int, seq_tokens: int, headroom: int = 0, **pool):
+    """An engine for max_num_seqs sequences of seq_tokens (+ the drafter's headroom; max_model_len one
+    more), its KV pool sized for them within --gpu-memory-utilization and refused (plan_pool) before
+    it is built where it does not fit. pool: blocks (a grid's largest cell, null block excluded),
+    grid (its name), later (bytes of other weights still to load), kv_from (an engine whose target KV
+    this one runs on instead of its own: engine_pair)."""
     utilization = getattr(args, "gpu_memory_utilization", EngineConfig.gpu_memory_utilization)
-    max_model_len = seq_tokens + headroom + 1
+    max_model_len, kv_from = seq_tokens + headroom + 1, pool.get("kv_from")
     weights = [m if m is None or isinstance(m, Checkpoint) else str(m) for m in (model, draft_model)]
     cfg = dict(model=weights[0], draft_model=weights[1], device=device.type, dtype=args.dtype, backend=args.backend)
     cfg.update(cuda_graphs=not args.no_cuda_graphs, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     cfg.update(max_num_batched_tokens=max(8192, seq_tokens), kv_block_size=BLOCK, gpu_memory_utilization=utilization)
     if kv_from is None:
         dtype = torch_dtype(args.dtype, device)
-        per_block = pool_block_bytes(model, draft_model, dtype)
-        mine = weight_bytes(model, dtype) + weight_bytes(draft_model, dtype) if device.type == "cuda" else 0
-        blocks = pool_blocks or seq_blocks(max_num_seqs, seq_tokens + headroom)
-        grid = grid or f"{max_num_seqs} sequences of {seq_tokens + headroom} tokens"
-        cfg["num_kv_blocks"] = plan_pool(grid, per_block, blocks, memory_budget(device, utilization), mine + later)
+        blocks = pool.get("blocks") or seq_blocks(max_num_seqs, max_model_len)
+        grid = pool.get("grid") or f"{max_num_seqs} sequences of {max_model_len} tokens"
+        later = weight_bytes([model, draft_model], dtype, device) + pool.get("later", 0)
+        budget = memory_budget(device, utilization)
+        cfg["num_kv_blocks"] = plan_pool(grid, pool_block_bytes(model, draft_model, dtype), blocks, budget, later)
     levers = {"max_batch": 0, "max_drafts": 0, "hedge": 0}
     return Engine(EngineConfig(**cfg, levers=levers, trace=False), kv_from=kv_from)
 
 
-def engine_pair(
-    target: str | Path | Checkpoint,
-    drafter: str | Path | Checkpoint | None,
-    args: argparse.Namespace,
-    device: torch.device,
-    *,
-    max_num_seqs: int,
-    seq_tokens: int,
-    pool_blocks: int | None = None,
-    grid: str | None = None,
-) -> dict[str, Engine]:
+def engine_pair(target, drafter, args, device, *, max_num_seqs: int, seq_tokens: int, **pool) -> dict[str, Engine]:
     """{"plain"} or {"spec", "plain"}: the speculative engine owns the pool (target + drafter KV, the
-    drafter's headroom past each sequence) and the plain engine runs on its target KV, so the two arms
-    fit where one engine's pool does; the arms run one at a time (never requests in both)."""
+    drafter's headroom past each sequence; pool as make_engine's) and the plain engine runs on its
+    target KV, so the two arms fit where one engine's pool does; the arms run one at a time."""
     size = dict(max_num_seqs=max_num_seqs, seq_tokens=seq_tokens)
     if drafter is None:
-        return {"plain": make_engine(target, None, args, device, **size, pool_blocks=pool_blocks, grid=grid)}
-    later = weight_bytes(target, torch_dtype(args.dtype, device)) if device.type == "cuda" else 0
-    spec = make_engine(
-        target,
-        drafter,
-        args,
-        device,
-        **size,
-        headroom=drafter_block(drafter),
-        pool_blocks=pool_blocks,
-        grid=grid,
-        later=later,
-    )
+        return {"plain": make_engine(target, None, args, device, **size, **pool)}
+    later = weight_bytes([target], torch_dtype(args.dtype, device), device)  # the plain engine's copy
+    spec = make_engine(target, drafter, args, device, **size, headroom=drafter_block(drafter), later=later, **pool)
     return {"plain": make_engine(target, None, args, device, **size, kv_from=spec), "spec": spec}
 
 

@@ -44,10 +44,10 @@ def pool_engine(target: Path, drafter: Path | None, args: argparse.Namespace, se
     """max_num_seqs = concurrency, and a KV pool of exactly pool_requests full-length sequences (refused
     where it does not fit the memory budget)."""
     headroom = drafter_block(drafter) if drafter else 0
-    pool = seq_blocks(args.pool_requests, seq_tokens + headroom)
-    grid = f"{args.pool_requests} pooled sequences of {seq_tokens + headroom} tokens"
+    pool = seq_blocks(args.pool_requests, seq_tokens + headroom + 1)
+    grid = f"{args.pool_requests} pooled sequences of {seq_tokens + headroom + 1} tokens"
     size = dict(max_num_seqs=args.concurrency, seq_tokens=seq_tokens, headroom=headroom)
-    return make_engine(target, drafter, args, resolve_device(args.device), **size, pool_blocks=pool, grid=grid)
+    return make_engine(target, drafter, args, resolve_device(args.device), **size, blocks=pool, grid=grid)
 
 
 def run_arm(engine: Engine, arm: str, prompts: Sequence[Sequence[int]], args: argparse.Namespace, first: int) -> dict:

@@ -1,12 +1,11 @@
-"""The study over batch x context: the (prompt length, c) grid fitted to the memory budget before
-anything is built, one run's arguments per prompt length, and the report across them (the best arm per
-(context, c, profile) cell, the crossover concurrency per context and the gate it suggests)."""
+"""The study over batch x context: the (prompt length, c) grid refused before anything is built where
+its largest cell does not fit the memory budget, one run's arguments per prompt length, and the report
+across them (the best arm per cell, the crossover c per context and the gate it suggests)."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,41 +14,23 @@ from engine.bench.common import plan_pool, seq_blocks
 from engine.bench.meta import meta_lines
 from engine.bench.report import markdown_table, pct, write_csv
 
-log = logging.getLogger(__name__)
 
-
-def fit_grid(
-    concurrency: Sequence[int],
-    seqs: dict[int, int],
-    headroom: int,
-    per_block: int,
-    budget: tuple[int, str],
-    later: int,
-    cap: bool,
-) -> tuple[dict[int, list[int]], int]:
-    """({prompt length: the c it runs at}, KV pool blocks): one pool holds the largest (prompt length, c)
-    cell (seqs: tokens a request reaches at each prompt length, + the drafter's headroom); a grid over
-    the budget is refused (common.plan_pool), or with `cap` its cells over it are dropped (a prompt
-    length left with none is still refused)."""
-    cells = {(n, c): seq_blocks(c, t + headroom) for n, t in seqs.items() for c in sorted(set(concurrency))}
-    if cap:
-        room = (budget[0] - later) // per_block - 1
-        kept = {k: b for k, b in cells.items() if b <= room}
-        if dropped := sorted(set(cells) - set(kept)):
-            log.warning("--cap-concurrency: (prompt tokens, c) cells over the memory budget, dropped: %s", dropped)
-        empty = {n for n in seqs if not any(m == n for m, _ in kept)}
-        cells = {k: b for k, b in cells.items() if k[0] in empty} if empty else kept
-    grid = {n: sorted(c for m, c in cells if m == n) for n in seqs}
-    largest = max(cells, key=cells.get)
-    name = "; ".join(f"{n} prompt tokens at c={','.join(map(str, cs))}" for n, cs in grid.items() if cs)
-    name += f" (largest cell: {largest[0]} prompt tokens x c={largest[1]}, {seqs[largest[0]]} tokens a request)"
-    return grid, plan_pool(name, per_block, cells[largest], budget, later)
+def fit_grid(concurrency, seqs: dict[int, int], headroom: int, per_block: int, budget, later: int) -> int:
+    """KV blocks (but the null block) of the grid's largest (prompt length, c) cell (seqs: the tokens a
+    request reaches at each prompt length; + the drafter's headroom and one), refused (common.plan_pool)
+    before anything is built where it and `later` bytes of weights exceed the budget."""
+    cs = sorted(set(concurrency))
+    blocks = {(n, c): seq_blocks(c, t + headroom + 1) for n, t in seqs.items() for c in cs}
+    (n, c), most = max(blocks.items(), key=lambda item: item[1])
+    grid = f"{sorted(seqs)} prompt tokens x c={cs} (largest cell: {n} x c={c}, {seqs[n]} tokens a request)"
+    plan_pool(grid, per_block, most, budget, later)
+    return most
 
 
 class ContextRun:
-    """One prompt length of a study: its arguments (the study's, at this length and the c that fit, its
-    files under prompt-N/ when the study has several), the argv a report from its files re-parses,
-    the batches it profiles and its random-weights profile rows."""
+    """One prompt length of a study: its arguments (its files under prompt-N/ when the study has
+    several), the argv a report from its files re-parses, the batches it profiles, its random-weights
+    profile rows."""
 
     def __init__(
         self, args: argparse.Namespace, prompt_len: int, concurrency: list[int], argv: list[str], nested: bool
@@ -58,9 +39,7 @@ class ContextRun:
         self.args = copy.copy(args)
         self.args.prompt_len, self.args.prompt_lens, self.args.concurrency = prompt_len, [prompt_len], concurrency
         self.args.out = args.out / f"prompt-{prompt_len}" if nested else args.out
-        self.args.calib_batches = sorted({b for b in args.calib_batches if b <= concurrency[-1]} | {concurrency[-1]})
         self.argv = [*argv, "--prompt-len", str(prompt_len), "--prompt-lens", str(prompt_len)]
-        self.argv += ["--concurrency", *map(str, concurrency), "--calib-batches", *map(str, self.args.calib_batches)]
 
 
 def best_cells(summaries: dict[int, list[dict]]) -> list[dict]:
@@ -97,7 +76,7 @@ def crossovers(cells: Sequence[dict]) -> list[list]:
     return rows
 
 
-def write_contexts(out: Path, meta: dict, summaries: dict[int, list[dict]], grid: dict[int, list[int]]) -> None:
+def write_contexts(out: Path, meta: dict, summaries: dict[int, list[dict]], concurrency: list[int]) -> None:
     """contexts.csv and contexts.md: the best arm per (context, c, profile) and the crossover per context."""
     cells = best_cells(summaries)
     write_csv(out / "contexts.csv", cells)
@@ -107,8 +86,9 @@ def write_contexts(out: Path, meta: dict, summaries: dict[int, list[dict]], grid
         for r in cells
     ]
     text = f"# The lever study over batch x context\n\n{meta_lines(meta)}\n"
-    text += "Grid (prompt tokens: c, as the memory budget fits): "
-    text += ", ".join(f"{n}: {cs}" for n, cs in grid.items()) + "; each prompt length's study under prompt-N/.\n\n"
+    text += (
+        f"Grid: prompt tokens {sorted(summaries)} x c={concurrency}; each prompt length's study under prompt-N/.\n\n"
+    )
     header = ["prompt tokens", "profile", "c", "plain tok/s", "best arm", "vs plain", "verdict", "adaptive vs plain"]
     text += markdown_table(header, table) + "\n\nCrossover per context (the least c from which no speculative arm "
     text += "wins by more than the noise) and the MAX_BATCH gate it suggests:\n\n"

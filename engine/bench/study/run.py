@@ -76,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16, help="random prompts of this many tokens")
     p.add_argument("--prompt-lens", type=int, nargs="+", help="a study per prompt length (files under prompt-N/)")
-    p.add_argument("--cap-concurrency", action="store_true", help="drop (prompt length, c) cells over the budget")
     p.add_argument("--echo-steps", type=int, default=256, help="greedy steps of the echo check")
     p.add_argument("--echo-batch", type=int, default=64)
     p.add_argument("--profile-budget-s", type=float, default=120.0, help="the cost profile's share")
@@ -234,18 +233,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     spans = study_spans(arms, per_round)
     seqs = {n: seq_tokens_at(args, n, max(spans), per_round) for n in args.prompt_lens}
     budget = memory_budget(device, args.gpu_memory_utilization)
-    later = 2 * weight_bytes(target, dtype) + weight_bytes(drafter_ckpt, dtype) if device.type == "cuda" else 0
+    later = weight_bytes([target, target, drafter_ckpt], dtype, device)  # the random target's, then the pair's
     per_block = pool_block_bytes(target, drafter_ckpt, dtype)
-    grid, pool = fit_grid(args.concurrency, seqs, per_round + 1, per_block, budget, later, args.cap_concurrency)
-    contexts = [ContextRun(args, n, grid[n], argv, len(args.prompt_lens) > 1) for n in args.prompt_lens]
-    size = dict(max_num_seqs=max(max(cs) for cs in grid.values()), seq_tokens=max(seqs.values()), pool_blocks=pool)
+    pool = fit_grid(args.concurrency, seqs, per_round + 1, per_block, budget, later)
+    cs = sorted(set(args.concurrency))
+    contexts = [ContextRun(args, n, cs, argv, len(args.prompt_lens) > 1) for n in args.prompt_lens]
+    size = dict(max_num_seqs=cs[-1], seq_tokens=max(seqs.values()), blocks=pool)
     random_target, _ = random_pair(args.geometry, device, dtype, seed=args.seed)
     random_engine = make_engine(random_target, None, args, device, **size)
     for run in contexts:  # the equality check's random weights: built, profiled at every context, freed
         run.equality = measure_costs(random_engine, run.batches, [1], run.context, args.profile_budget_s / 3)
     del random_target, random_engine
     _free(device)
-    engines = engine_pair(target, drafter_ckpt, args, device, **size, grid=f"{grid} (prompt tokens: c)")
+    engines = engine_pair(target, drafter_ckpt, args, device, **size, grid=f"{args.prompt_lens} prompt tokens x c={cs}")
     drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
     summaries = {}
     for i, run in enumerate(contexts):
@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         summaries[run.context] = study_context(run, engines, drafter, profiles, arms, spans, per_round)
         log.info("prompt length %d done at %.0f s", run.context, time.perf_counter() - t0)
     if len(contexts) > 1:
-        write_contexts(args.out, run_meta("study", device, argv), summaries, grid)
+        write_contexts(args.out, run_meta("study", device, argv), summaries, cs)
     return 0
 
 
