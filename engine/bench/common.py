@@ -121,11 +121,10 @@ def seq_blocks(seqs: int, max_model_len: int) -> int:
 
 
 def make_engine(model, draft_model, args, device, *, max_num_seqs: int, seq_tokens: int, headroom: int = 0, **pool):
-    """An engine for max_num_seqs sequences of seq_tokens (+ the drafter's headroom; max_model_len one
-    more), its KV pool sized for them within --gpu-memory-utilization and refused (plan_pool) before
-    it is built where it does not fit. pool: blocks (a grid's largest cell, null block excluded),
-    grid (its name), later (bytes of other weights still to load), kv_from (an engine whose target KV
-    this one runs on instead of its own: engine_pair)."""
+    """An engine for max_num_seqs sequences of seq_tokens (+ headroom; max_model_len one more), its KV
+    pool sized within --gpu-memory-utilization and refused (plan_pool) before it is built where it does
+    not fit. pool: blocks (null block excluded), grid (its name), later (other weights' bytes still to
+    load), kv_from (run on that engine's target KV: engine_pair)."""
     utilization = getattr(args, "gpu_memory_utilization", EngineConfig.gpu_memory_utilization)
     max_model_len, kv_from = seq_tokens + headroom + 1, pool.get("kv_from")
     weights = [m if m is None or isinstance(m, Checkpoint) else str(m) for m in (model, draft_model)]
@@ -144,9 +143,8 @@ def make_engine(model, draft_model, args, device, *, max_num_seqs: int, seq_toke
 
 
 def engine_pair(target, drafter, args, device, *, max_num_seqs: int, seq_tokens: int, **pool) -> dict[str, Engine]:
-    """{"plain"} or {"spec", "plain"}: the speculative engine owns the pool (target + drafter KV, the
-    drafter's headroom past each sequence; pool as make_engine's) and the plain engine runs on its
-    target KV, so the two arms fit where one engine's pool does; the arms run one at a time."""
+    """{"plain"} or {"spec", "plain"}: the speculative engine owns the pool (pool: make_engine's) and the
+    plain one runs on its target KV, so both arms fit where one pool does; they run one at a time."""
     size = dict(max_num_seqs=max_num_seqs, seq_tokens=seq_tokens)
     if drafter is None:
         return {"plain": make_engine(target, None, args, device, **size, **pool)}

@@ -8,7 +8,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -89,14 +89,7 @@ def stream_one(url: str, body: dict, record: RequestRecord, timeout_s: float) ->
         conn.close()
 
 
-def run_open_loop(
-    url: str,
-    model: str,
-    prompts: Sequence[Sequence[int]],
-    offsets: Sequence[float],
-    max_tokens: int,
-    timeout_s: float = 600.0,
-) -> tuple[list[RequestRecord], float]:
+def run_open_loop(url, model, prompts, offsets, max_tokens, timeout_s=600.0) -> tuple[list[RequestRecord], float]:
     """Send request i (prompts[i % len]) at offsets[i] after the start, each on its own thread, greedy
     with EOS ignored (fixed output length); returns the records and the wall time to the last finish."""
     records: list[RequestRecord] = []
@@ -106,15 +99,8 @@ def run_open_loop(
         delay = start + offset - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        body = dict(
-            model=model,
-            prompt=list(prompts[i % len(prompts)]),
-            max_tokens=max_tokens,
-            temperature=0,
-            ignore_eos=True,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        body = dict(model=model, prompt=list(prompts[i % len(prompts)]), max_tokens=max_tokens, temperature=0)
+        body.update(ignore_eos=True, stream=True, stream_options={"include_usage": True})
         record = RequestRecord(sent=time.perf_counter())
         records.append(record)
         t = threading.Thread(target=stream_one, args=(url, body, record, timeout_s), daemon=True)

@@ -3,10 +3,6 @@ request's whole budget at admission, on one engine, runs interleaved round by ro
 
     python -m engine.bench preempt --recipe small --out DIR --concurrency 64 --new-tokens 1024 \
         --pool-requests 16 --rounds 3
-
-The KV pool holds --pool-requests full-length sequences (longest prompt + new tokens + the drafter's
-headroom); --concurrency requests stay in flight (closed loop, greedy, EOS ignored). Reservation can
-run only pool-requests at once; preemption runs as many as the blocks already produced allow.
 """
 
 from __future__ import annotations

@@ -2,10 +2,6 @@
 
     python -m engine.bench steps --recipe small --out DIR --concurrency 1 --new-tokens 64 \
         --arms plain spec spec+gate=1
-
-Per arm: wall ms per step, device-busy ms per step (summed kernel time; the gap is the GPU waiting on
-the host), and the top kernels and host ops by time. One warm-up pass (graphs captured, kernels
-tuned) runs before the profiled one.
 """
 
 from __future__ import annotations

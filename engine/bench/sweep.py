@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from engine.bench.arms import SPEC, SPEC_NOISE_ARM, Arm, parse_arms, round_order
 from engine.bench.closed_loop import (
-    LoadResult,
     acceptance_histogram,
     closed_loop,
     mean_batch,
@@ -59,17 +57,7 @@ def engine_for(arm: Arm, engines: dict[str, Engine]) -> Engine:
 
 
 def round_row(
-    c: int,
-    round_index: int,
-    slot: int,
-    seq: int,
-    arm: Arm,
-    res: LoadResult,
-    chosen: Counter | None = None,
-    host_terms: str = "",
-    probes: Counter | None = None,
-    residuals: str = "",
-    launched_ahead: int | None = None,
+    c, round_index, slot, seq, arm, res, chosen=None, host_terms="", probes=None, residuals="", launched_ahead=None
 ) -> dict:
     """One sweep.csv row (its columns: the benchmarks README, "sweep"); slot: the arm's position in its
     round, seq: the global run order; the adaptive arm's K per round (chosen), host terms, probes and
@@ -94,21 +82,11 @@ def round_row(
 
 
 def run_sweep(
-    engines: dict[str, Engine],
-    arms: Sequence[Arm],
-    prompts: Sequence[Sequence[int]],
-    concurrency: Sequence[int],
-    rounds: int,
-    new_tokens: int | Sequence[int],
-    waves: int = 2,
-    time_budget_s: float | None = None,
-    progress: bool = True,
-    before_arm: Callable[[Arm], None] | None = None,
+    engines, arms, prompts, concurrency, rounds, new_tokens, waves=2, time_budget_s=None, progress=True, before_arm=None
 ) -> tuple[list[dict], dict[int, int]]:
-    """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
-    Per concurrency a discarded warm-up round, then `rounds` rounds, round r starting at arm r mod n
-    on prompts from r * waves * c (the benchmarks README, "sweep"), on a frozen heap (gcstate.py).
-    new_tokens: one output length or one per prompt; before_arm(arm) runs before each arm-run."""
+    """Rows (one per measured arm-run) and {c: rounds run} where the budget trimmed rounds: per c a
+    warm-up round, then `rounds` rounds, round r from arm r mod n on prompts from r * waves * c, on a
+    frozen heap (the benchmarks README, "sweep"); new_tokens: one or per prompt; before_arm(arm) hook."""
     with frozen_heap():
         rows, trimmed = _sweep(
             engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm
@@ -202,17 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = run_meta("sweep", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
     meta.update(length_spread=args.length_spread)
-    rows, trimmed = run_sweep(
-        engines,
-        arms,
-        prompts,
-        args.concurrency,
-        args.rounds,
-        lengths or args.new_tokens,
-        args.waves,
-        args.time_budget_s,
-        progress=not args.no_progress,
-    )
+    grid = (engines, arms, prompts, args.concurrency, args.rounds, lengths or args.new_tokens, args.waves)
+    rows, trimmed = run_sweep(*grid, args.time_budget_s, progress=not args.no_progress)
     write_outputs(args.out, rows, [a.label for a in arms], meta, trimmed, args.parity_bar)
     return 0
 

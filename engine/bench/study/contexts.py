@@ -16,9 +16,8 @@ from engine.bench.report import markdown_table, pct, write_csv
 
 
 def fit_grid(concurrency, seqs: dict[int, int], headroom: int, per_block: int, budget, later: int) -> int:
-    """KV blocks (but the null block) of the grid's largest (prompt length, c) cell (seqs: the tokens a
-    request reaches at each prompt length; + the drafter's headroom and one), refused (common.plan_pool)
-    before anything is built where it and `later` bytes of weights exceed the budget."""
+    """KV blocks (null block excluded) of the grid's largest (prompt length, c) cell (seqs: tokens a
+    request reaches per prompt length), refused (plan_pool) before anything is built where it does not fit."""
     cs = sorted(set(concurrency))
     blocks = {(n, c): seq_blocks(c, t + headroom + 1) for n, t in seqs.items() for c in cs}
     (n, c), most = max(blocks.items(), key=lambda item: item[1])
@@ -28,9 +27,8 @@ def fit_grid(concurrency, seqs: dict[int, int], headroom: int, per_block: int, b
 
 
 class ContextRun:
-    """One prompt length of a study: its arguments (its files under prompt-N/ when the study has
-    several), the argv a report from its files re-parses, the batches it profiles, its random-weights
-    profile rows."""
+    """One prompt length of a study: its arguments (files under prompt-N/ when nested), the argv a report
+    from its files re-parses, the batches it profiles, its random-weights profile rows."""
 
     def __init__(
         self, args: argparse.Namespace, prompt_len: int, concurrency: list[int], argv: list[str], nested: bool
@@ -39,7 +37,7 @@ class ContextRun:
         self.args = copy.copy(args)
         self.args.prompt_len, self.args.prompt_lens, self.args.concurrency = prompt_len, [prompt_len], concurrency
         self.args.out = args.out / f"prompt-{prompt_len}" if nested else args.out
-        self.argv = [*argv, "--prompt-len", str(prompt_len), "--prompt-lens", str(prompt_len)]
+        self.argv = [*argv, "--prompt-len", str(prompt_len), "--prompt-lens", str(prompt_len)] if nested else argv
 
 
 def best_cells(summaries: dict[int, list[dict]]) -> list[dict]:

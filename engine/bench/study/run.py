@@ -2,10 +2,7 @@
 (real forwards, modelled first wrong draft), one device run end to end.
 
     python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
-
-Stages: the pair; the cost profiles; the echo and lossless checks; the host and prefill calibration
-(step_walls.py); the graphs (graphs.py); the drafter's draws (draws.py); the sweep per concurrency and
-profile; the report (report.py): τ observed vs modelled, the cost model's prediction beside it."""
+"""
 
 from __future__ import annotations
 
@@ -136,16 +133,8 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
         before = engine.stats.committed_tokens
         outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
         bad = echo_failures(prompts, [o.token_ids for o in outs])
-        rows.append(
-            {
-                "arm": arm.label,
-                "requests": len(prompts),
-                "compared_tokens": sum(len(o.token_ids) for o in outs),
-                "round_tokens": engine.stats.committed_tokens - before,
-                "mismatches": len(bad),
-                "first": bad[:3],
-            }
-        )
+        row = dict(arm=arm.label, requests=len(prompts), compared_tokens=sum(len(o.token_ids) for o in outs))
+        rows.append(row | dict(round_tokens=engine.stats.committed_tokens - before, mismatches=len(bad), first=bad[:3]))
     engine.set_levers(max_batch=0, max_drafts=0, policy="static")
     return rows
 

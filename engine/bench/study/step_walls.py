@@ -1,8 +1,6 @@
-"""The study's host and prefill terms (model.py), timed on its own engines in the same run: the wall
-of a prefill step admitting n requests, and the mean wall of steady plain steps, gated rounds and
-speculative rounds at each calibrated batch minus the device time of their graph replays (the cost
-table's, measured on the same engine). Why a mean over a window and a centred warm-up: the
-benchmarks README, "study"."""
+"""The study's host and prefill terms (model.py), timed on its own engines in the same run: a prefill
+step's wall, and steady steps' mean wall minus their graph replays' device time (the benchmarks
+README, "study")."""
 
 from __future__ import annotations
 
@@ -42,9 +40,8 @@ def centred_warmup(context: int, prompt_len: float, steps: int, least: int) -> i
 def timed_steps(
     engine: Engine, prompts: Sequence[Sequence[int]], warmup: int, steps: int, drafts: int
 ) -> tuple[float, list[tuple[str, int, float]]]:
-    """(prefill ms of the steps admitting every prompt (one, or several where the token budget splits
-    them), add_request included, [(plan, batch, wall ms)] of `steps` steps after `warmup` untimed ones);
-    the requests are aborted and the engine left idle."""
+    """(prefill ms of the steps admitting every prompt, add_request included; [(plan, batch, wall ms)]
+    of `steps` steps after `warmup` untimed ones); the requests are aborted, the engine left idle."""
     if engine.has_unfinished():
         raise RuntimeError("calibration needs an idle engine")
     params = SamplingParams(temperature=0, max_tokens=budget_tokens(warmup + steps, drafts), ignore_eos=True)
@@ -90,17 +87,7 @@ def _walk(outputs) -> int:
     return sum(len(o.new_token_ids) for o in outputs)
 
 
-def calibrate(
-    engines: dict[str, Engine],
-    table: CostTable,
-    prompts: Sequence[Sequence[int]],
-    batches: Sequence[int],
-    spec_drafts: Sequence[int],
-    repeats: int = 2,
-    steps: int = 16,
-    warmup: int = 2,
-    context: int | None = None,
-) -> list[dict]:
+def calibrate(engines, table, prompts, batches, spec_drafts, repeats=2, steps=16, warmup=2, context=None) -> list[dict]:
     """Calibration rows (model.py) of the plain decode, the gated round and a round of each of
     spec_drafts at each batch: `repeats` prefills (after an untimed one) and the mean host ms of
     `steps` steps, one-token steps centred on `context` (None: right after `warmup` steps)."""
@@ -167,15 +154,7 @@ def calib_batches(args: argparse.Namespace) -> list[int]:
     return batches
 
 
-def calibration_stage(
-    engines: dict[str, Engine],
-    table: CostTable,
-    prompts,
-    args: argparse.Namespace,
-    arms,
-    per_round: int,
-    prefill_rows: Sequence[dict] = (),
-) -> StepCosts:
+def calibration_stage(engines, table, prompts, args, arms, per_round, prefill_rows=()) -> StepCosts:
     """The calibration on the sweep's engines and prompts, at every K an arm verifies, written to
     calibration.csv; the device table and the timed prefills (profile.time_prefills) alone if it fails."""
     spec_drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
