@@ -14,7 +14,9 @@ import torch
 from engine.bench import common
 from engine.bench.arms import parse_arms
 from engine.bench.profile import time_prefills
+from engine.bench.report import read_csv
 from engine.bench.study import run as study
+from engine.bench.study.contexts import ContextRun, best_cells, crossovers, fit_grid, write_contexts
 from engine.config import EngineConfig, SamplingParams
 from engine.engine import Engine
 from engine.memory import KVBudgetError
@@ -118,3 +120,32 @@ def test_the_timed_prefill_computes_logits_at_each_prompts_last_row_only(tiny_ta
     assert not engine.has_unfinished() and engine.blocks.num_free == engine.blocks.capacity
     per_round = engine.drafts_per_round
     assert max(study.study_spans(parse_arms(["plain", "spec", "spec+policy=adaptive"]), per_round)) <= 1 + per_round
+
+
+def test_the_context_grid_is_sized_by_its_largest_cell_and_reported_per_context(tmp_path):
+    seqs = {2048: 2400, 8192: 8600}
+    assert fit_grid([8, 1, 64], seqs, 9, 100, (10**9, "b"), 0) == 64 * -(-(8600 + 10) // 16)
+    with pytest.raises(SystemExit, match=r"\[2048, 8192\] prompt tokens x c=\[1, 64\] \(largest cell: 8192 x c=64"):
+        fit_grid([1, 64], seqs, 9, 100, (10**6, "b"), 0)
+
+    def cell(n, c, arm, tok_s, verdict):
+        return dict(profile="code", concurrency=c, arm=arm, tok_s=tok_s, ratio_median=tok_s / 100, verdict=verdict)
+
+    summaries = {
+        n: [cell(n, c, "plain", 100, "baseline") for c in (1, 8, 64)]
+        + [cell(n, 1, "spec", 150, "win"), cell(n, 8, "spec", 120 if n == 2048 else 90, "win" if n == 2048 else "loss")]
+        + [cell(n, 64, "spec", 80, "loss")]
+        for n in (2048, 8192)
+    }
+    meta = dict.fromkeys(("command", "device", "torch", "triton", "transformers", "commit", "date"), "x")
+    write_contexts(tmp_path, meta, summaries, [1, 8, 64])
+    rows = read_csv(tmp_path / "contexts.csv")
+    got = [(r["concurrency"], r["best"]) for r in rows if r["context"] == "8192"]
+    assert got == [("1", "spec"), ("8", "plain"), ("64", "plain")]
+    assert crossovers(best_cells(summaries)) == [[2048, "code", 64, 8], [8192, "code", 8, 1]]
+    assert "Crossover per context" in (tmp_path / "contexts.md").read_text()
+    args = argparse.Namespace(out=tmp_path, prompt_len=16, prompt_lens=[2048, 8192], concurrency=[1, 8])
+    run = ContextRun(args, 8192, [1, 8], ["--x"], nested=True)
+    assert run.args.out == tmp_path / "prompt-8192" and run.args.prompt_lens == [8192] and run.batches == [1, 8]
+    assert run.argv[-4:] == ["--prompt-len", "8192", "--prompt-lens", "8192"] and args.prompt_len == 16
+    assert ContextRun(args, 2048, [1, 8], ["--x"], nested=False).argv == ["--x"]

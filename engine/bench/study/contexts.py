@@ -61,14 +61,14 @@ def best_cells(summaries: dict[int, list[dict]]) -> list[dict]:
 
 
 def crossovers(cells: Sequence[dict]) -> list[list]:
-    """Per (context, profile): the least c from which no speculative arm wins (its crossover; None: one
-    wins at every measured c) and the gate it suggests (MAX_BATCH: the largest winning c below it)."""
+    """Per (context, profile): the least c at which no speculative arm wins (its crossover; None: one wins
+    at every measured c) and the gate it suggests (MAX_BATCH: the largest winning c below it)."""
     rows = []
     for key in sorted({(r["context"], r["profile"]) for r in cells}):
         mine = sorted((r for r in cells if (r["context"], r["profile"]) == key), key=lambda r: r["concurrency"])
         cross = next((r["concurrency"] for r in mine if not r["spec_wins"]), None)
         wins = [r["concurrency"] for r in mine if r["spec_wins"] and (cross is None or r["concurrency"] < cross)]
-        gate = max(wins) if wins else "— (spec never wins)"
+        gate = max(wins) if wins else "— (no win below the crossover)"
         gate = "off (spec wins at every c measured)" if cross is None else gate
         rows.append([*key, "—" if cross is None else cross, gate])
     return rows
@@ -88,8 +88,8 @@ def write_contexts(out: Path, meta: dict, summaries: dict[int, list[dict]], conc
         f"Grid: prompt tokens {sorted(summaries)} x c={concurrency}; each prompt length's study under prompt-N/.\n\n"
     )
     header = ["prompt tokens", "profile", "c", "plain tok/s", "best arm", "vs plain", "verdict", "adaptive vs plain"]
-    text += markdown_table(header, table) + "\n\nCrossover per context (the least c from which no speculative arm "
-    text += "wins by more than the noise) and the MAX_BATCH gate it suggests:\n\n"
+    text += markdown_table(header, table) + "\n\nCrossover per context (the least c at which no speculative arm wins "
+    text += "by more than the noise) and the MAX_BATCH gate it suggests:\n\n"
     text += markdown_table(["prompt tokens", "profile", "crossover c", "MAX_BATCH"], crossovers(cells)) + "\n"
     (out / "contexts.md").write_text(text)
     print(text)
