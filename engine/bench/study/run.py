@@ -87,11 +87,16 @@ def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
     return [a for a in arms if not a.gate or a.gate <= c]
 
 
-def measure_costs(engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float) -> list[dict]:
-    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle."""
+def measure_costs(
+    engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float, required: Sequence[int] = (1,)
+) -> list[dict]:
+    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle; the
+    `required` spans at every batch whatever the budget."""
     with dummy_requests(engine, max(batches), context, max(spans) + 1) as reqs:
         return profile_costs(
-            engine.runner, engine.rounds.accept, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s
+            *(engine.runner, engine.rounds.accept, reqs, batches, spans),
+            *(3, 3, budget_s),
+            required=required,
         )
 
 
@@ -204,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_round = DFlashConfig.from_dict(drafter_ckpt.config).drafts_per_round
     profiles = [p.first(per_round) for p in profiles]
     spans = sorted({1, args.prompt_len} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})
+    needed = list(spans)  # the report's and the calibration's: measured whatever the budget (the policy's may be cut)
     if any(a.adaptive for a in arms):
         spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
 
@@ -226,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines = {"plain": engine_of(target)}
     plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
     engines["spec"] = engine_of(target, drafter_ckpt)
-    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
+    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s, needed)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
     write_meta(args.out, meta, argv, graph_buckets(engines["spec"]))  # what a report from the files needs
