@@ -26,7 +26,7 @@ from engine.policy.costs import CostTable
 from engine.policy.span import SPEC_DISCOUNT
 
 REQUEST_EMA = 0.25  # a request-round's weight in its own estimate, per position tried
-REQUEST_RELAX = 0.05  # per round, an untried position's step toward the pooled estimate
+REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled estimate (slow: a re-probe)
 
 
 def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> list[int]:
