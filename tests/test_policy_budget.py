@@ -67,8 +67,8 @@ def test_a_mid_cost_mixes_k_by_acceptance():
 
 
 def test_max_drafts_and_the_budget_cap_every_request():
-    assert request_caps([50, 3, 1, 0], 7, 4) == [4, 2, 0, 0]
-    assert request_caps([50, 50], 7, 0) == [7, 7] and request_caps([50], 7, 9) == [7]
+    assert request_caps([50, 3, 1, 0], 7, 4).tolist() == [4, 2, 0, 0]
+    assert request_caps([50, 50], 7, 0).tolist() == [7, 7] and request_caps([50], 7, 9).tolist() == [7]
     survival = survival_of([[1.0] * 7, [0.99] * 7, [1.0] * 7])
     ks, _ = budget_spans(linear(0.01), survival, request_caps([50, 50, 3], 7, 4))
     assert ks == [4, 4, 2]
@@ -115,18 +115,20 @@ def test_the_estimator_learns_each_request_apart_from_the_pool():
 
     est, pooled = RequestAcceptance(4, ema=0.5, relax=0.1), [0.8, 0.6, 0.4, 0.2]
     a, b = R(0, 0), R(1, 3)
-    assert np.allclose(est.conditional([a, b], pooled), [pooled, pooled])  # seeded from the pool
-    est.observe([a, b], limits=[4, 2], accepted=[1, 2], pooled=pooled)
-    row_a, row_b = est.conditional([a, b], pooled)
+    slots = est.slots([a, b], pooled)
+    assert np.allclose(est.rows[slots], [pooled, pooled])  # seeded from the pool
+    tried, hits = est.observe(slots, limits=[4, 2], accepted=[1, 2], pooled=pooled)
+    assert tried.tolist() == [2, 2, 0, 0] and hits.tolist() == [2, 1, 0, 0]  # the pooled estimate's counts
+    row_a, row_b = est.rows[est.slots([a, b], pooled)]
     # a: position 1 accepted, 2 rejected (tried), 3 and 4 untried: relaxed toward the pool (no move)
     assert row_a.tolist() == pytest.approx([0.9, 0.3, 0.4, 0.2])
     assert row_b.tolist() == pytest.approx([0.9, 0.8, 0.4, 0.2])  # its limit 2: both tried, accepted
-    est.observe([a], limits=[0], accepted=[0], pooled=[1.0] * 4)  # a gated round: every position relaxes
+    est.observe(est.slots([a], pooled), limits=[0], accepted=[0], pooled=[1.0] * 4)  # gated: all relax
     relaxed = [c + 0.1 * (1.0 - c) for c in (0.9, 0.3, 0.4, 0.2)]
-    assert est.conditional([a], pooled)[0].tolist() == pytest.approx(relaxed)
-    assert est.survival([a], pooled)[0].tolist() == pytest.approx(list(itertools.accumulate(relaxed, mul)))
+    assert est.rows[0].tolist() == pytest.approx(relaxed)
+    assert est.survival(est.slots([a], pooled))[0].tolist() == pytest.approx(list(itertools.accumulate(relaxed, mul)))
     c = R(2, 0)  # a new request in a's slot starts from the pool
-    assert est.conditional([c], pooled)[0].tolist() == pooled
+    assert est.rows[est.slots([c], pooled)][0].tolist() == pooled
 
 
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright", "for i in range(10):\n", "x = "]

@@ -29,11 +29,10 @@ REQUEST_EMA = 0.25  # a request-round's weight in its own estimate, per position
 REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled estimate (slow: a re-probe)
 
 
-def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> list[int]:
-    """The most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens left
-    minus the bonus."""
-    cap = min(max_drafts or per_round, per_round)
-    return [max(0, min(cap, left - 1)) for left in remaining]
+def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> np.ndarray:
+    """[N] the most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens
+    left minus the bonus."""
+    return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, min(max_drafts or per_round, per_round))
 
 
 def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
@@ -88,7 +87,8 @@ class RequestAcceptance:
         self.rows = np.ones((0, per_round))
         self.owner = np.zeros(0, dtype=np.int64)
 
-    def _slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
+    def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
+        """[N] the requests' rows; a request new to its row is seeded from `pooled`."""
         slots = np.array([r.slot for r in reqs], dtype=np.int64)
         index = np.array([r.index for r in reqs], dtype=np.int64)
         if slots.size and slots.max() >= len(self.owner):
@@ -96,26 +96,26 @@ class RequestAcceptance:
             self.rows = np.vstack([self.rows, np.ones((grow, self.per_round))])
             self.owner = np.concatenate([self.owner, np.full(grow, -1)])
         fresh = self.owner[slots] != index
-        self.rows[slots[fresh]] = np.asarray(pooled, dtype=np.float64)
-        self.owner[slots] = index
+        if fresh.any():
+            self.rows[slots[fresh]] = np.asarray(pooled, dtype=np.float64)
+            self.owner[slots] = index
         return slots
 
-    def conditional(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
-        """[N, P] the requests' conditional acceptance by position."""
-        slots = self._slots(reqs, pooled)  # first: it may grow the rows
-        return self.rows[slots]
+    def survival(self, slots: np.ndarray) -> np.ndarray:
+        """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots`."""
+        return np.cumprod(self.rows[slots], axis=1)
 
-    def survival(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
-        """[N, P] s_ij: P(request i's draft j+1 is accepted)."""
-        return np.cumprod(self.conditional(reqs, pooled), axis=1)
-
-    def observe(self, reqs: Sequence, limits: Sequence[int], accepted: Sequence[int], pooled: Sequence[float]) -> None:
+    def observe(
+        self, slots: np.ndarray, limits: Sequence[int], accepted: Sequence[int], pooled: Sequence[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """A round's outcome per request (its draft limit, its accepted drafts; all 0 in a gated round).
-        Position j was tried when j < limit and drafts 1..j were accepted."""
-        slots = self._slots(reqs, pooled)
+        Position j was tried when j < limit and drafts 1..j were accepted. Returns the request-rounds
+        that tried and accepted each position (the pooled estimate's update)."""
         j = np.arange(self.per_round)[None, :]
         n = np.asarray(accepted, dtype=np.int64)[:, None]
         tried = j < np.minimum(n + 1, np.asarray(limits, dtype=np.int64)[:, None])
+        hit = j < n
         rows = self.rows[slots]
-        step = np.where(tried, self.ema * ((j < n) - rows), self.relax * (np.asarray(pooled)[None, :] - rows))
+        step = np.where(tried, self.ema * (hit - rows), self.relax * (np.asarray(pooled)[None, :] - rows))
         self.rows[slots] = rows + step
+        return tried.sum(0), (tried & hit).sum(0)

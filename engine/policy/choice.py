@@ -89,6 +89,7 @@ class AdaptiveSpans:
         self.requests = RequestAcceptance(policy.per_round)
         self._costs: dict[tuple, tuple] = {}  # (batch, context bucket) -> span_costs
         self._device = 0.0  # per request: the device ms the table gives the last round chosen
+        self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
         self.ahead: Ahead | None = None
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
         self._k: int | None = None  # the K of the last round, until its wall arrives
@@ -128,8 +129,9 @@ class AdaptiveSpans:
         if costs is None:
             costs = self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
         caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
-        survival = self.requests.survival(reqs, p.conditional)
+        self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host = (p.host.predict(n, False), p.host.predict(n, True))
+        survival = self.requests.survival(self._slots[1])
         ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, costs)
         p.chosen[max(ks)] += 1
         return ks[0] if min(ks) == max(ks) else ks
@@ -163,9 +165,12 @@ class AdaptiveSpans:
         """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; the
         scheduler's gate decides none, so its context is read here); else per request its draft limit
         and accepted drafts, fed to the policy at the next launch or decision."""
-        if self.per_request and k is not None:
-            zeros = [0] * len(reqs)
-            self.requests.observe(reqs, limits or zeros, accepted or zeros, self.policy.conditional)
+        if self.per_request and k:
+            self._observe(reqs, limits, accepted)
+            self._k = k
+            return
+        if self.per_request and k == 0:  # nothing tried: each request's estimate relaxes toward the pool
+            self._observe(reqs, [0] * len(reqs), [0] * len(reqs))
         if k:
             self._unobserved = (limits, accepted)
         elif k == 0:
@@ -173,6 +178,13 @@ class AdaptiveSpans:
             self.policy.gated()
             self._context = mean_context(reqs)
         self._k = k
+
+    def _observe(self, reqs: Sequence[Request], limits: Sequence[int], accepted: Sequence[int]) -> None:
+        """Per request: its own estimate, and the pooled one from the same counts."""
+        chosen, slots = self._slots
+        if chosen is not reqs:
+            slots = self.requests.slots(reqs, self.policy.conditional)
+        self.policy.observe_counts(*self.requests.observe(slots, limits, accepted, self.policy.conditional))
 
     def flush(self) -> None:
         """The last speculative round's outcome, now."""
