@@ -14,7 +14,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps
 from engine.policy.span import SPEC_DISCOUNT
 from tests.policy_tables import table
-from trace_tools import levers_trace_rows
+from trace_tools import hedge_trace_rows, levers_trace_rows, summarize_hedge
 
 
 def linear(per_slot: float, base: float = 10.0, draft: float = 2.0, spans=range(1, 9)):
@@ -134,34 +134,65 @@ def test_the_estimator_learns_each_request_apart_from_the_pool():
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright", "for i in range(10):\n", "x = "]
 
 
-def test_the_engine_mixes_k_within_a_round_and_stays_lossless(shipped_tiny, capsys, one_thread):
-    target, drafter = shipped_tiny
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    plain = Engine(EngineConfig(model=str(target), device="cpu", max_num_seqs=8))
-    want = [o.token_ids for o in plain.generate(PROMPTS, [params] * len(PROMPTS))]
-    spec = Engine(
-        EngineConfig(
-            model=str(target),
-            draft_model=str(drafter),
-            device="cpu",
-            max_num_seqs=8,
-            trace=True,
-            levers={"policy": "budget", "max_drafts": 6},
-            cost_table=linear(0.3),
-        )
+def budget_engine(target, drafter, **levers) -> Engine:
+    config = EngineConfig(
+        model=str(target),
+        draft_model=str(drafter),
+        device="cpu",
+        max_num_seqs=8,
+        trace=True,
+        levers={"policy": "budget", "max_drafts": 6, **levers},
+        cost_table=linear(0.3),
     )
-    capsys.readouterr()
-    got = [o.token_ids for o in spec.generate(PROMPTS, [params] * len(PROMPTS))]
-    assert got == want
-    rows = levers_trace_rows(capsys.readouterr().err.splitlines())
-    assert rows and all(r.verified_draft <= r.span_limit <= 6 for r in rows)
+    return Engine(config)
+
+
+def rounds_of(rows):
+    """A round's lines are consecutive, one per request: a request seen again starts the next round."""
     rounds, current = [], {}
-    for r in rows:  # a round's lines are consecutive, one per request
+    for r in rows:
         if r.request in current:
             rounds.append(current)
             current = {}
         current[r.request] = r
-    rounds.append(current)
-    mixed = [rd for rd in rounds if len({r.span_limit for r in rd.values() if not r.gated}) > 1]
+    return [*rounds, current]
+
+
+@pytest.fixture(scope="module")
+def plain(shipped_tiny):
+    return Engine(EngineConfig(model=str(shipped_tiny[0]), device="cpu", max_num_seqs=8))
+
+
+def test_the_engine_mixes_k_within_a_round_and_stays_lossless(shipped_tiny, plain, capsys, one_thread):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logprobs=2)
+    want = plain.generate(PROMPTS, [params] * len(PROMPTS))
+    spec = budget_engine(*shipped_tiny)
+    capsys.readouterr()
+    got = spec.generate(PROMPTS, [params] * len(PROMPTS))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for g, w in zip(got, want, strict=True):  # each committed token's logprob from its own span's row
+        g, w = g.outputs[0], w.outputs[0]
+        assert [p[t].logprob for t, p in zip(g.token_ids, g.logprobs, strict=True)] == pytest.approx(
+            [p[t].logprob for t, p in zip(w.token_ids, w.logprobs, strict=True)], abs=1e-4
+        )
+    rows = levers_trace_rows(capsys.readouterr().err.splitlines())
+    assert rows and all(r.verified_draft <= r.span_limit <= 6 for r in rows)
+    mixed = [rd for rd in rounds_of(rows) if len({r.span_limit for r in rd.values() if not r.gated}) > 1]
     assert mixed, "no round verified different K for its requests"
     assert any(r.accepted_draft for rd in mixed for r in rd.values())
+
+
+def test_hedged_rounds_under_the_budget_stay_lossless(shipped_tiny, plain, capsys, one_thread):
+    from engine.shipped import shipped_dspark
+
+    dspark = shipped_dspark("tiny")
+    if not (dspark / "config.json").is_file():
+        pytest.skip("the fixture's drafter-dspark is not built (python -m engine.fixture markov)")
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    want = [o.token_ids for o in plain.generate(PROMPTS, [params] * len(PROMPTS))]
+    spec = budget_engine(shipped_tiny[0], dspark, hedge=8, hedge_positions=(0, 1, 2))
+    capsys.readouterr()
+    assert [o.token_ids for o in spec.generate(PROMPTS, [params] * len(PROMPTS))] == want
+    err = capsys.readouterr().err.splitlines()
+    assert summarize_hedge(hedge_trace_rows(err)).chains > 0
+    assert all(r.verified_draft <= r.span_limit <= 6 for r in levers_trace_rows(err))
