@@ -6,7 +6,7 @@ round, at the positions a round did not try). Survival s_ij = prod_{l<=j} a_i[l]
 slots takes the B largest s_ij (stably, so a request's slots in position order: s_ij falls with j);
 K_i = request i's slots taken. The round's B is the argmax over 0..sum(cap_i) (ties: the smaller B) of
 
-    value(B) = (N + sum of the top-B s) / (draft_ms(N, max K_i) + verify_ms(N rows + B) + host)
+    value(B) = (N + sum of the top-B s) / (draft_ms(N, max K_i) + verify_ms(N + B rows) + host)
 
 verify_ms(N + B rows) = the table's verify at batch N and span 1 + B / N, linear between its measured
 spans; a speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
