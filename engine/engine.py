@@ -158,9 +158,9 @@ class Engine:
     def set_levers(self, **changes: object) -> None:
         """Change the levers between steps (None keeps a value) and push them to the scheduler and the
         rounds. Hedge scratch KV is sized at start: an engine started with the hedge off cannot hedge
-        later. policy=adaptive without a cost table measures one first (idle engine only)."""
+        later. policy=adaptive or budget without a cost table measures one first (idle engine only)."""
         levers = self.levers.replace(changes)
-        adaptive = levers.policy == "adaptive" and self.drafter is not None
+        adaptive = levers.policy != "static" and self.drafter is not None
         if adaptive and self.rounds.cost_table is None:
             self.set_cost_table(calibrated_table(self, self.rounds.accept))
         self.rounds.configure(levers)  # refuses before anything changes
