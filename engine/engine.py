@@ -15,9 +15,10 @@ from engine.kernels import get_ops
 from engine.knobs import read_knobs
 from engine.levers import Levers
 from engine.policy.calibration import calibrated_table
+from engine.policy.choice import round_drafts
 from engine.policy.costs import CostTable
 from engine.policy.span import resolve_table
-from engine.policy.warmup import capture_policy_graphs
+from engine.policy.warmup import capture_policy_graphs, capture_serving_graphs
 from engine.prompts import batch, completions, conversations, merged
 from engine.request import Finish, Request, RequestOutput
 from engine.round import Rounds
@@ -166,15 +167,21 @@ class Engine:
     def set_levers(self, **changes: object) -> None:
         """Change the levers between steps (None keeps a value) and push them to the scheduler and the
         rounds. Hedge scratch KV is sized at start: an engine started with the hedge off cannot hedge
-        later. policy=adaptive without a cost table measures one first (idle engine only)."""
+        later. policy=adaptive or budget without a cost table measures one first (idle engine only)."""
         levers = self.levers.replace(changes)
-        adaptive = levers.policy == "adaptive" and self.drafter is not None
+        adaptive = levers.policy != "static" and self.drafter is not None
         if adaptive and self.rounds.cost_table is None:
             self.set_cost_table(calibrated_table(self, self.rounds.accept))
         self.rounds.configure(levers)  # refuses before anything changes
         self.levers = self.scheduler.levers = levers
         if adaptive:
             capture_policy_graphs(self, self.rounds.accept)  # once, on an idle engine: the graphs its rounds replay
+
+    def capture_graphs(self) -> dict:
+        """Before serving (idle engine, graphs on): every graph a round at the current levers replays, then
+        none captured while serving (a step without one runs eagerly). Returns {graphs, seconds, bytes}."""
+        ks = [round_drafts(self.drafts_per_round, self.levers.max_drafts)] if self.drafter is not None else []
+        return capture_serving_graphs(self, self.rounds.accept, ks)
 
     def set_cost_table(self, table: CostTable) -> None:
         """A cost table measured on this device (a bench's): the policy learns the host time it misses."""

@@ -45,6 +45,8 @@ class StepGraphs:
         self.captured: dict[tuple, CapturedStep] = {}
         self.captures = 0  # graphs captured so far: a step that captured one is no timing sample
         self.policy_captured = False  # every graph the adaptive policy replays (engine/policy/warmup.py)
+        self.frozen = False  # serving: a step without its graph runs eagerly instead of capturing one
+        self.eager_misses = 0  # steps run eagerly while frozen
         self._pool = torch.cuda.graph_pool_handle() if enabled else None
 
     def bucket(self, n: int) -> int | None:
@@ -66,19 +68,26 @@ class StepGraphs:
         pads: dict[str, int],
         shared: frozenset[str] = frozenset(),
     ) -> tuple:
-        """fn(**values) eagerly, or the graph captured for exactly (key, bucket(n))."""
+        """fn(**values) eagerly, or the graph captured for exactly (key, bucket(n)); frozen, a missing graph
+        runs eagerly on the padded inputs instead of being captured."""
         bucket = self.bucket(n)
         if bucket is None:
             return fn(**values)
         values = {k: v if k in shared or v.shape[0] == bucket else _pad(v, bucket, pads[k]) for k, v in values.items()}
         key = (*key, bucket)
         graph = self.captured.get(key)
+        if graph is None and self.frozen:
+            self.eager_misses += 1
+            return fn(**values)
         if graph is None:
             log.debug("capturing CUDA graph %s", key)
             inputs = {k: v if k in shared else v.clone() for k, v in values.items()}
-            graph = self.captured[key] = CapturedStep(fn, inputs, self._pool)
+            graph = self.captured[key] = self.capture(fn, inputs)
             self.captures += 1
         return graph.replay(**values)
+
+    def capture(self, fn: Callable[..., tuple], inputs: dict[str, torch.Tensor]) -> CapturedStep:
+        return CapturedStep(fn, inputs, self._pool)
 
 
 def _pad(v: torch.Tensor, rows: int, value: int) -> torch.Tensor:

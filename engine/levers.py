@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 MAX_COUNT = 2**64 - 1
 ENV_PREFIX = "PEGAINFER_SPEC_"
-CHOICES: dict[str, tuple[str, ...]] = {"policy": ("static", "adaptive")}  # the first is the default
+CHOICES: dict[str, tuple[str, ...]] = {"policy": ("static", "adaptive", "budget")}  # the first is the default
 
 
 class LeverError(ValueError):
@@ -33,7 +33,9 @@ class Levers:
     hedge_positions: tuple[int, ...] = _lever((), "draft positions where hedge chains branch, e.g. 0,1,2")
     hedge_auto: bool = _lever(False, "the auto-hedge controller picks the chain count from measured tok/s")
     hedge_knee: int = _lever(0, "verify rows the forward takes nearly free; hedging stays under it")
-    policy: str = _lever("static", "span policy: static (the levers alone) or adaptive (K per round from cost)")
+    policy: str = _lever(
+        "static", "span policy: static (the levers alone), adaptive (K per round from cost), budget (K per request)"
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

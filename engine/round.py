@@ -94,7 +94,7 @@ class Rounds:
     def configure(self, levers: Levers) -> None:
         """Take these levers; refused (nothing changed) when the adaptive policy has no cost table.
         Without a drafter the policy has nothing to choose and needs none."""
-        adaptive = levers.policy == "adaptive" and self.per_round
+        adaptive = levers.policy != "static" and self.per_round
         if adaptive and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
@@ -103,6 +103,7 @@ class Rounds:
             self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
         if self.adaptive is not None:
             self.adaptive.ahead = None  # a plan made under other levers
+            self.adaptive.per_request = levers.policy == "budget"
         self.spans = self.adaptive if adaptive else self.static
 
     @property

@@ -4,13 +4,10 @@ FAIL naming the invariant the bug breaks (gates/test_canaries.py). A canary whos
 fails for another reason, fails the gate run: the gate cannot see that bug.
 
 The whole table lives here: name -> the bug, the case it runs on, the phrase the verdict must hold, and
-the patch with its targets ("module:attribute"), so a refactor that moves a target fails the targets
-test (tests/test_gate_canaries.py) and this file is the one place to retarget. Patch points are the
-stable modules where they can be (engine.request, engine.runner, engine.trace's logger); the trim
-lives in engine.policy.choice, the budget in engine.round, the policy's plan in engine.policy.span,
-the abort in engine.serve.worker, the verify rows' sampling in engine.round.
-
-The runner that plants one in a child process is gates/plant.py.
+the patch with its targets ("module:attribute"; tests/test_gate_canaries.py resolves each, so this file
+is the one place to retarget), planted in a child process by gates/plant.py. Patch points are the stable
+modules where they can be (engine.request, engine.runner, engine.trace's logger), else where the rule
+lives (engine.policy.choice, engine.policy.span, engine.round, engine.serve.worker).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gates.cases import ALL_CASES, LeverCase
+from gates.cases import ALL_CASES, RAGGED_CASES, LeverCase
 
 ENV = "PEGAINFER_TEST_CANARY"  # set in the planted child, so a child that starts a server plants it there too
 WRONG_AT = 70  # the output position the wrong-token canary corrupts: past the first 64 tokens
@@ -166,11 +163,13 @@ def _flip_gated(text: str) -> str:
 def _policy_over_cap(orig: dict[str, Any]) -> dict[str, Any]:
     """The adaptive policy plans its K without MAX_DRAFTS' cap."""
     plan = orig["engine.policy.span:SpanPolicy.plan"]
+    return {"engine.policy.span:SpanPolicy.plan": lambda self, batch, _cap=0, *a, **k: plan(self, batch, 0, *a, **k)}
 
-    def plan_(self, batch, max_drafts=0, *a, **k):
-        return plan(self, batch, 0, *a, **k)
 
-    return {"engine.policy.span:SpanPolicy.plan": plan_}
+def _budget_over_cap(orig: dict[str, Any]) -> dict[str, Any]:
+    """The per-request chooser caps each K_i by the budget and the drafter, not by MAX_DRAFTS."""
+    caps = orig["engine.policy.choice:request_caps"]
+    return {"engine.policy.choice:request_caps": lambda remaining, per_round, _cap: caps(remaining, per_round, 0)}
 
 
 def _penalty_ignores_drafts(orig: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +270,14 @@ CANARIES: dict[str, Canary] = {
             "above MAX_DRAFTS=4",
             ("engine.policy.span:SpanPolicy.plan",),
             _policy_over_cap,
+        ),
+        Canary(
+            "budget-over-cap",
+            "a per-request chooser whose K_i ignore MAX_DRAFTS",
+            _CASE[RAGGED_CASES[0].id],
+            "above MAX_DRAFTS=4",
+            ("engine.policy.choice:request_caps",),
+            _budget_over_cap,
         ),
         Canary(
             "penalty-ignores-drafts",

@@ -24,6 +24,7 @@ KNOB_PREFIX = "PEGAINFER_SPEC_"  # every lever knob (MAX_BATCH, MAX_DRAFTS, HEDG
 # it in place of the pair's drafter (gates/weights.py); every other child keeps the pair's drafter.
 HEDGE_DRAFTER_ENV = "PEGAINFER_TEST_HEDGE_DRAFTER"
 ADAPTIVE_TABLE = "gates/data/adaptive-loss.csv"  # relative to the repository root, the children's cwd
+BUDGET_TABLE = "gates/data/budget-mixed.csv"  # every draft slot costs 1 ms of verify: weak drafts do not pay
 
 
 class Expect(enum.Enum):
@@ -37,6 +38,7 @@ class Expect(enum.Enum):
     CAPPED = "gated and speculating rounds; no round's K above MAX_DRAFTS, and some round at it"
     CAPTURE = "gated rounds store the ungated run's context rows; acceptance after the resume matches it"
     SERVE = "through the server: speculating rounds, lossless streams, a client gone early frees its KV"
+    RAGGED = "K_i per request: some round mixes K, none above MAX_DRAFTS; gated requests resume and accept"
 
     @property
     def hedged(self) -> bool:
@@ -160,4 +162,18 @@ KNOWN_CASES: tuple[LeverCase, ...] = (
     LeverCase(KNOWN, "known", "MAX_BATCH", 3, Expect.RESUME),
     LeverCase(KNOWN, "known", "POLICY", "adaptive", Expect.RESUME, (("COST_TABLE", ADAPTIVE_TABLE),)),
 )
-ALL_CASES = CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES
+# Spans per request (SPEC 10, policy=budget): the known pair with two acceptance classes (request i
+# draws from `code` or `weak` by its parity), under the trim and the gate: the gated rounds up to token
+# 56, then req-0 (code) and req-7 (weak) speculate with their own K_i, verified in one ragged forward.
+RAGGED_CASES: tuple[LeverCase, ...] = (
+    LeverCase(
+        KNOWN,
+        "known-mixed",
+        "POLICY",
+        "budget",
+        Expect.RAGGED,
+        (("COST_TABLE", BUDGET_TABLE), ("MAX_DRAFTS", 4), ("MAX_BATCH", 3)),
+        ("--profile=code+weak",),
+    ),
+)
+ALL_CASES = CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES + RAGGED_CASES

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from gates.cases import Expect, LeverCase
 from gates.child import TRACE_ENV
 from trace_tools import HedgeRow, RoundRow, summarize, summarize_hedge
-from trace_tools.summary import ChildSummary, HedgeSummary, resumed_and_accepted, rows_after_first_gate
+from trace_tools.summary import ChildSummary, HedgeSummary, resumed_and_accepted, rounds_of, rows_after_first_gate
 
 
 def _requests(ids: Sequence[int]) -> str:
@@ -43,6 +43,8 @@ def _expected(
         return _ungated(case, s)
     if case.expect is Expect.CAPPED:
         return _capped_problems(case, rows, s)
+    if case.expect is Expect.RAGGED:
+        return list(dict.fromkeys(_capped_problems(case, rows, s) + _mixed_k(rows) + _resume_problems(case, rows, s)))
     if case.expect is Expect.SERVE:
         return _ungated(case, s) + (
             [] if s.speculating_rounds else ["no speculating round: the server never speculated"]
@@ -112,6 +114,15 @@ def _capped_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary)
             f"{s.gated_rounds} gated and {s.speculating_rounds} speculating rounds: the policy never moved K"
         )
     return problems
+
+
+def _mixed_k(rows: Sequence[RoundRow]) -> list[str]:
+    # Per request K_i (span_limit): without a round whose speculating requests took different K the
+    # ragged verify was never exercised. A round's lines are consecutive, one per request.
+    for group in rounds_of(rows):
+        if len({r.span_limit for r in group if not r.gated}) > 1:
+            return []
+    return ["no round verified different K for its requests: the per-request spans never mixed"]
 
 
 def _stop_problems(rows: Sequence[RoundRow]) -> list[str]:

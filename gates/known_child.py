@@ -2,7 +2,7 @@
 greedy step repeats the last prompt token) and a DFlash drafter whose real forward runs every round
 while the modelled drafter places its first wrong draft; the target still verifies every round.
 
-    python -m gates.known_child [--geometry auto|4b|tiny|small] [--profile code|chat] [--seed N]
+    python -m gates.known_child [--geometry auto|4b|tiny|small] [--profile code|chat|code+weak] [--seed N]
 
 The levers gate starts it like any other child: lever knobs (PEGAINFER_SPEC_*) and the trace
 (PEGAINFER_TEST_LOG=1) come from its environment. It prints a `DFlash request` line per request, a
@@ -24,7 +24,7 @@ import torch
 
 from engine import Engine, EngineConfig
 from engine.fixture.known.geometry import random_prompts
-from engine.fixture.known.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.modelled import ModelledDrafter, parse_profiles
 from engine.fixture.known.target import echo_failures, known_pair
 from gates.lossless import Tally, batch_invariant, check, greedy, request_line
 from gates.near_tie import Fp32Reference
@@ -44,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--geometry", default="auto", choices=GEOMETRIES, help="auto: 4b on a CUDA device, tiny shapes on CPU"
     )
-    p.add_argument("--profile", default="code", help="the modelled drafter's acceptance profile: code, chat")
+    p.add_argument(
+        "--profile",
+        default="code",
+        help="the modelled drafter's acceptance profile: code, chat; a+b: request i draws from the (i mod 2)-th",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights, prompts and the modelled acceptance draws")
     return p
 
@@ -97,13 +101,16 @@ def _fp32_target(geometry: str, device: torch.device, seed: int) -> Engine:
 def run(geometry: str, profile_name: str, seed: int) -> int:
     """Run the workload, print the child's lines; 0 when the outputs are the known continuation and
     every token is the target's own choice."""
-    profile = parse_profile(profile_name)
+    profiles = parse_profiles(profile_name)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if geometry == "auto":
         geometry = "4b" if device.type == "cuda" else "tiny"
     plain, spec = _engines(geometry, device, seed)
-    ModelledDrafter(spec, profile, seed=seed).install()
+    ModelledDrafter(spec, profiles, seed=seed).install()
     prompts = random_prompts(len(BUDGETS), PROMPT_LEN, spec.target_cfg.geometry.vocab_size, seed + 1)
+    c, vocab = len(profiles), spec.target_cfg.geometry.vocab_size
+    for i, ids in enumerate(prompts):  # the last token (the known continuation) picks request i's profile
+        ids[-1] = ids[-1] // c * c + i % c - (c if ids[-1] // c * c + i % c >= vocab else 0)
     params = [greedy(b) for b in BUDGETS]
     outs = spec.generate(prompts, params)
     got = [o.token_ids for o in outs]
@@ -112,7 +119,7 @@ def run(geometry: str, profile_name: str, seed: int) -> int:
         print(request_line(out.request_id, len(ids), len(out.token_ids), budget))
     wrong, plain_wrong = echo_failures(prompts, got), echo_failures(prompts, want)
     compared = sum(len(t) for t in got)
-    print(known_line(geometry, profile.name, len(prompts), compared, len(wrong), len(plain_wrong)))
+    print(known_line(geometry, profile_name, len(prompts), compared, len(wrong), len(plain_wrong)))
     for i, at in wrong:
         log.error("%s left the known continuation at output token %d", outs[i].request_id, at)
     tally, exact = Tally(), batch_invariant()
@@ -131,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        parse_profile(args.profile)
+        parse_profiles(args.profile)
     except ValueError as err:
         raise SystemExit(f"--profile: {err}") from None
     if args.seed < 0:

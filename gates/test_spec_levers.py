@@ -7,7 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from gates.cases import CAPTURE_CASES, CASES, COMBO_CASES, HEDGE_CASES, KNOWN_CASES, PENALTY_CASES, LeverCase
+from gates.cases import (
+    CAPTURE_CASES,
+    CASES,
+    COMBO_CASES,
+    HEDGE_CASES,
+    KNOWN_CASES,
+    PENALTY_CASES,
+    RAGGED_CASES,
+    LeverCase,
+)
 from gates.child import failure_message
 from gates.gate_case import excuse_rows, prepare, run_case
 from gates.run_record import row_property
@@ -21,7 +30,7 @@ def test_spec_levers_keep_losslessness(case: LeverCase, gate_weights, request, t
     _gate(case, gate_weights, request, tmp_path)
 
 
-@pytest.mark.parametrize("case", KNOWN_CASES, ids=[c.id for c in KNOWN_CASES])
+@pytest.mark.parametrize("case", KNOWN_CASES + RAGGED_CASES, ids=[c.id for c in KNOWN_CASES + RAGGED_CASES])
 def test_known_pair_keeps_losslessness(case: LeverCase, request, tmp_path):
     """The real Qwen3-4B geometry on a CUDA device (the tiny shapes on CPU), modelled acceptance."""
     _gate(case, None, request, tmp_path)

@@ -222,3 +222,27 @@ def test_capped_needs_every_k_within_the_cap_and_some_round_at_it():
     assert never == ["no round verified exactly 4 drafts: the cap never bound the policy"]
     ungated = check_case(CAPPED, levers_trace_rows([_capped(4, 4)]))
     assert ungated == ["0 gated and 1 speculating rounds: the policy never moved K"]
+
+
+# ---- spans per request (policy=budget) ----
+
+RAGGED = next(c for c in ALL_CASES if c.expect is Expect.RAGGED)
+
+
+def _ragged(req: int, verified: int, accepted: int, span_limit: int) -> str:
+    return rnd(req, 0, verified, accepted) + f" span_limit={span_limit}"
+
+
+def test_ragged_needs_a_mixed_round_every_k_within_the_cap_and_a_resume():
+    gated = [rnd(0, 1, 0, 0), rnd(1, 1, 0, 0)]
+    mixed = [_ragged(0, 4, 3, 4), _ragged(1, 1, 1, 1)]
+    assert check_case(RAGGED, levers_trace_rows(gated + mixed)) == []
+    uniform = check_case(RAGGED, levers_trace_rows([*gated, _ragged(0, 4, 3, 4), _ragged(1, 4, 1, 4)]))
+    assert uniform == ["no round verified different K for its requests: the per-request spans never mixed"]
+    # the same K values in consecutive rounds of one request are not a mixed round
+    apart = check_case(RAGGED, levers_trace_rows([*gated, _ragged(0, 4, 3, 4), _ragged(0, 1, 1, 1)]))
+    assert any("never mixed" in p for p in apart)
+    over = check_case(RAGGED, levers_trace_rows([*gated, _ragged(0, 4, 3, 4), _ragged(1, 5, 1, 6)]))
+    assert over == ["1 rounds chose K above MAX_DRAFTS=4 (up to 6): the cap does not bound K"]
+    stalled = check_case(RAGGED, levers_trace_rows([*gated, _ragged(0, 4, 3, 4), _ragged(1, 1, 0, 1)]))
+    assert stalled == ["req-1 verified drafts again after being gated but never accepted one"]

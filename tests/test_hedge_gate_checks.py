@@ -17,6 +17,7 @@ from gates.cases import (
     HEDGE_DRAFTER_ENV,
     KNOWN_CASES,
     PENALTY_CASES,
+    RAGGED_CASES,
     Expect,
 )
 from gates.checks import check_case
@@ -57,7 +58,7 @@ def test_the_hedge_case():
     assert HEDGE.env_label == "HEDGE=8 HEDGE_POSITIONS=0,1,2"
     assert HEDGE.env == {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2"}
     assert HEDGE.expect is Expect.HEDGE and HEDGE.child == "test_greedy_matches_plain_greedy"
-    assert ALL_CASES == CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES
+    assert ALL_CASES == CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES + RAGGED_CASES
     assert len(CASES) == 8 and len(HEDGE_CASES) == 3
 
 

@@ -188,6 +188,16 @@ def test_gpu_tuned_table():
 # --- the kernel bench's sweep -> tuned table path (CPU dry run) ---------------------------------
 
 
+def dry_run_device(monkeypatch, cases, bench) -> None:
+    """The kernel bench on the CPU as if on a GPU: fp32 cases, one weight copy, a fixed copy bandwidth."""
+    monkeypatch.setattr(cases, "DEVICE", DEV)
+    monkeypatch.setattr(cases, "DTYPE", torch.float32)
+    monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes: 4.2e12)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")
+
+
 @pytest.mark.skipif(CUDA, reason="a CPU dry run of the bench plumbing; on a GPU run the bench itself")
 def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     """engine.bench.kernels end to end on tiny shapes under the interpreter with a fake timer: the
@@ -201,12 +211,7 @@ def test_bench_write_tuned_dry_run(monkeypatch, tmp_path):
     monkeypatch.setattr(cases, "EXTENDED_SHAPES", {down})
     monkeypatch.setattr(cases, "DOWN_SHAPE", down)
     monkeypatch.setattr(cases, "NORM_SHAPES", [qkv])
-    monkeypatch.setattr(cases, "DEVICE", DEV)
-    monkeypatch.setattr(cases, "DTYPE", torch.float32)
-    monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes: 4.2e12)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")
+    dry_run_device(monkeypatch, cases, bench)
     monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path / "pkg")
     monkeypatch.setattr(tuning, "_by_device", {})
 
@@ -269,12 +274,7 @@ def test_bench_attention_cases_dry_run(monkeypatch, tmp_path):
     from engine.bench import kernels as bench
 
     monkeypatch.setattr(cases, "ATTN_GEOMETRY", dict(hq=4, hkv=2, d=16, page=4))
-    monkeypatch.setattr(cases, "DEVICE", DEV)
-    monkeypatch.setattr(cases, "DTYPE", torch.float32)
-    monkeypatch.setattr(cases, "ROTATE_BYTES", 1)
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, nbytes: 4.2e12)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Dry Run GPU")
+    dry_run_device(monkeypatch, cases, bench)
     monkeypatch.setattr(bench, "Timer", lambda kind: lambda fn, variants, est_us: (fn(0), 10.0)[1])
     out = tmp_path / "out"
     rc = bench.main(["--out", str(out), "--skip", "linear,fused,norm,invariant", "--attn-cases", "2:40:1,1:24:3"])

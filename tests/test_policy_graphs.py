@@ -18,7 +18,7 @@ from engine.policy.warmup import CalibrationPlan
 class Runner:
     def __init__(self, enabled: bool):
         self.graphs = SimpleNamespace(
-            enabled=enabled, buckets=[1, 2, 4, 8, 16, 24, 32], captures=0, policy_captured=False
+            enabled=enabled, buckets=[1, 2, 4, 8, 16, 24, 32], captures=0, policy_captured=False, frozen=False
         )
         self.calls: list[tuple] = []
         self.staged = None
@@ -66,6 +66,14 @@ def test_every_bucket_gets_the_decode_the_drafter_and_each_span_but_one(engine):
     per_bucket = [("decode", 64), ("decode", 2560), *(key for pair in per_k for key in pair)]
     assert engine.runner.calls == [(*key, b) for b in (1, 2, 4, 8, 16) for key in per_bucket]
     assert policy_graphs.capture_policy_graphs(engine, "greedy") == 0 and len(engine.runner.calls) == 60  # once
+
+
+def test_a_serving_engine_still_captures_the_policy_graphs_and_stays_frozen(engine):
+    engine.runner.graphs.frozen = True  # capture_serving_graphs ran: serving steps capture nothing
+    seen = []
+    engine.runner._ran = lambda key, ran=engine.runner._ran: (seen.append(engine.runner.graphs.frozen), ran(key))
+    assert policy_graphs.capture_policy_graphs(engine, "greedy") == 60
+    assert not any(seen) and engine.runner.graphs.frozen  # unfrozen while warming, frozen after
 
 
 def test_a_busy_engine_captures_nothing_until_it_is_idle(engine):

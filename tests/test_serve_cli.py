@@ -110,7 +110,7 @@ def test_completion_fields_map_to_sampling_params():
     assert chat.params.logprobs == 3
 
 
-def test_serve_freezes_the_start_up_heap_before_it_serves(monkeypatch, tmp_path):
+def test_serve_captures_its_graphs_and_freezes_the_start_up_heap_before_it_serves(monkeypatch, tmp_path):
     uvicorn = pytest.importorskip("uvicorn", reason="uvicorn is not installed (pip install -e '.[serve]')")
     pytest.importorskip("starlette", reason="starlette is not installed (pip install -e '.[serve]')")
     from engine.serve import cli
@@ -121,11 +121,21 @@ def test_serve_freezes_the_start_up_heap_before_it_serves(monkeypatch, tmp_path)
 
         start = stop = lambda self: None  # noqa: E731
 
-    frozen = []
-    monkeypatch.setattr("engine.engine.Engine", lambda config: object())
+    frozen, events = [], []
+
+    class Engine:
+        def __init__(self, config):
+            pass
+
+        def capture_graphs(self):
+            events.append("captured")
+
+    monkeypatch.setattr("engine.engine.Engine", Engine)
     monkeypatch.setattr("engine.serve.worker.EngineWorker", Worker)
     monkeypatch.setattr("engine.serve.app.build_app", lambda worker, name: None)
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: frozen.append(gc.get_freeze_count()))
+    monkeypatch.setattr(
+        uvicorn, "run", lambda app, **kw: (frozen.append(gc.get_freeze_count()), events.append("served"))
+    )
     was = gc.get_freeze_count()
     gc.unfreeze()
     try:
@@ -134,4 +144,4 @@ def test_serve_freezes_the_start_up_heap_before_it_serves(monkeypatch, tmp_path)
         gc.unfreeze()
         if was:
             gc.freeze()
-    assert frozen and frozen[0] > 0
+    assert frozen and frozen[0] > 0 and events == ["captured", "served"]

@@ -31,6 +31,7 @@ class EagerGraphs(StepGraphs):
 
     def __init__(self, buckets: list[int]):
         self.enabled, self.buckets, self.captured, self.captures, self._pool = True, buckets, {}, 0, None
+        self.frozen = False
 
     def run(self, key, fn, n, values, pads, shared=frozenset()):
         bucket = self.bucket(n)

@@ -11,7 +11,7 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.known.geometry import random_prompts
-from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile, parse_profiles
 from engine.fixture.known.target import echo_failures, known_pair
 from engine.policy.costs import expected_committed
 
@@ -139,3 +139,13 @@ def test_the_shared_draws_follow_the_profile_position_by_position(engine):
         tried = (n >= i).sum().item()
         assert (n > i).sum().item() / tried == pytest.approx(c, abs=4 * (c * (1 - c) / tried) ** 0.5 + 1e-9)
     assert n.max().item() <= 3
+
+
+def test_several_profiles_draw_by_the_current_token(engine):
+    d = engine.drafts_per_round
+    profiles = [AcceptanceProfile("all", (1.0,) * d), AcceptanceProfile("none", (0.0,) * d)]
+    modelled = ModelledDrafter(engine, profiles, seed=0)
+    token = torch.arange(40)
+    n = modelled.accepted(token, torch.full((40,), 9))
+    assert n[::2].tolist() == [d] * 20 and n[1::2].tolist() == [0] * 20  # class = token % 2
+    assert modelled.profile.name == "all" and [p.name for p in parse_profiles("code+weak")] == ["code", "weak"]

@@ -34,6 +34,20 @@ def rows_after_first_gate(rows: Sequence[RoundRow]) -> dict[int, list[RoundRow]]
     return after
 
 
+def rounds_of(rows: Sequence[RoundRow]) -> list[list[RoundRow]]:
+    """The rows grouped by round: a round writes one line per request, consecutively, so a request
+    seen again starts the next round."""
+    rounds: list[list[RoundRow]] = []
+    seen: set[int] = set()
+    for row in rows:
+        if row.request in seen or not rounds:
+            rounds.append([])
+            seen = set()
+        rounds[-1].append(row)
+        seen.add(row.request)
+    return rounds
+
+
 def resumed_and_accepted(later: Sequence[RoundRow]) -> bool:
     """A speculating round that verified and accepted at least one draft."""
     return any(not r.gated and r.verified_draft > 0 and r.accepted_draft > 0 for r in later)

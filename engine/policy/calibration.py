@@ -45,26 +45,30 @@ def time_forwards(
     iters: int,
     time_budget_s: float | None = None,
     warmup: int = 2,
+    required: Sequence[int] = (1,),
 ) -> list[dict]:
     """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the first
     `batch` of `reqs` (prefilled, draft-ready); verify at every span, the drafter at each batch (span:
-    the positions its LM head ran over). A time budget cuts only the points past span 1 and the full
-    drafter."""
+    the positions its LM head ran over). Whatever the time budget, the `required` spans' verify and
+    drafter rows (the full drafter, each required K's head) are measured at every batch; the budget cuts
+    only whole (kind, span) groups after them."""
     device, vocab = runner.device, runner.target.g.vocab_size
     gen = torch.Generator().manual_seed(1)
-    # Span 1 and the full drafter first, whatever the time budget: the least table the policy takes.
-    points = [("verify", b, 1) for b in batches if 1 in spans]
+    must = [s for s in spans if s in required]  # span 1 and the full drafter: the least table the policy takes
+    points = [("verify", b, s) for s in must for b in batches]
     heads: list[int] = []
-    if runner.drafter is not None:  # then the head over each verified K (else costed as the full head)
+    if runner.drafter is not None:  # the head over each verified K (else costed as the full head)
         per_round = runner.drafter.cfg.drafts_per_round
-        points += [("draft", b, per_round) for b in batches]
         heads = [s - 1 for s in spans if 1 < s < 1 + per_round]
-    required = len(points)
-    points += [("verify", b, s) for s in spans if s != 1 for b in batches]
-    points += [("draft", b, k) for k in heads for b in batches]
+        points += [("draft", b, k) for k in [per_round, *(k for k in heads if k + 1 in must)] for b in batches]
+    first_optional = len(points)
+    points += [("verify", b, s) for s in spans if s not in must for b in batches]
+    points += [("draft", b, k) for k in heads if k + 1 not in must for b in batches]
     rows, start = [], time.perf_counter()
     for i, (kind, b, span) in enumerate(points):
-        if i >= required and time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+        new_group = i == 0 or points[i - 1][::2] != (kind, span)
+        over = time_budget_s is not None and time.perf_counter() - start > time_budget_s
+        if i >= first_optional and new_group and over:
             log.warning("time budget: stopped after %d of %d points", len(rows), len(points))
             break
         sub = list(reqs[:b])

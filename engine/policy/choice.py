@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.levers import Levers
+from engine.policy.budget import RequestAcceptance, budget_spans, request_caps, span_costs
 from engine.policy.costs import CostTable
-from engine.policy.span import Decision, SpanPolicy
+from engine.policy.span import Decision, SpanPolicy, context_bucket
 from engine.request import Request
 
 
@@ -79,10 +80,16 @@ class AdaptiveSpans:
     host work off the round's critical path: once a round is launched, the policy is fed the round
     before's outcome and plans the next round's K (on an estimate one round late). A gated round's
     plan holds for exactly its requests (each commits one token), a speculative round's for any batch
-    of the same power-of-two bucket (the host term's); both only under the same levers."""
+    of the same power-of-two bucket (the host term's); both only under the same levers. per_request
+    (policy=budget): K_i per request under one verify budget (engine/policy/budget.py), decided in turn."""
 
     def __init__(self, policy: SpanPolicy):
         self.policy = policy
+        self.per_request = False
+        self.requests = RequestAcceptance(policy.per_round)
+        self._costs: dict[tuple, tuple] = {}  # (batch, context bucket) -> span_costs
+        self._device = 0.0  # per request: the device ms the table gives the last round chosen
+        self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
         self.ahead: Ahead | None = None
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
         self._k: int | None = None  # the K of the last round, until its wall arrives
@@ -95,9 +102,13 @@ class AdaptiveSpans:
         conditional = self.policy.conditional
         self.policy = SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
+        self._costs = {}
 
-    def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int:
-        """The plan made for this round where it holds, else a decision in turn (every outcome observed)."""
+    def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int | list[int]:
+        """The plan made for this round where it holds, else a decision in turn (every outcome observed);
+        per request: K_i each (an int where all are equal)."""
+        if self.per_request:
+            return self._per_request(reqs, levers)
         ahead, self.ahead = self.ahead, None
         if ahead is not None and ahead.holds_for(reqs, ahead_key(levers, draining)):
             self._context = ahead.context
@@ -109,11 +120,29 @@ class AdaptiveSpans:
             len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1, self._context
         )
 
+    def _per_request(self, reqs: list[Request], levers: Levers) -> int | list[int]:
+        self.flush()
+        p, n = self.policy, len(reqs)
+        self._context = mean_context(reqs)
+        key = (n, context_bucket(self._context))
+        costs = self._costs.get(key)
+        if costs is None:
+            costs = self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
+        caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
+        self._slots = (reqs, self.requests.slots(reqs, p.conditional))
+        host = (p.host.predict(n, False), p.host.predict(n, True))
+        survival = self.requests.survival(self._slots[1])
+        ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, costs)
+        p.chosen[max(ks)] += 1
+        return ks[0] if min(ks) == max(ks) else ks
+
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose. A gated round's
         next batch is this one less those it finishes; after a verify (1 to 1 + limit tokens each) the
         next round is planned only where no request's budget can cap its K."""
         self.flush()
+        if self.per_request:
+            return
         if limits is None:
             nxt = [r for r in reqs if r.remaining > 1]
             if nxt:
@@ -136,6 +165,12 @@ class AdaptiveSpans:
         """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; the
         scheduler's gate decides none, so its context is read here); else per request its draft limit
         and accepted drafts, fed to the policy at the next launch or decision."""
+        if self.per_request and k:
+            self._observe(reqs, limits, accepted)
+            self._k = k
+            return
+        if self.per_request and k == 0:  # nothing tried: each request's estimate relaxes toward the pool
+            self._observe(reqs, [0] * len(reqs), [0] * len(reqs))
         if k:
             self._unobserved = (limits, accepted)
         elif k == 0:
@@ -143,6 +178,13 @@ class AdaptiveSpans:
             self.policy.gated()
             self._context = mean_context(reqs)
         self._k = k
+
+    def _observe(self, reqs: Sequence[Request], limits: Sequence[int], accepted: Sequence[int]) -> None:
+        """Per request: its own estimate, and the pooled one from the same counts."""
+        chosen, slots = self._slots
+        if chosen is not reqs:
+            slots = self.requests.slots(reqs, self.policy.conditional)
+        self.policy.observe_counts(*self.requests.observe(slots, limits, accepted, self.policy.conditional))
 
     def flush(self) -> None:
         """The last speculative round's outcome, now."""
@@ -154,7 +196,10 @@ class AdaptiveSpans:
         """The engine's wall of the step that ran the last round (None: it captured a graph, or it
         was no round of this policy's)."""
         k, self._k = self._k, None
-        if k is not None and ms is not None:
+        if k and ms is not None and self.per_request:  # its K_i: no uniform span of the table
+            if self.policy.learn_host:
+                self.policy.host.add(batch, k, ms, self._device)
+        elif k is not None and ms is not None:
             self.policy.observe_wall(batch, k, ms, self._context)
 
     def gates_next(self, reqs: list[Request]) -> bool:

@@ -248,12 +248,16 @@ class SpanPolicy:
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
         """One speculative round's outcome: per request its draft limit and accepted drafts. Position i
         was tried when i < limit and drafts 1..i were accepted."""
-        self.waves.forget()
         tried, hits = [0] * self.per_round, [0] * self.per_round
         for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
             for i in range(min(n + 1, limit)):
                 tried[i] += count
                 hits[i] += count * (i < n)
+        self.observe_counts(tried, hits)
+
+    def observe_counts(self, tried: Sequence[int], hits: Sequence[int]) -> None:
+        """A round's request-rounds that tried and accepted each position."""
+        self.waves.forget()
         for i, t in enumerate(tried):
             if t:  # t samples weigh as t one-sample updates: a lone request's round moves it little
                 step = 1.0 - (1.0 - self.ema) ** t

@@ -135,21 +135,46 @@ def warm_graphs(
     """At each batch (the first `batch` of `reqs`): the one-token step, then per K the drafter with its
     head over K positions and the verify of K drafts on its buffer, as rounds run them; stop(batch): end
     before it. Returns the graphs captured."""
-    before = runner.graphs.captures
-    for b in sorted(batches):
-        if stop is not None and stop(b):
-            break
-        sub = list(reqs[:b])
-        if one_token:  # at each table width: long contexts replay the full one
-            runner.stage(sub)
-            for width in runner.decode_widths:
-                runner.decode(sub, width)
-        for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
-            runner.stage(sub)
-            drafts = runner.draft(sub, k)
-            runner.stage(sub, [k] * b)
-            runner.verify(sub, drafts, k, accept)
+    before, frozen = runner.graphs.captures, runner.graphs.frozen
+    runner.graphs.frozen = False  # a warm-up captures even on a serving engine
+    try:
+        for b in sorted(batches):
+            if stop is not None and stop(b):
+                break
+            sub = list(reqs[:b])
+            if one_token:  # at each table width: long contexts replay the full one
+                runner.stage(sub)
+                for width in runner.decode_widths:
+                    runner.decode(sub, width)
+            for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
+                runner.stage(sub)
+                drafts = runner.draft(sub, k)
+                runner.stage(sub, [k] * b)
+                runner.verify(sub, drafts, k, accept)
+    finally:
+        runner.graphs.frozen = frozen
     return runner.graphs.captures - before
+
+
+def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[int]) -> dict:
+    """Before serving, on an idle engine with graphs: the one-token step at every table width and, per K
+    in `ks`, the drafter and the verify, at every bucket the KV pool admits (the adaptive policy captures
+    its variants itself); then the graphs freeze: a step without one runs eagerly, never captured.
+    Returns {"graphs": captured, "seconds": wall, "bytes": the graph pool's growth (CUDA; else 0)}."""
+    runner = engine.runner
+    if not runner.graphs.enabled:
+        return {"graphs": 0, "seconds": 0.0, "bytes": 0}
+    how = plan_calibration(engine)
+    buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
+    cuda, start = engine.device.type == "cuda", time.perf_counter()
+    reserved = torch.cuda.memory_reserved(engine.device) if cuda else 0
+    with dummy_requests(engine, max(buckets), how.context, max([1, *ks]) + 1) as reqs:
+        captured = warm_graphs(runner, accept, reqs, buckets, [k for k in ks if k > 0])
+    runner.graphs.frozen = True
+    grown = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
+    report = {"graphs": captured, "seconds": time.perf_counter() - start, "bytes": grown}
+    log.info("serving graphs: %(graphs)d captured in %(seconds).2f s, %(bytes)d bytes of graph pool", report)
+    return report
 
 
 def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.serve.worker import EngineWorker
 
     engine = Engine(engine_config(args, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len))
+    engine.capture_graphs()  # before serving: no graph captured mid-request
     freeze_start_up_heap()
     worker = EngineWorker(engine)
     name = args.served_model_name or Path(args.model).name

@@ -96,12 +96,12 @@ def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
     return [a for a in arms if not a.gate or a.gate <= c]
 
 
-def measure_costs(engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float) -> list[dict]:
-    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle."""
+def measure_costs(engine: Engine, batches, spans, context: int, budget_s: float, required=(1,)) -> list[dict]:
+    """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle; the
+    `required` spans at every batch whatever the budget."""
     with dummy_requests(engine, max(batches), context, max(spans) + 1) as reqs:
-        return profile_costs(
-            engine.runner, engine.rounds.accept, reqs, batches, spans, repeats=3, iters=3, time_budget_s=budget_s
-        )
+        args = (engine.runner, engine.rounds.accept, reqs, batches, spans, 3, 3, budget_s)
+        return profile_costs(*args, required=required)
 
 
 def _profile_csv(spec: list[dict], plain: list[dict], random: list[dict], prefill: list[dict]) -> list[dict]:
@@ -256,7 +256,8 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     meta = run_meta("study", engines["spec"].device, run.argv)
     context, batches = table_context(args), run.batches
     plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
-    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s)
+    needed = sorted({1} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})  # whatever the budget
+    profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s, needed)
     prefill_rows = time_prefills(engines["spec"], args.calib_batches, args.prompt_len)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured

@@ -1,0 +1,121 @@
+"""Per-request spans under one verify budget (SPEC 10; `policy=budget`).
+
+Request i keeps a_i[j], P(draft j+1 accepted | drafts 1..j accepted) (`RequestAcceptance`: an EMA of its
+own rounds, weight REQUEST_EMA, seeded from the pooled estimate and relaxed toward it, REQUEST_RELAX a
+round, at the positions a round did not try). Survival s_ij = prod_{l<=j} a_i[l]. A budget of B draft
+slots takes the B largest s_ij (stably, so a request's slots in position order: s_ij falls with j);
+K_i = request i's slots taken. The round's B is the argmax over 0..sum(cap_i) (ties: the smaller B) of
+
+    value(B) = (N + sum of the top-B s) / (draft_ms(N, max K_i) + verify_ms(N + B rows) + host)
+
+verify_ms(N + B rows) = the table's verify at batch N and span 1 + B / N, linear between its measured
+spans; a speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
+round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1);
+MAX_BATCH reached: every K_i = 0. Equal estimates give a uniform K (the value is linear-fractional
+between multiples of N).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from engine.levers import gated
+from engine.policy.costs import CostTable
+from engine.policy.span import SPEC_DISCOUNT
+
+REQUEST_EMA = 0.25  # a request-round's weight in its own estimate, per position tried
+REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled estimate (slow: a re-probe)
+
+
+def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> np.ndarray:
+    """[N] the most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens
+    left minus the bonus."""
+    return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, min(max_drafts or per_round, per_round))
+
+
+def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
+    """(measured spans, their verify ms, drafter ms per head count 0..heads) at `batch` (clamped into the
+    table's range) and mean `context`: what `budget_spans` reads."""
+    spans = table.spans()
+    lo, hi = table.batch_range(spans)
+    at = min(max(batch, lo), hi)
+    verify = np.array([table.verify_ms(at, s, context) for s in spans])
+    draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
+    return np.array(spans, dtype=np.float64), verify, draft
+
+
+def budget_spans(
+    table: CostTable,
+    survival: np.ndarray,
+    caps: Sequence[int],
+    context: float | None = None,
+    host: tuple[float, float] = (0.0, 0.0),
+    max_batch: int = 0,
+    costs: tuple | None = None,
+) -> tuple[list[int], float]:
+    """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
+    in j), caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of
+    this batch, if cached."""
+    n, p = survival.shape
+    spans, verify, draft = costs or span_costs(table, n, p, context)
+    if gated(n, max_batch) or n == 0:
+        return [0] * n, float(verify[0])
+    widest = int(spans[-1]) - 1
+    cap = np.minimum(np.asarray(caps, dtype=np.int64), widest)
+    masked = np.where(np.arange(p)[None, :] < cap[:, None], survival, -1.0)
+    order = np.argsort(-masked.T.reshape(-1), kind="stable")[: int(cap.sum())]  # position-major
+    if order.size == 0:
+        return [0] * n, float(verify[0])
+    b = np.arange(order.size + 1)
+    committed = n + np.concatenate(([0.0], np.cumsum(masked.T.reshape(-1)[order])))
+    heads = np.concatenate(([0], np.maximum.accumulate(order // n + 1)))
+    device = draft[heads] + np.interp(1.0 + b / n, spans, verify)
+    device[0] = verify[0]
+    value = committed / (device + np.where(b > 0, host[1], host[0])) / np.where(b > 0, 1.0 + SPEC_DISCOUNT, 1.0)
+    best = int(np.argmax(value))
+    return np.bincount(order[:best] % n, minlength=n).tolist(), float(device[best])
+
+
+class RequestAcceptance:
+    """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
+    last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate)."""
+
+    def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
+        self.per_round, self.ema, self.relax = per_round, ema, relax
+        self.rows = np.ones((0, per_round))
+        self.owner = np.zeros(0, dtype=np.int64)
+
+    def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
+        """[N] the requests' rows; a request new to its row is seeded from `pooled`."""
+        slots = np.array([r.slot for r in reqs], dtype=np.int64)
+        index = np.array([r.index for r in reqs], dtype=np.int64)
+        if slots.size and slots.max() >= len(self.owner):
+            grow = int(slots.max()) + 1 - len(self.owner)
+            self.rows = np.vstack([self.rows, np.ones((grow, self.per_round))])
+            self.owner = np.concatenate([self.owner, np.full(grow, -1)])
+        fresh = self.owner[slots] != index
+        if fresh.any():
+            self.rows[slots[fresh]] = np.asarray(pooled, dtype=np.float64)
+            self.owner[slots] = index
+        return slots
+
+    def survival(self, slots: np.ndarray) -> np.ndarray:
+        """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots`."""
+        return np.cumprod(self.rows[slots], axis=1)
+
+    def observe(
+        self, slots: np.ndarray, limits: Sequence[int], accepted: Sequence[int], pooled: Sequence[float]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A round's outcome per request (its draft limit, its accepted drafts; all 0 in a gated round).
+        Position j was tried when j < limit and drafts 1..j were accepted. Returns the request-rounds
+        that tried and accepted each position (the pooled estimate's update)."""
+        j = np.arange(self.per_round)[None, :]
+        n = np.asarray(accepted, dtype=np.int64)[:, None]
+        tried = j < np.minimum(n + 1, np.asarray(limits, dtype=np.int64)[:, None])
+        hit = j < n
+        rows = self.rows[slots]
+        step = np.where(tried, self.ema * (hit - rows), self.relax * (np.asarray(pooled)[None, :] - rows))
+        self.rows[slots] = rows + step
+        return tried.sum(0), (tried & hit).sum(0)

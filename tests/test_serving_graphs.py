@@ -1,0 +1,70 @@
+"""Graphs captured before serving (engine/policy/warmup.py `capture_serving_graphs`, `Engine.capture_graphs`):
+the one-token step at every table width and the drafter and verify of the round's K at every bucket the
+pool admits, then frozen graphs: a step whose graph is missing runs eagerly and nothing is captured while
+serving, with outputs unchanged. On the CPU a stand-in capture replays its static inputs eagerly."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import Engine, EngineConfig, SamplingParams
+from engine.graphs import StepGraphs
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+class StaticStep:
+    """A capture's stand-in: the step's static inputs, refilled and run eagerly at each replay."""
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs = fn, inputs
+
+    def replay(self, **values):
+        for name, value in values.items():
+            if value.data_ptr() != self.inputs[name].data_ptr():
+                self.inputs[name].copy_(value)
+        return self.fn(**self.inputs)
+
+
+class CPUGraphs(StepGraphs):
+    def __init__(self, buckets: list[int]):
+        super().__init__(False, buckets)
+        self.enabled = True
+
+    def capture(self, fn, inputs):
+        return StaticStep(fn, inputs)
+
+
+def engine(target, drafter, **levers) -> Engine:
+    cfg = EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", max_num_seqs=4, levers=levers)
+    e = Engine(cfg)
+    e.runner.graphs = CPUGraphs(e.runner.graphs.buckets)
+    return e
+
+
+@pytest.mark.parametrize("levers", [{}, {"max_drafts": 2}])
+def test_capture_at_start_then_nothing_captured_while_serving(tiny_target, tiny_drafter, one_thread, levers):
+    e = engine(tiny_target, tiny_drafter, **levers)
+    report = e.capture_graphs()
+    runner, k = e.runner, levers.get("max_drafts", e.drafts_per_round)
+    buckets = runner.graphs.buckets  # 1, 2, 4: the pool holds them all
+    want = {("decode", w, b) for w in runner.decode_widths for b in buckets}
+    want |= {("draft", (), k, b) for b in buckets} | {("verify", k, e.rounds.accept, b) for b in buckets}
+    assert want <= set(runner.graphs.captured) and report["graphs"] == runner.graphs.captures >= len(want)
+    assert report["seconds"] >= 0 and report["bytes"] == 0 and runner.graphs.frozen  # no CUDA pool here
+    assert not e.has_unfinished() and e.blocks.num_free == e.blocks.capacity  # the dummies handed back
+    captured = dict(runner.graphs.captured)
+    outs = e.generate(PROMPTS, GREEDY)
+    assert runner.graphs.captured == captured and runner.graphs.eager_misses == 0  # all of it warmed
+    fresh = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", levers=levers))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in fresh.generate(PROMPTS, GREEDY)]
+    e.set_levers(max_drafts=1)  # a K no graph was captured for: its rounds run eagerly, nothing captured
+    again = e.generate(PROMPTS, GREEDY)
+    assert runner.graphs.captured == captured and runner.graphs.eager_misses > 0
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
+def test_without_graphs_nothing_is_captured_or_frozen(tiny_target, tiny_drafter, one_thread):
+    e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    assert e.capture_graphs() == {"graphs": 0, "seconds": 0.0, "bytes": 0} and not e.runner.graphs.frozen
