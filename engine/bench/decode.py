@@ -181,11 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     peer_conc = (args.peer_concurrency or args.concurrency) if args.peer else []
     P, N = args.prompt_len, args.new_tokens
 
-    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)
-    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
     model = build_hf_model(config, device, dtype, args.std, args.seed)
     ckpt = as_checkpoint(model, config, f"random-{args.geometry}")
     engine = make_engine(ckpt, None, args, device, max_num_seqs=max(args.concurrency), seq_tokens=P + N)
+    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)  # once it fits
+    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
     prompts = random_prompts(max([*args.concurrency, *peer_conc]), P, config["vocab_size"], args.seed)
 
     raw: list[dict] = []
