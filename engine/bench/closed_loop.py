@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from engine.bench.gcstate import GcWatch, settle_heap
 from engine.bench.hw import peak_memory_gib, reset_peak_memory
 from engine.config import SamplingParams
-from engine.engine import SpecStats
+from engine.engine import Engine, SpecStats
 from engine.scheduler import Plan
 from engine.timing import PhaseTimer, StepTiming, sync
 
@@ -34,7 +34,14 @@ class LoadResult:
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def closed_loop(engine, prompts, concurrency, num_requests, max_tokens, first=0) -> LoadResult:
+def closed_loop(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int | Sequence[int],
+    first: int = 0,
+) -> LoadResult:
     """Keep `concurrency` requests in flight until `num_requests` have finished (request i: prompt
     (first + i) % len, max_tokens[i] for a sequence); the wall includes the prefills, from a settled heap;
     `Engine.no_more_requests` is set once the last request is in."""

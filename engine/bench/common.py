@@ -120,7 +120,17 @@ def seq_blocks(seqs: int, max_model_len: int) -> int:
     return seqs * -(-max_model_len // BLOCK)
 
 
-def make_engine(model, draft_model, args, device, *, max_num_seqs: int, seq_tokens: int, headroom: int = 0, **pool):
+def make_engine(
+    model: str | Path | Checkpoint,
+    draft_model: str | Path | Checkpoint | None,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    max_num_seqs: int,
+    seq_tokens: int,
+    headroom: int = 0,
+    **pool,
+) -> Engine:
     """An engine for max_num_seqs sequences of seq_tokens (+ headroom; max_model_len one more), its KV
     pool sized within --gpu-memory-utilization and refused (plan_pool) before it is built where it does
     not fit. pool: blocks (null block excluded), grid (its name), later (other weights' bytes still to
@@ -142,7 +152,16 @@ def make_engine(model, draft_model, args, device, *, max_num_seqs: int, seq_toke
     return Engine(EngineConfig(**cfg, levers=levers, trace=False), kv_from=kv_from)
 
 
-def engine_pair(target, drafter, args, device, *, max_num_seqs: int, seq_tokens: int, **pool) -> dict[str, Engine]:
+def engine_pair(
+    target: str | Path | Checkpoint,
+    drafter: str | Path | Checkpoint | None,
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    max_num_seqs: int,
+    seq_tokens: int,
+    **pool,
+) -> dict[str, Engine]:
     """{"plain"} or {"spec", "plain"}: the speculative engine owns the pool (pool: make_engine's) and the
     plain one runs on its target KV, so both arms fit where one pool does; they run one at a time."""
     size = dict(max_num_seqs=max_num_seqs, seq_tokens=seq_tokens)

@@ -9,7 +9,17 @@ from engine.bench import roofline
 from engine.bench.report import fmt, markdown_table
 
 
-def roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall_s, dtype_bytes=2) -> dict:
+def roofline_columns(
+    config: dict,
+    c: int,
+    prompt_len: int,
+    new_tokens: int,
+    bw: float,
+    rate: float,
+    step_ms: float | None,
+    wall_s: float | None,
+    dtype_bytes: int = 2,
+) -> dict:
     """Bytes per decode step (mean over the run's decode steps) at the measured bandwidth vs the measured
     median step, and the whole-workload floor vs the measured wall time."""
     steps = range(1, max(2, new_tokens))
@@ -27,7 +37,16 @@ def roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall_
     }
 
 
-def summarize(raw, config, concurrency, prompt_len, new_tokens, bw, rate, dtype_bytes=2) -> list[dict]:
+def summarize(
+    raw: Sequence[dict],
+    config: dict,
+    concurrency: Sequence[int],
+    prompt_len: int,
+    new_tokens: int,
+    bw: float,
+    rate: float,
+    dtype_bytes: int = 2,
+) -> list[dict]:
     def med(rows, key):
         vals = [r[key] for r in rows if r.get(key) is not None]
         return statistics.median(vals) if vals else None

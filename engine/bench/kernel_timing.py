@@ -66,7 +66,13 @@ def time_candidate(
         return None
 
 
-def time_paths(timer, paths, ref, copies, est) -> list[Result]:
+def time_paths(
+    timer: Timer,
+    paths: list[tuple[str, SkinnyConfig | None, Callable[[int], torch.Tensor], str]],
+    ref: torch.Tensor,
+    copies: int,
+    est: float,
+) -> list[Result]:
     """(impl, config, us) of every (impl, config, fn, label) path that ran and matched ref, in order."""
     results = []
     for impl, cfg, fn, label in paths:

@@ -8,7 +8,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -89,7 +89,14 @@ def stream_one(url: str, body: dict, record: RequestRecord, timeout_s: float) ->
         conn.close()
 
 
-def run_open_loop(url, model, prompts, offsets, max_tokens, timeout_s=600.0) -> tuple[list[RequestRecord], float]:
+def run_open_loop(
+    url: str,
+    model: str,
+    prompts: Sequence[Sequence[int]],
+    offsets: Sequence[float],
+    max_tokens: int,
+    timeout_s: float = 600.0,
+) -> tuple[list[RequestRecord], float]:
     """Send request i (prompts[i % len]) at offsets[i] after the start, each on its own thread, greedy
     with EOS ignored (fixed output length); returns the records and the wall time to the last finish."""
     records: list[RequestRecord] = []

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from engine.bench.arms import SPEC, SPEC_NOISE_ARM, Arm, parse_arms, round_order
 from engine.bench.closed_loop import (
+    LoadResult,
     acceptance_histogram,
     closed_loop,
     mean_batch,
@@ -57,7 +59,17 @@ def engine_for(arm: Arm, engines: dict[str, Engine]) -> Engine:
 
 
 def round_row(
-    c, round_index, slot, seq, arm, res, chosen=None, host_terms="", probes=None, residuals="", launched_ahead=None
+    c: int,
+    round_index: int,
+    slot: int,
+    seq: int,
+    arm: Arm,
+    res: LoadResult,
+    chosen: Counter | None = None,
+    host_terms: str = "",
+    probes: Counter | None = None,
+    residuals: str = "",
+    launched_ahead: int | None = None,
 ) -> dict:
     """One sweep.csv row (its columns: the benchmarks README, "sweep"); slot: the arm's position in its
     round, seq: the global run order; the adaptive arm's K per round (chosen), host terms, probes and
@@ -82,7 +94,16 @@ def round_row(
 
 
 def run_sweep(
-    engines, arms, prompts, concurrency, rounds, new_tokens, waves=2, time_budget_s=None, progress=True, before_arm=None
+    engines: dict[str, Engine],
+    arms: Sequence[Arm],
+    prompts: Sequence[Sequence[int]],
+    concurrency: Sequence[int],
+    rounds: int,
+    new_tokens: int | Sequence[int],
+    waves: int = 2,
+    time_budget_s: float | None = None,
+    progress: bool = True,
+    before_arm: Callable[[Arm], None] | None = None,
 ) -> tuple[list[dict], dict[int, int]]:
     """Rows (one per measured arm-run) and {c: rounds run} where the budget trimmed rounds: per c a
     warm-up round, then `rounds` rounds, round r from arm r mod n on prompts from r * waves * c, on a

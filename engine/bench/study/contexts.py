@@ -15,7 +15,9 @@ from engine.bench.meta import meta_lines
 from engine.bench.report import markdown_table, pct, write_csv
 
 
-def fit_grid(concurrency, seqs: dict[int, int], headroom: int, per_block: int, budget, later: int) -> int:
+def fit_grid(
+    concurrency: Sequence[int], seqs: dict[int, int], headroom: int, per_block: int, budget: tuple[int, str], later: int
+) -> int:
     """KV blocks (null block excluded) of the grid's largest (prompt length, c) cell (seqs: tokens a
     request reaches per prompt length), refused (plan_pool) before anything is built where it does not fit."""
     cs = sorted(set(concurrency))

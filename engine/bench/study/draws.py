@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench.arms import arm_drafts, parse_arm, parse_arms
+from engine.bench.arms import Arm, arm_drafts, parse_arm, parse_arms
 from engine.bench.common import make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.study.sim import Accepted, simulate_closed_loop
 from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
@@ -86,7 +86,14 @@ def sweep_prompts(concurrency: Sequence[int], rounds: int, waves_for, total: int
     return min(total, max((rounds + 1) * waves_for(c) * c for c in concurrency))
 
 
-def read_draws(drafter, prompts, profiles, arms, new_tokens, count) -> StudyDraws:
+def read_draws(
+    drafter: ModelledDrafter,
+    prompts: Sequence[Sequence[int]],
+    profiles: Sequence[AcceptanceProfile],
+    arms: Sequence[Arm],
+    new_tokens: int,
+    count: int,
+) -> StudyDraws:
     """The drafter's draws for the first `count` prompts at every KV length a request reaches, per
     profile and per replica an arm draws from (its own method, on its device); its profile and
     replica are put back to the first profile's and 0."""

@@ -9,13 +9,13 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, arm_drafts, parse_arm
+from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
 from engine.bench.meta import meta_lines
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
-from engine.bench.study.draws import replay_check
+from engine.bench.study.draws import StudyDraws, replay_check
 from engine.bench.study.fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.study.model import StepCosts, committed_pmf, truncated_tau
 from engine.bench.study.sim import simulate_closed_loop
@@ -51,7 +51,18 @@ weights' (table below), so the costs are the geometry's.
 """
 
 
-def predict(costs, c, arm, profile, args, waves, buckets, seeds=PREDICT_SEEDS, draws=None, rounds=()) -> float | None:
+def predict(
+    costs: StepCosts,
+    c: int,
+    arm: Arm,
+    profile: AcceptanceProfile,
+    args,
+    waves: int,
+    buckets: Sequence[int],
+    seeds: int = PREDICT_SEEDS,
+    draws: StudyDraws | None = None,
+    rounds: Sequence[int] = (),
+) -> float | None:
     """The cost model's tok/s for one arm-run of the sweep: the median over `seeds` replays, or with
     the study's draws over replays of the measured `rounds` on them; None where the table or the
     calibration lacks a point (the benchmarks README, "study")."""
@@ -100,7 +111,16 @@ def tau_model(profile: AcceptanceProfile, drafts: int, new_tokens: int, rounds: 
     return truncated_tau(profile.conditional, drafts, new_tokens - 1), math.sqrt(var / max(rounds, 1))
 
 
-def annotate(summary, profile, costs, args, waves_for, buckets, draws=None, rounds=None) -> None:
+def annotate(
+    summary: list[dict],
+    profile: AcceptanceProfile,
+    costs,
+    args,
+    waves_for,
+    buckets,
+    draws: StudyDraws | None = None,
+    rounds: dict[tuple[int, str], list[int]] | None = None,
+) -> None:
     """Add predicted tok/s (and its ratio to the measured), τ modelled vs observed; rounds: the measured
     rounds per (c, arm)."""
     plain_pred: dict[int, float] = {}

@@ -96,7 +96,9 @@ def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
     return [a for a in arms if not a.gate or a.gate <= c]
 
 
-def measure_costs(engine: Engine, batches, spans, context: int, budget_s: float, required=(1,)) -> list[dict]:
+def measure_costs(
+    engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float, required=(1,)
+) -> list[dict]:
     """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle; the
     `required` spans at every batch whatever the budget."""
     with dummy_requests(engine, max(batches), context, max(spans) + 1) as reqs:

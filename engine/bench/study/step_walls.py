@@ -87,7 +87,17 @@ def _walk(outputs) -> int:
     return sum(len(o.new_token_ids) for o in outputs)
 
 
-def calibrate(engines, table, prompts, batches, spec_drafts, repeats=2, steps=16, warmup=2, context=None) -> list[dict]:
+def calibrate(
+    engines: dict[str, Engine],
+    table: CostTable,
+    prompts: Sequence[Sequence[int]],
+    batches: Sequence[int],
+    spec_drafts: Sequence[int],
+    repeats: int = 2,
+    steps: int = 16,
+    warmup: int = 2,
+    context: int | None = None,
+) -> list[dict]:
     """Calibration rows (model.py) of the plain decode, the gated round and a round of each of
     spec_drafts at each batch: `repeats` prefills (after an untimed one) and the mean host ms of
     `steps` steps, one-token steps centred on `context` (None: right after `warmup` steps)."""
@@ -154,7 +164,15 @@ def calib_batches(args: argparse.Namespace) -> list[int]:
     return batches
 
 
-def calibration_stage(engines, table, prompts, args, arms, per_round, prefill_rows=()) -> StepCosts:
+def calibration_stage(
+    engines: dict[str, Engine],
+    table: CostTable,
+    prompts,
+    args: argparse.Namespace,
+    arms,
+    per_round: int,
+    prefill_rows: Sequence[dict] = (),
+) -> StepCosts:
     """The calibration on the sweep's engines and prompts, at every K an arm verifies, written to
     calibration.csv; the device table and the timed prefills (profile.time_prefills) alone if it fails."""
     spec_drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
