@@ -37,7 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, kv_from: Engine | None = None):
+        """kv_from: an engine whose target KV pool this one uses instead of its own (benches: a plain and a
+        speculative engine on one pool); the two must never hold requests at once."""
         # Knobs first: a malformed variable refuses to start before any weight is read.
         knobs = read_knobs()
         self.levers = knobs.levers.replace(config.levers)
@@ -57,7 +59,12 @@ class Engine:
         self.max_model_len = max_model_len(config, models)
 
         use_graphs = config.cuda_graphs and self.device.type == "cuda" and backend == "triton"
-        self.runner, self.blocks, scratch = build_runner(config, models, self.levers, self.max_model_len, use_graphs)
+        self._pool = kv_from._pool if kv_from else []  # the engines on one KV pool: one holds requests at a time
+        self._pool.append(self)
+        shared = kv_from.runner.kv if kv_from else None
+        self.runner, self.blocks, scratch = build_runner(
+            config, models, self.levers, self.max_model_len, use_graphs, shared
+        )
         hedger = Hedger(self.runner, scratch, self.drafts_per_round)
         # No request comes until the running ones finish (generate(), a bench's last wave): a draining wave
         self.no_more_requests = False
@@ -120,6 +127,8 @@ class Engine:
         return self._add(prompt, params, "prompt")
 
     def _add(self, prompt: object, params: SamplingParams, label: str) -> str:
+        if any(e.scheduler.has_work() for e in self._pool if e is not self):
+            raise RuntimeError("kv_from: an engine on this KV pool still holds requests (one at a time)")
         ids, error = encode_prompt(self.tokenizer, prompt, label)
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         decode = (

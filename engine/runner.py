@@ -55,15 +55,15 @@ class ModelRunner:
         max_blocks_per_seq: int,
         use_graphs: bool,
         chain_rows: int = 0,
+        shared_kv: list | None = None,  # another runner's target KV (Engine(kv_from=))
     ):
         self.target, self.drafter = target, drafter
         self.device, self.dtype, self.ops, self.block_size = target.device, target.dtype, target.ops, block_size
         g = target.g
-        self.kv = allocate_kv_cache(
+        self.kv = shared_kv or allocate_kv_cache(
             g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim, self.dtype, self.device
         )
-        self.draft_kv = []
-        self.taps: tuple[int, ...] = ()
+        self.draft_kv, self.taps = [], ()  # taps: the target layers whose features the drafter reads
         if drafter is not None:
             dg = drafter.g
             self.draft_kv = allocate_kv_cache(

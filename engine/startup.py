@@ -14,7 +14,7 @@ from engine.kernels import Ops
 from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.loader import open_checkpoint
-from engine.memory import plan_kv_blocks
+from engine.memory import check_shared, plan_kv_blocks
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3 import Qwen3ForCausalLM
@@ -85,10 +85,11 @@ def max_model_len(config: EngineConfig, models: Models) -> int:
 
 
 def build_runner(
-    config: EngineConfig, models: Models, levers: Levers, max_len: int, use_graphs: bool
+    config: EngineConfig, models: Models, levers: Levers, max_len: int, use_graphs: bool, shared_kv: list | None = None
 ) -> tuple[ModelRunner, BlockManager, ScratchKV | None]:
     """The KV cache (the pool, plus hedge scratch reserved outside it so a round never runs out of
-    KV: one set of blocks per chain a round can verify) and the runner over it."""
+    KV: one set of blocks per chain a round can verify) and the runner over it; shared_kv: another
+    engine's target KV, taken whole instead of allocating one (its shape must be this target's)."""
     bs = config.kv_block_size
     max_blocks_per_seq = -(-max_len // bs)
     per_round = models.draft_cfg.drafts_per_round if models.draft_cfg else 0
@@ -99,7 +100,10 @@ def build_runner(
     per_chain = chain_blocks(1 + per_round, bs)
     geometries = [models.target_cfg.geometry] + ([models.draft_cfg.geometry] if models.draft_cfg else [])
     dtype, device = models.target.dtype, models.target.device
-    num_blocks = plan_kv_blocks(config, geometries, dtype, device, max_blocks_per_seq, chains * per_chain)
+    if shared_kv is None:
+        num_blocks = plan_kv_blocks(config, geometries, dtype, device, max_blocks_per_seq, chains * per_chain)
+    else:
+        num_blocks = check_shared(shared_kv, geometries[0], bs, dtype, device, max_blocks_per_seq, chains * per_chain)
     pool = num_blocks - chains * per_chain
     runner = ModelRunner(
         models.target,
@@ -110,6 +114,7 @@ def build_runner(
         max_blocks_per_seq=max_blocks_per_seq,
         use_graphs=use_graphs,
         chain_rows=chains,
+        shared_kv=shared_kv,
     )
     scratch = ScratchKV(runner, pool, chains, per_chain) if chains else None
     return runner, BlockManager(pool, bs), scratch

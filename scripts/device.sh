@@ -165,6 +165,11 @@ stage study 480 "the 4B-geometry lever study (known-continuation target, modelle
 run_study() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
   python3 -m engine.bench study --out "$LOG/study" --time-budget-s "${STUDY_BUDGET:-420}" --profile-budget-s 90 --rounds 3 ${STUDY_ARGS:-}
 }
+stage study-context 560 "the 4B-geometry study over batch x context: prompts of 2048 and 8192 tokens at c=1 8 32 64 (CONTEXT_C), one shared KV pool (a grid over --gpu-memory-utilization is refused, naming the bytes); logs/study-context/contexts.md"
+run_study_context() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
+  python3 -m engine.bench study --out "$LOG/study-context" --prompt-lens 2048 8192 --concurrency ${CONTEXT_C:-1 8 32 64} \
+    --time-budget-s "${STUDY_BUDGET:-480}" --profile-budget-s 60 --rounds 2 --new-tokens 64 ${STUDY_ARGS:-}
+}
 stage ablate 560 "drafter ablation: one target and pool, then VARIANTS (\"name:k=v,k=v ...\") side by side"
 run_ablate() {
   local d=$PAIRS/ablate t0=$SECONDS

@@ -238,7 +238,7 @@ def test_one_token_steps_are_timed_at_the_tables_context(engines):
 
 def test_a_calibration_that_cannot_hold_its_batch_fails_loudly_and_leaves_the_engines_idle(engines):
     prompts = random_prompts(4, 5, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
-    with pytest.raises(RuntimeError, match="Prefill of 3 requests, not a prefill of 4"):  # 3 slots
+    with pytest.raises(RuntimeError, match="prefills of 3 requests, not of 4"):  # 3 slots
         calibrate(engines, costs().table, prompts, [4], [2], repeats=1, steps=1)
     assert not engines["plain"].has_unfinished() and not engines["spec"].has_unfinished()
 
@@ -249,10 +249,11 @@ def test_the_study_falls_back_to_the_table_when_calibration_fails(engines, tmp_p
     )
     prompts = random_prompts(4, 3, engines["spec"].target_cfg.geometry.vocab_size, seed=6)
     table = costs().table
-    got = calibration_stage(engines, table, prompts, args, [parse_arm("spec")], engines["spec"].drafts_per_round)
+    timed = [{"kind": "prefill", "batch": 1, "ms": 2.0}, {"kind": "prefill", "batch": 4, "ms": 5.0}]
+    arms, per_round = [parse_arm("spec")], engines["spec"].drafts_per_round
+    got = calibration_stage(engines, table, prompts, args, arms, per_round, timed)
     assert "calibration failed" in caplog.text and not (tmp_path / "calibration.csv").exists()
-    assert got.host == {} and got.prefill_ms("spec", 4) == table.verify_ms(4, 3)
-    assert got.prefill_ms("plain", 10) == table.verify_ms(10, 3)
+    assert got.host == {} and got.prefill_ms("spec", 4) == 5.0 and got.prefill_ms("plain", 1) == 2.0
 
 
 def test_a_prediction_is_the_median_of_seeded_replays(caplog):

@@ -42,10 +42,9 @@ def closed_loop(
     max_tokens: int | Sequence[int],
     first: int = 0,
 ) -> LoadResult:
-    """Keep `concurrency` requests in flight until `num_requests` have finished; request i gets
-    prompts[(first + i) % len(prompts)] and, when max_tokens is a sequence, the length at that index.
-    The wall includes the prefills; every run starts from a settled heap (gcstate.py); once the last
-    request is in, `Engine.no_more_requests` tells the adaptive policy the wave only drains."""
+    """Keep `concurrency` requests in flight until `num_requests` have finished (request i: prompt
+    (first + i) % len, max_tokens[i] for a sequence); the wall includes the prefills, from a settled heap;
+    `Engine.no_more_requests` is set once the last request is in."""
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(
             f"closed_loop needs concurrency >= 1, requests >= 1 and prompts (got {concurrency}, "
@@ -115,16 +114,9 @@ def stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
     by_pos = list(after.accepted_by_position)
     for i, v in enumerate(before.accepted_by_position):
         by_pos[i] -= v
-    return SpecStats(
-        rounds=after.rounds - before.rounds,
-        gated_rounds=after.gated_rounds - before.gated_rounds,
-        draft_forwards=after.draft_forwards - before.draft_forwards,
-        drafts=after.drafts - before.drafts,
-        draft_tokens_verified=after.draft_tokens_verified - before.draft_tokens_verified,
-        draft_tokens_accepted=after.draft_tokens_accepted - before.draft_tokens_accepted,
-        committed_tokens=after.committed_tokens - before.committed_tokens,
-        accepted_by_position=by_pos,
-    )
+    counts = ("rounds", "gated_rounds", "draft_forwards", "drafts", "committed_tokens")
+    counts += ("draft_tokens_verified", "draft_tokens_accepted")
+    return SpecStats(**{k: getattr(after, k) - getattr(before, k) for k in counts}, accepted_by_position=by_pos)
 
 
 def acceptance_histogram(stats: SpecStats) -> list[int]:

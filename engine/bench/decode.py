@@ -3,10 +3,6 @@ our engine vs the HF transformers peer on the same weights, against the measured
 
     python -m engine.bench.decode --out DIR [--concurrency 1 8 16 32 64] [--prompt-len 128]
         [--new-tokens 128] [--peer/--no-peer] [--peer-modes compiled eager] [--peer-warmup-cap-s 240]
-
-The peer is `generate` with a static cache, as a user runs it (transformers' default compilation,
-excluded from the timing by a warm-up call per concurrency) and eager as a second row. A warm-up that
-fails or runs past its cap is reported (decode.json "peer_failures", the notes), not hidden.
 """
 
 from __future__ import annotations
@@ -45,10 +41,9 @@ log = logging.getLogger(__name__)
 
 
 def engine_run(engine, prompts: Sequence[Sequence[int]], c: int, new_tokens: int) -> dict:
-    """All c requests submitted at once, run to completion: wall time and per-decode-step times. step_ms
-    is a decode step's share of the wall (the wall less the prefill steps, over the decode steps: the
-    host's time between steps included, and a step launched ahead counted once); host_step_ms the
-    median host time of a step from its start until its tokens are on the host."""
+    """All c requests submitted at once, run to completion: the wall; step_ms, a decode step's share of
+    the wall less the prefill steps (host gaps included); host_step_ms, the median host time of a step
+    until its tokens are on the host."""
     res = closed_loop(engine, prompts[:c], c, c, new_tokens)
     decode = [s for s in res.steps if s.plan in (Plan.DECODE.value, Plan.GATED.value)]  # the one-token steps
     prefill_ms = sum(s.total for s in res.steps if s.plan == Plan.PREFILL.value)
@@ -186,17 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     peer_conc = (args.peer_concurrency or args.concurrency) if args.peer else []
     P, N = args.prompt_len, args.new_tokens
 
-    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)
-    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
     model = build_hf_model(config, device, dtype, args.std, args.seed)
-    engine = make_engine(
-        as_checkpoint(model, config, f"random-{args.geometry}"),
-        None,
-        args,
-        device,
-        max_num_seqs=max(args.concurrency),
-        seq_tokens=P + N,
-    )
+    ckpt = as_checkpoint(model, config, f"random-{args.geometry}")
+    engine = make_engine(ckpt, None, args, device, max_num_seqs=max(args.concurrency), seq_tokens=P + N)
+    bw, rate = copy_bandwidth(device, args.copy_mib << 20), gemm_rate(device, args.gemm_n, dtype)  # once it fits
+    log.info("measured: copy %.2f TB/s (read + write), GEMM %.1f TFLOP/s", bw / 1e12, rate / 1e12)
     prompts = random_prompts(max([*args.concurrency, *peer_conc]), P, config["vocab_size"], args.seed)
 
     raw: list[dict] = []

@@ -3,10 +3,6 @@ the stop-string scan (engine/stopping.py, run after every committed token) and a
 running text (engine/serve/text.py, run after every step), one token per call, on CPU.
 
     python -m engine.bench detok --tokens 4096 --repeats 3
-
-The stream: the first --tokens tokens of Python's own inspect.py through the shipped tiny tokenizer.
-Each arm runs --repeats times, interleaved; a figure is the median over runs of the mean µs per call
-over all tokens, the first 256 and the last 256 (the cost at --tokens output tokens).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The two measured ceilings (METHOD.md: measure them on the card, don't quote the datasheet) and the
-peak-memory probe. They time with engine/timing.py's `time_ms`: on CPU the same code runs with host
-clocks, so the benches' logic is testable there."""
+"""The two measured ceilings (copy bandwidth, GEMM rate) and the peak-memory probe, timed with
+engine/timing.py's `time_ms` (host clocks on CPU)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """What the kernel micro-benchmark measures: the Qwen3-4B projection shapes and row counts, the
 config candidates each sweep tries, the paged-attention cases, and the rotated weight / KV copies
-the timed ops cycle over.
-
-The sweeps read these as module attributes (`kernel_cases.SHAPES`, ...), so a test can shrink them
-with one monkeypatch of this module.
-"""
+the timed ops cycle over."""
 
 from __future__ import annotations
 
@@ -16,13 +12,7 @@ import torch
 from engine.kernels.tuning import SkinnyConfig
 
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)]  # (N, K) of Qwen3-4B
-SHAPE_NAMES = {
-    (6144, 2560): "qkv",
-    (2560, 4096): "o",
-    (19456, 2560): "gate_up",
-    (2560, 9728): "down",
-    (151936, 2560): "lm_head",
-}
+SHAPE_NAMES = dict(zip(SHAPES, ("qkv", "o", "gate_up", "down", "lm_head"), strict=True))
 LAYERS_4B = 36
 MS = [1, 2, 4, 8, 16, 32, 64, 128]
 L2_BYTES = 60 << 20
@@ -54,27 +44,15 @@ RESIDUAL_SHAPES = {(2560, 4096), DOWN_SHAPE}
 FUSED_MS = [1, 2, 4, 8, 16]
 NORM_SHAPES = [(6144, 2560), (19456, 2560)]  # the projections after an add + RMSNorm: q|k|v, gate|up
 # (block_m, block_n, block_k, num_warps, num_stages); each is tried at every split count.
+# num_stages 2 on the GEMV (1, 8, 512, 4, 2): the next weight tile carried (gemv.py)
 EXTENDED_GEMV = [
-    (1, 16, 512, 4, 1),
-    (1, 32, 512, 4, 1),
-    (1, 16, 256, 4, 2),
-    (1, 16, 256, 4, 3),
-    (1, 32, 256, 4, 3),
-    (1, 16, 256, 2, 1),
-    (1, 8, 512, 4, 1),
-    (1, 8, 512, 4, 2),  # num_stages 2 on the GEMV: the next weight tile carried (gemv.py)
-    (1, 8, 256, 4, 2),
-]
+    (1, 16, 512, 4, 1), (1, 32, 512, 4, 1), (1, 16, 256, 4, 2), (1, 16, 256, 4, 3), (1, 32, 256, 4, 3),
+    (1, 16, 256, 2, 1), (1, 8, 512, 4, 1), (1, 8, 512, 4, 2), (1, 8, 256, 4, 2),
+]  # fmt: skip
 EXTENDED_DOT = [
-    (16, 16, 256, 4, 3),
-    (16, 16, 512, 4, 2),
-    (16, 32, 256, 4, 4),
-    (16, 32, 512, 4, 2),
-    (16, 32, 512, 4, 3),
-    (16, 64, 256, 4, 3),
-    (16, 64, 256, 8, 3),
-    (16, 32, 128, 4, 3),
-]
+    (16, 16, 256, 4, 3), (16, 16, 512, 4, 2), (16, 32, 256, 4, 4), (16, 32, 512, 4, 2), (16, 32, 512, 4, 3),
+    (16, 64, 256, 4, 3), (16, 64, 256, 8, 3), (16, 32, 128, 4, 3),
+]  # fmt: skip
 
 
 def skinny_candidates(m: int, quick: bool, shape: tuple[int, int] | None = None) -> list[tuple[SkinnyConfig, bool]]:

@@ -90,15 +90,9 @@ def tuned_from_sweep(state: dict, old: TunedTables, full_ms: bool) -> TunedTable
         for shape in cases.NORM_SHAPES:
             _set_buckets(normed, shape, state["norm_ms"], state["norm_configs"].get(shape, {}))
     m_max = state["m_max"] if "m_max" in state and full_ms else old.m_max
-    return TunedTables(
-        device=old.device,
-        m_max=m_max,
-        fused_m_max=old.fused_m_max,
-        linear=lin,
-        silu_mul_linear=fused,
-        norm_m_max=old.norm_m_max,
-        add_rms_norm_linear=normed,
-    )
+    tables = dict(linear=lin, silu_mul_linear=fused, add_rms_norm_linear=normed)
+    limits = dict(m_max=m_max, fused_m_max=old.fused_m_max, norm_m_max=old.norm_m_max)
+    return TunedTables(device=old.device, **limits, **tables)
 
 
 def table_changes(old: TunedTables, new: TunedTables) -> list[str]:

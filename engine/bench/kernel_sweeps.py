@@ -1,7 +1,6 @@
-"""The kernel micro-benchmark's sections that feed the tuned table, each `(args, timer, peak) ->
-(CSV rows, Markdown)`: skinny-M linear vs cuBLAS, fused SwiGLU + down, add + RMSNorm in the
-projection's prologue. They leave what the tuned table needs in `args.state`; the sections that
-only time (batch-invariant tilings, paged attention) are in kernel_sweeps_untuned.py."""
+"""The kernel micro-benchmark's sections that feed the tuned table (`(args, timer, peak) -> (CSV rows,
+Markdown)`, results left in `args.state`): skinny linear vs cuBLAS, fused SwiGLU + down, add + RMSNorm
+prologue. Time-only sections: kernel_sweeps_untuned.py."""
 
 from __future__ import annotations
 

@@ -106,15 +106,8 @@ def run_open_loop(
         delay = start + offset - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        body = dict(
-            model=model,
-            prompt=list(prompts[i % len(prompts)]),
-            max_tokens=max_tokens,
-            temperature=0,
-            ignore_eos=True,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+        body = dict(model=model, prompt=list(prompts[i % len(prompts)]), max_tokens=max_tokens, temperature=0)
+        body.update(ignore_eos=True, stream=True, stream_options={"include_usage": True})
         record = RequestRecord(sent=time.perf_counter())
         records.append(record)
         t = threading.Thread(target=stream_one, args=(url, body, record, timeout_s), daemon=True)

@@ -1,6 +1,5 @@
 """The HF transformers peer: the same random weights in a Qwen3ForCausalLM, greedy `generate` with a
-static cache, as a user runs it: with transformers' default compilation (it auto-compiles the decode
-forward whenever the cache is static and the device is a GPU), or eager (`disable_compile`)."""
+static cache, compiled (transformers' default on a GPU) or eager (`disable_compile`)."""
 
 from __future__ import annotations
 
@@ -86,14 +85,9 @@ def hf_generate(model, prompts: torch.Tensor, new_tokens: int, mode: str = "eage
     if mode not in PEER_MODES:
         raise ValueError(f"unknown peer mode {mode!r}; expected one of {PEER_MODES}")
     with torch.inference_mode():
+        how = dict(do_sample=False, max_new_tokens=new_tokens, cache_implementation="static", pad_token_id=0)
         out = model.generate(
-            input_ids=prompts,
-            attention_mask=torch.ones_like(prompts),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            cache_implementation="static",
-            disable_compile=mode == "eager",
-            pad_token_id=0,
+            input_ids=prompts, attention_mask=torch.ones_like(prompts), **how, disable_compile=mode == "eager"
         )
     got = out.shape[1] - prompts.shape[1]
     if got != new_tokens:

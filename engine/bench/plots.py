@@ -83,15 +83,8 @@ def profile_plot(rows: Sequence[dict], path: Path, threshold: float, title: str)
         ax1.plot([r["rows"] for r in pts], [r["ms"] for r in pts], marker="o", label=f"span {span}")
     over = [r for r in verify if r["over"]]
     if over:
-        ax1.scatter(
-            [r["rows"] for r in over],
-            [r["ms"] for r in over],
-            s=120,
-            facecolors="none",
-            edgecolors="red",
-            label=f"> {threshold}x the 1-row time",
-            zorder=3,
-        )
+        style = dict(s=120, facecolors="none", edgecolors="red", label=f"> {threshold}x the 1-row time", zorder=3)
+        ax1.scatter([r["rows"] for r in over], [r["ms"] for r in over], **style)
     one = [r["ms"] for r in verify if r["rows"] == 1]
     if one:
         ax1.axhline(threshold * one[0], color="red", ls="--", lw=0.8)

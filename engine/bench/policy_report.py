@@ -1,8 +1,6 @@
-"""The adaptive arm against the static ones, from sweep rows and their summary (one profile at a time):
-per concurrency its paired ratio to the best static arm there and to plain, each judged against the
-arm's noise floor (spec#2's and plain#2's), its gain over the best single static setting across the
-whole range (the arm with the best geometric-mean ratio vs plain over c: what a user would pick
-without the policy), and the K the policy chose (rounds per K)."""
+"""The adaptive arm against the static ones, from sweep rows and their summary: per c its paired ratio
+to the best static arm and to plain (against the noise floors), its gain over the best single static
+setting, and the K it chose."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """What the adaptive policy did in one bench run, read off its engine for the sweep's row (empty under
-the static policy): the K it chose per round, where its probes landed, the host terms its choices
-rested on after the run, and the host residuals it learnt them from during the run (each round's wall
-minus the table's device time, before the term's clip: a few slow rounds that move the term show as a
-p90 or max far above the median)."""
+the static policy): K per round, its probes, its host terms and the residuals it learnt them from."""
 
 from __future__ import annotations
 

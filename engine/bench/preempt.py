@@ -3,10 +3,6 @@ request's whole budget at admission, on one engine, runs interleaved round by ro
 
     python -m engine.bench preempt --recipe small --out DIR --concurrency 64 --new-tokens 1024 \
         --pool-requests 16 --rounds 3
-
-The KV pool holds --pool-requests full-length sequences (longest prompt + new tokens + the drafter's
-headroom); --concurrency requests stay in flight (closed loop, greedy, EOS ignored). Reservation can
-run only pool-requests at once; preemption runs as many as the blocks already produced allow.
 """
 
 from __future__ import annotations
@@ -19,36 +15,35 @@ from pathlib import Path
 
 from engine.bench.closed_loop import closed_loop, plan_counts
 from engine.bench.common import (
+    BLOCK,
     add_device_args,
     add_weight_args,
     drafter_block,
     load_prompts,
+    make_engine,
     resolve_device,
+    seq_blocks,
     setup_logging,
     weights_of,
 )
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
-from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.scheduler import Plan
 
 log = logging.getLogger(__name__)
 
 ARMS = ("reserve", "preempt")
-BLOCK = 16
 
 
 def pool_engine(target: Path, drafter: Path | None, args: argparse.Namespace, seq_tokens: int) -> Engine:
-    """max_num_seqs = concurrency, and a KV pool of exactly pool_requests full-length sequences."""
+    """max_num_seqs = concurrency, and a KV pool of exactly pool_requests full-length sequences (refused
+    where it does not fit the memory budget)."""
     headroom = drafter_block(drafter) if drafter else 0
-    per_seq = -(-(seq_tokens + headroom) // BLOCK)
-    device = resolve_device(args.device)
-    cfg = dict(model=str(target), draft_model=None if drafter is None else str(drafter), device=device.type)
-    cfg.update(dtype=args.dtype, backend=args.backend, cuda_graphs=not args.no_cuda_graphs, kv_block_size=BLOCK)
-    cfg.update(max_num_seqs=args.concurrency, max_model_len=seq_tokens + headroom + 1)
-    cfg.update(max_num_batched_tokens=max(8192, seq_tokens), num_kv_blocks=args.pool_requests * per_seq + 1)  # + null
-    return Engine(EngineConfig(**cfg, levers={"max_batch": 0, "max_drafts": 0, "hedge": 0}, trace=False))
+    pool = seq_blocks(args.pool_requests, seq_tokens + headroom + 1)
+    grid = f"{args.pool_requests} pooled sequences of {seq_tokens + headroom + 1} tokens"
+    size = dict(max_num_seqs=args.concurrency, seq_tokens=seq_tokens, headroom=headroom)
+    return make_engine(target, drafter, args, resolve_device(args.device), **size, blocks=pool, grid=grid)
 
 
 def run_arm(engine: Engine, arm: str, prompts: Sequence[Sequence[int]], args: argparse.Namespace, first: int) -> dict:

@@ -1,7 +1,6 @@
-"""The cost profile: one target verify forward (runner.verify, a CUDA-graph replay on the GPU, inputs
-staged) as a function of rows = batch x span, and one drafter forward (runner.draft) as a function of batch, so the
-point where verify rows stop being nearly free is measured, not guessed. The timing is the engine's own
-(engine/policy/calibration.py: the adaptive policy calibrates with it).
+"""The cost profile: a target verify forward (runner.verify, a graph replay on the GPU) by rows = batch x
+span, a drafter forward by batch, and a prefill by batch (time_prefills), timed as the engine's policy
+calibrates (engine/policy/calibration.py).
 
     python -m engine.bench profile --geometry 4b --out DIR
 """
@@ -10,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,8 +24,26 @@ from engine.policy.calibration import (
     time_forwards as profile_costs,  # the engine's own timing (the study imports it here)
 )
 from engine.policy.warmup import dummy_requests
+from engine.timing import time_ms
 
 log = logging.getLogger(__name__)
+
+
+def time_prefills(engine, batches: Sequence[int], prompt_len: int, repeats: int = 3) -> list[dict]:
+    """Rows {kind: prefill, batch, span, context, rows, bucket, ms, ms_min, ms_max}: runner.prefill (logits
+    at each request's last row only) of `batch` dummy prompts of prompt_len, in groups of the token budget."""
+    budget, rows = engine.config.max_num_batched_tokens, []
+    with dummy_requests(engine, max(batches), prompt_len, 1) as reqs:
+        for b in batches:
+            per = max(1, budget // prompt_len)
+            groups = [reqs[i : min(i + per, b)] for i in range(0, b, per)]
+            samples = time_ms(lambda g=groups: [engine.runner.prefill(x) for x in g], engine.device, repeats)
+            ms = statistics.median(samples)
+            row = dict(kind="prefill", batch=b, span=prompt_len, context=prompt_len, rows=b)
+            rows.append(
+                row | dict(bucket=engine.runner.graphs.rows(b), ms=ms, ms_min=min(samples), ms_max=max(samples))
+            )
+    return rows
 
 
 def mark_over(rows: list[dict], threshold: float) -> float | None:
@@ -128,28 +146,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.models.config import DFlashConfig
 
         headroom = DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
-    engine = make_engine(
-        target,
-        drafter,
-        args,
-        device,
-        max_num_seqs=max(batches),
-        seq_tokens=args.context + max(spans),
-        headroom=headroom,
-    )
+    size = dict(max_num_seqs=max(batches), seq_tokens=args.context + max(spans), headroom=headroom)
+    engine = make_engine(target, drafter, args, device, **size)
     with dummy_requests(engine, max(batches), args.context, max(spans)) as reqs:
         rows = profile_costs(
             engine.runner, engine.rounds.accept, reqs, batches, spans, args.repeats, args.iters, args.time_budget_s
         )
     mark_over(rows, args.threshold)
     meta = run_meta("profile", device, list(argv) if argv is not None else None)
-    meta.update(
-        geometry=args.geometry,
-        context=args.context,
-        threshold=args.threshold,
-        target=getattr(target, "name", str(target)),
-        drafter=getattr(drafter, "name", str(drafter)),
-    )
+    meta.update(geometry=args.geometry, context=args.context, threshold=args.threshold)
+    meta.update(target=getattr(target, "name", str(target)), drafter=getattr(drafter, "name", str(drafter)))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "profile.csv", rows)
     table = profile_markdown(rows, args.threshold)

@@ -86,10 +86,9 @@ class Floor:
 def workload_floor(
     config: dict, batch: int, prompt_len: int, new_tokens: int, bandwidth: float, flop_rate: float, dtype_bytes: int = 2
 ) -> Floor:
-    """Lower bound on the time of `batch` requests of `prompt_len` -> `new_tokens`, submitted at once:
-    the prefill step (which yields token 1) costs max(its FLOPs at flop_rate, weights + written KV at
-    bandwidth); each of the new_tokens - 1 decode steps costs max(weights + KV read at bandwidth, its
-    FLOPs at flop_rate). bandwidth in bytes/s (read + written), flop_rate in FLOP/s."""
+    """Lower bound on `batch` requests of `prompt_len` -> `new_tokens` submitted at once: the prefill at
+    max(FLOPs / flop_rate, weights + written KV / bandwidth), then new_tokens - 1 decode steps at
+    max(weights + KV read / bandwidth, FLOPs / flop_rate); bandwidth B/s, flop_rate FLOP/s."""
     kvb = kv_bytes_per_token(config, dtype_bytes)
     w = weight_bytes(config, dtype_bytes)
     prefill = max(prefill_flops(config, [prompt_len] * batch) / flop_rate, (w + batch * prompt_len * kvb) / bandwidth)

@@ -3,8 +3,7 @@ arms interleaved (rotated each repeat, the same arrivals and prompts for every a
 throughput, TTFT, inter-chunk latency and TPOT per arm, plus τ from each server's /metrics.
 
 python -m engine.bench serve-load --target DIR --drafter DIR --rates 2 8 32 --arms plain spec --out DIR
-python -m engine.bench serve-load --geometry 4b --profile code --rates 8 64 --max-tokens 64 --out DIR
-"""
+python -m engine.bench serve-load --geometry 4b --profile code --rates 8 64 --max-tokens 64 --out DIR"""
 
 from __future__ import annotations
 
@@ -139,14 +138,8 @@ def run_load(
                 spec = {k: after[k] - before[k] for k in after}
                 rows.append(run_row(rate, repeat, s.arm.label, records, wall, spec))
                 r = rows[-1]
-                log.info(
-                    "rate %g repeat %d %s: %.1f tok/s, %d errors",
-                    rate,
-                    repeat,
-                    s.arm.label,
-                    r["output_tok_s"] or 0,
-                    r["errors"],
-                )
+                tok_s, label = r["output_tok_s"] or 0, s.arm.label
+                log.info("rate %g repeat %d %s: %.1f tok/s, %d errors", rate, repeat, label, tok_s, r["errors"])
                 report(rows)
     return rows
 

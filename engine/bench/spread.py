@@ -3,9 +3,6 @@ eval) beside the c=1 speculative/plain ratio its sweep measured, and whether two
 produced the same weights.
 
     python -m engine.bench spread --builds /tmp/small-s0=/out/sweep-s0 /tmp/small-s1=/out/sweep-s1 --out DIR
-
-Each build is PAIR_DIR=SWEEP_DIR (the sweep's output folder; leave `=SWEEP_DIR` off for a build whose
-sweep was not run, e.g. a determinism repeat). Writes spread.csv and spread.md.
 """
 
 from __future__ import annotations
@@ -33,15 +30,9 @@ def _sweep_ratio(sweep: Path, arm: str) -> tuple[float, float, float]:
 
 def build_row(pair: Path, sweep: Path | None, arm: str) -> dict:
     m = json.loads((pair / "manifest.json").read_text())
-    row = {
-        "pair": str(pair),
-        "seed": m["seed"],
-        "tau": m["eval"]["tau"],
-        "ngram_tau": m["eval"]["ngram_tau"],
-        "target_heldout_loss": m["target_heldout_loss"],
-        "build_s": m["build_seconds"]["total"],
-        "weights": ",".join(f"{k}:{v[:12]}" for k, v in sorted(m.get("weights_sha256", {}).items())),
-    }
+    row = dict(pair=str(pair), seed=m["seed"], tau=m["eval"]["tau"], ngram_tau=m["eval"]["ngram_tau"])
+    row.update(target_heldout_loss=m["target_heldout_loss"], build_s=m["build_seconds"]["total"])
+    row["weights"] = ",".join(f"{k}:{v[:12]}" for k, v in sorted(m.get("weights_sha256", {}).items()))
     if sweep is not None:
         ratio, noise, tau_load = _sweep_ratio(sweep, arm)
         row.update(c1_ratio=ratio, c1_noise=noise, tau_under_load=tau_load)

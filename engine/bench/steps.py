@@ -2,10 +2,6 @@
 
     python -m engine.bench steps --recipe small --out DIR --concurrency 1 --new-tokens 64 \
         --arms plain spec spec+gate=1
-
-Per arm: wall ms per step, device-busy ms per step (summed kernel time; the gap is the GPU waiting on
-the host), and the top kernels and host ops by time. One warm-up pass (graphs captured, kernels
-tuned) runs before the profiled one.
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ from engine.bench.closed_loop import closed_loop
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
-    drafter_block,
+    engine_pair,
     load_prompts,
-    make_engine,
     resolve_device,
     setup_logging,
     weights_of,
@@ -109,17 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--arms: {err}") from None
     if drafter is None and any(not a.is_plain for a in arms):
         raise SystemExit("spec arms need --drafter (or --recipe)")
-    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)}
-    if drafter is not None:
-        engines["spec"] = make_engine(
-            target,
-            drafter,
-            args,
-            device,
-            max_num_seqs=args.concurrency,
-            seq_tokens=seq_tokens,
-            headroom=drafter_block(drafter),
-        )
+    engines = engine_pair(target, drafter, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)
     results = {
         arm.label: profile_arm(engine_for(arm, engines), prompts, args.concurrency, args.new_tokens, args.top)
         for arm in arms

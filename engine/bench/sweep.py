@@ -29,9 +29,8 @@ from engine.bench.closed_loop import (
 from engine.bench.common import (
     add_device_args,
     add_weight_args,
-    drafter_block,
+    engine_pair,
     load_prompts,
-    make_engine,
     resolve_device,
     setup_logging,
     weights_of,
@@ -106,10 +105,9 @@ def run_sweep(
     progress: bool = True,
     before_arm: Callable[[Arm], None] | None = None,
 ) -> tuple[list[dict], dict[int, int]]:
-    """Rows (one per measured arm-run) and {concurrency: rounds run} where the budget trimmed rounds.
-    Per concurrency a discarded warm-up round, then `rounds` rounds, round r starting at arm r mod n
-    on prompts from r * waves * c (the benchmarks README, "sweep"), on a frozen heap (gcstate.py).
-    new_tokens: one output length or one per prompt; before_arm(arm) runs before each arm-run."""
+    """Rows (one per measured arm-run) and {c: rounds run} where the budget trimmed rounds: per c a
+    warm-up round, then `rounds` rounds, round r from arm r mod n on prompts from r * waves * c, on a
+    frozen heap (the benchmarks README, "sweep"); new_tokens: one or per prompt; before_arm(arm) hook."""
     with frozen_heap():
         rows, trimmed = _sweep(
             engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm
@@ -199,25 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"--length-spread: {err}") from None
     seq_tokens = max(len(p) for p in prompts) + (max(lengths) if lengths else args.new_tokens)
     max_c = max(args.concurrency)
-    engines = {"plain": make_engine(target, None, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)}
-    if drafter is not None:
-        engines["spec"] = make_engine(
-            target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=drafter_block(drafter)
-        )
+    engines = engine_pair(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens)
     meta = run_meta("sweep", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), prompts=str(prompt_path), num_prompts=len(prompts))
     meta.update(length_spread=args.length_spread)
-    rows, trimmed = run_sweep(
-        engines,
-        arms,
-        prompts,
-        args.concurrency,
-        args.rounds,
-        lengths or args.new_tokens,
-        args.waves,
-        args.time_budget_s,
-        progress=not args.no_progress,
-    )
+    grid = (engines, arms, prompts, args.concurrency, args.rounds, lengths or args.new_tokens, args.waves)
+    rows, trimmed = run_sweep(*grid, args.time_budget_s, progress=not args.no_progress)
     write_outputs(args.out, rows, [a.label for a in arms], meta, trimmed, args.parity_bar)
     return 0
 

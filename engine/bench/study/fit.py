@@ -28,14 +28,9 @@ def prediction_fit(summary: Sequence[dict], bar: float = PREDICTION_BAR) -> dict
         counts = by_profile.setdefault(s.get("profile", ""), [0, 0])
         counts[0] += abs(e) <= bar
         counts[1] += 1
-    return {
-        "bar": bar,
-        "cells": len(errors),
-        "within": sum(abs(e) <= bar for _, e in errors),
-        "median_abs_error": statistics.median(abs(e) for _, e in errors) if errors else None,
-        "worst": max((e for _, e in errors), key=abs, default=None),
-        "by_profile": by_profile,
-    }
+    fit = dict(bar=bar, cells=len(errors), within=sum(abs(e) <= bar for _, e in errors))
+    fit["median_abs_error"] = statistics.median(abs(e) for _, e in errors) if errors else None
+    return fit | dict(worst=max((e for _, e in errors), key=abs, default=None), by_profile=by_profile)
 
 
 def prediction_markdown(summary: Sequence[dict], bar: float = PREDICTION_BAR) -> tuple[str, dict]:

@@ -1,6 +1,5 @@
-"""Every CUDA graph the sweep can replay, captured before it, so no measured run pays a capture (why:
-the benchmarks README, "study"); `CaptureLog` counts the graphs each arm-run captured (the sweep
-rows' `graph_captures`)."""
+"""Every CUDA graph the sweep can replay, captured before it (the benchmarks README, "study");
+`CaptureLog` counts each arm-run's captures (`graph_captures`)."""
 
 from __future__ import annotations
 
@@ -100,12 +99,6 @@ def graph_stage(engine: Engine, arms: Sequence[Arm], per_round: int, batches: Se
     except Exception:
         log.exception("graph capture failed: the sweep captures its graphs on first use")
         return 0
-    log.info(
-        "captured %d graphs (K %s, one-token %s, %d batches) in %.1f s",
-        n,
-        ks,
-        one_token,
-        len(batches),
-        time.perf_counter() - t0,
-    )
+    took = time.perf_counter() - t0
+    log.info("captured %d graphs (K %s, one-token %s, %d batches) in %.1f s", n, ks, one_token, len(batches), took)
     return n

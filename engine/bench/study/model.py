@@ -1,12 +1,8 @@
-"""The study's cost model of one engine step: the device table (engine/policy/costs.py CostTable: graph
-replays) plus the two terms it does not see, calibrated on the same engines in the same run
-(step_walls.py): host ms per step per plan and batch (linear between calibrated batches; a
-speculative round's also linear in its drafts K), and the wall of a prefill step admitting n
-requests, per engine. And the tokens a round commits under per-position acceptance.
+"""The study's cost model of one engine step: the device table (CostTable: graph replays) plus the host
+ms per (plan, batch[, K]) and the prefill wall per (engine, n), calibrated in the same run
+(step_walls.py); and the tokens a round commits under per-position acceptance.
 
-Calibration rows (calibration.csv): {kind, engine, plan, batch, drafts, wall_ms, device_ms, host_ms};
-kind `host` (steady steps of `batch` requests, host_ms = wall_ms - device_ms) or `prefill` (one
-prefill step admitting `batch` requests, its wall)."""
+calibration.csv rows: {kind (host | prefill), engine, plan, batch, drafts, wall_ms, device_ms, host_ms}."""
 
 from __future__ import annotations
 

@@ -207,10 +207,10 @@ def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
 
 def write_study(
     args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws=None
-) -> None:
+) -> list[dict]:
     """study.md, study.json, sweep.csv, summary.csv and a sweep PNG per profile under args.out.
     profiled: the profile rows by engine; costs: what the predictions replay on; draws: the drafter's
-    own (None: the replay draws its own)."""
+    own (None: the replay draws its own). Returns the summary rows."""
     profile_rows = profiled["spec"]
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -255,3 +255,4 @@ def write_study(
         out / "study.json", {**meta, "echo": echo, "lossless": lossless, "prediction": fit, "summary": summaries}
     )
     print("".join(text))
+    return summaries

@@ -2,10 +2,7 @@
 (real forwards, modelled first wrong draft), one device run end to end.
 
     python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
-
-Stages: the pair; the cost profiles; the echo and lossless checks; the host and prefill calibration
-(step_walls.py); the graphs (graphs.py); the drafter's draws (draws.py); the sweep per concurrency and
-profile; the report (report.py): τ observed vs modelled, the cost model's prediction beside it."""
+"""
 
 from __future__ import annotations
 
@@ -20,10 +17,21 @@ from pathlib import Path
 import torch
 
 from engine.bench.arms import ADAPTIVE_ARM, Arm, arm_drafts, parse_arms
-from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
+from engine.bench.common import (
+    add_device_args,
+    engine_pair,
+    make_engine,
+    memory_budget,
+    pool_block_bytes,
+    resolve_device,
+    setup_logging,
+    torch_dtype,
+    weight_bytes,
+)
 from engine.bench.meta import run_meta
-from engine.bench.profile import profile_costs
+from engine.bench.profile import profile_costs, time_prefills
 from engine.bench.report import write_csv
+from engine.bench.study.contexts import ContextRun, fit_grid, write_contexts
 from engine.bench.study.draws import draws_stage
 from engine.bench.study.graphs import CaptureLog, graph_stage, tag_rows
 from engine.bench.study.report import predicted_seconds, write_checks, write_meta, write_study
@@ -64,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per (c, profile), + 1 warm-up")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=16, help="random prompts of this many tokens")
+    p.add_argument("--prompt-lens", type=int, nargs="+", help="a study per prompt length (files under prompt-N/)")
     p.add_argument("--echo-steps", type=int, default=256, help="greedy steps of the echo check")
     p.add_argument("--echo-batch", type=int, default=64)
     p.add_argument("--profile-budget-s", type=float, default=120.0, help="the cost profile's share")
@@ -88,20 +97,17 @@ def arms_at(arms: Sequence[Arm], c: int) -> list[Arm]:
 
 
 def measure_costs(
-    engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float, required: Sequence[int] = (1,)
+    engine: Engine, batches: list[int], spans: list[int], context: int, budget_s: float, required=(1,)
 ) -> list[dict]:
     """Profile rows (graph replays at `context` tokens a request) on an idle engine, left idle; the
     `required` spans at every batch whatever the budget."""
     with dummy_requests(engine, max(batches), context, max(spans) + 1) as reqs:
-        return profile_costs(
-            *(engine.runner, engine.rounds.accept, reqs, batches, spans),
-            *(3, 3, budget_s),
-            required=required,
-        )
+        args = (engine.runner, engine.rounds.accept, reqs, batches, spans, 3, 3, budget_s)
+        return profile_costs(*args, required=required)
 
 
-def _profile_csv(spec: list[dict], plain: list[dict], random: list[dict]) -> list[dict]:
-    named = [("known+drafter", spec), ("known plain", plain), ("random plain", random)]
+def _profile_csv(spec: list[dict], plain: list[dict], random: list[dict], prefill: list[dict]) -> list[dict]:
+    named = [("known+drafter", spec), ("known plain", plain), ("random plain", random), ("prefill", prefill)]
     return [{"engine": name, **r} for name, rows in named for r in rows]
 
 
@@ -129,16 +135,8 @@ def lossless_check(engine: Engine, arms: Sequence[Arm], prompts: list[list[int]]
         before = engine.stats.committed_tokens
         outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
         bad = echo_failures(prompts, [o.token_ids for o in outs])
-        rows.append(
-            {
-                "arm": arm.label,
-                "requests": len(prompts),
-                "compared_tokens": sum(len(o.token_ids) for o in outs),
-                "round_tokens": engine.stats.committed_tokens - before,
-                "mismatches": len(bad),
-                "first": bad[:3],
-            }
-        )
+        row = dict(arm=arm.label, requests=len(prompts), compared_tokens=sum(len(o.token_ids) for o in outs))
+        rows.append(row | dict(round_tokens=engine.stats.committed_tokens - before, mismatches=len(bad), first=bad[:3]))
     engine.set_levers(max_batch=0, max_drafts=0, policy="static")
     return rows
 
@@ -179,6 +177,22 @@ def study_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return random_prompts(count, args.prompt_len, vocab, args.seed + 1)
 
 
+def study_spans(arms: Sequence[Arm], per_round: int) -> list[int]:
+    """The verify spans the cost profile times: 1 and every 1 + K an arm (or the adaptive policy) verifies;
+    never a prompt-long span (a prefill is timed as one: time_prefills, one logits row a request)."""
+    spans = {1} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain}
+    return sorted(spans | set(policy_spans(per_round)) if any(a.adaptive for a in arms) else spans)
+
+
+def seq_tokens_at(args: argparse.Namespace, prompt_len: int, max_span: int, per_round: int) -> int:
+    """Tokens a request of the study at `prompt_len` reaches: the prompt and the most of its new tokens,
+    the echo check's steps, the profile's rows past the table context and the calibration's steps."""
+    context = prompt_len + args.new_tokens // 2  # table_context
+    plain_lead = centred_warmup(context, prompt_len, args.calib_steps, 2)
+    calib = max(budget_tokens(args.calib_steps + 2, per_round), budget_tokens(plain_lead + args.calib_steps, 0))
+    return prompt_len + max(args.new_tokens, args.echo_steps, context - prompt_len + max_span + 1, calib)
+
+
 def graph_buckets(engine: Engine) -> list[int]:
     """The batch buckets a step's graphs run at (none when the engine runs eagerly)."""
     graphs = engine.runner.graphs
@@ -188,8 +202,9 @@ def graph_buckets(engine: Engine) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
-    if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or args.prompt_len < 1:
-        raise SystemExit("--rounds, --concurrency and --prompt-len must be >= 1 and --new-tokens >= 2")
+    args.prompt_lens = args.prompt_lens or [args.prompt_len]
+    if args.rounds < 1 or min(args.concurrency) < 1 or args.new_tokens < 2 or min(args.prompt_lens) < 1:
+        raise SystemExit("--rounds, --concurrency and --prompt-lens must be >= 1 and --new-tokens >= 2")
     if not args.graphs_budget_s >= 0:  # NaN too
         raise SystemExit(f"--graphs-budget-s must be >= 0 (0: no graph stage), got {args.graphs_budget_s}")
     try:
@@ -201,77 +216,76 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype, device)
     argv = list(argv) if argv is not None else sys.argv[1:]
-    meta = run_meta("study", device, argv)
     t0 = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
     target, drafter_ckpt = known_pair(args.geometry, device, dtype, args.seed)
-    batches = sorted(set(args.concurrency) | {1})
     per_round = DFlashConfig.from_dict(drafter_ckpt.config).drafts_per_round
     profiles = [p.first(per_round) for p in profiles]
-    spans = sorted({1, args.prompt_len} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})
-    needed = list(spans)  # the report's and the calibration's: measured whatever the budget (the policy's may be cut)
-    if any(a.adaptive for a in arms):
-        spans = sorted({*spans, *policy_spans(per_round)})  # every K the policy can choose
-
-    context = table_context(args)
-    plain_lead = centred_warmup(context, args.prompt_len, args.calib_steps, 2)
-    calib = max(budget_tokens(args.calib_steps + 2, per_round), budget_tokens(plain_lead + args.calib_steps, 0))
-    seq_tokens = args.prompt_len + max(
-        args.new_tokens, args.echo_steps, context - args.prompt_len + max(spans) + 1, calib
-    )
-    max_c = max(args.concurrency)
-
-    def engine_of(target, drafter=None) -> Engine:
-        headroom = per_round + 1 if drafter is not None else 0
-        return make_engine(target, drafter, args, device, max_num_seqs=max_c, seq_tokens=seq_tokens, headroom=headroom)
-
+    spans = study_spans(arms, per_round)
+    seqs = {n: seq_tokens_at(args, n, max(spans), per_round) for n in args.prompt_lens}
+    budget = memory_budget(device, args.gpu_memory_utilization)
+    later = weight_bytes([target, target, drafter_ckpt], dtype, device)  # the random target's, then the pair's
+    per_block = pool_block_bytes(target, drafter_ckpt, dtype)
+    pool = fit_grid(args.concurrency, seqs, per_round + 1, per_block, budget, later)
+    cs = sorted(set(args.concurrency))
+    contexts = [ContextRun(args, n, cs, argv, len(args.prompt_lens) > 1) for n in args.prompt_lens]
+    size = dict(max_num_seqs=cs[-1], seq_tokens=max(seqs.values()), blocks=pool)
     random_target, _ = random_pair(args.geometry, device, dtype, seed=args.seed)
-    equality = measure_costs(engine_of(random_target), batches, [1], context, args.profile_budget_s / 3)
-    del random_target
+    random_engine = make_engine(random_target, None, args, device, **size)
+    for run in contexts:  # the equality check's random weights: built, profiled at every context, freed
+        run.equality = measure_costs(random_engine, run.batches, [1], run.context, args.profile_budget_s / 3)
+    del random_target, random_engine
     _free(device)
-    engines = {"plain": engine_of(target)}
+    engines = engine_pair(target, drafter_ckpt, args, device, **size, grid=f"{args.prompt_lens} prompt tokens x c={cs}")
+    drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
+    summaries = {}
+    for i, run in enumerate(contexts):
+        if args.time_budget_s is not None:
+            left = args.time_budget_s - (time.perf_counter() - t0)
+            run.args.time_budget_s = max(0.0, left / (len(contexts) - i))
+        summaries[run.context] = study_context(run, engines, drafter, profiles, arms, spans, per_round)
+        log.info("prompt length %d done at %.0f s", run.context, time.perf_counter() - t0)
+    if len(contexts) > 1:
+        write_contexts(args.out, run_meta("study", device, argv), summaries, cs)
+    return 0
+
+
+def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, spans, per_round: int) -> list[dict]:
+    """Every stage of the study at one prompt length on the shared engines, its files under run.args.out:
+    the summary rows."""
+    args, t0 = run.args, time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = run_meta("study", engines["spec"].device, run.argv)
+    context, batches = table_context(args), run.batches
     plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
-    engines["spec"] = engine_of(target, drafter_ckpt)
+    needed = sorted({1} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})  # whatever the budget
     profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s, needed)
+    prefill_rows = time_prefills(engines["spec"], args.calib_batches, args.prompt_len)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
-    write_meta(args.out, meta, argv, graph_buckets(engines["spec"]))  # what a report from the files needs
-    write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, equality))
-    log.info("profiles done at %.0f s", time.perf_counter() - t0)
-
-    vocab = engines["plain"].target_cfg.geometry.vocab_size
-    prompts = study_prompts(args, vocab)
-    echo = echo_check(engines["plain"], prompts[: args.echo_batch], args.echo_steps)
-    drafter = ModelledDrafter(engines["spec"], profiles[0], seed=args.seed).install()
+    write_meta(args.out, meta, run.argv, graph_buckets(engines["spec"]))  # what a report from the files needs
+    profiled = {"spec": profile_rows, "plain": plain_rows, "random": run.equality}
+    write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, run.equality, prefill_rows))
+    prompts = study_prompts(args, engines["plain"].target_cfg.geometry.vocab_size)
+    max_c = max(args.concurrency)
+    echo = echo_check(engines["plain"], prompts[: min(args.echo_batch, max_c)], args.echo_steps)
+    drafter.set_profile(profiles[0])
     lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
     write_checks(args.out, echo, lossless)
-    mismatches = [r["mismatches"] for r in lossless]
-    log.info("echo ok %s, lossless mismatches %s at %.0f s", not echo["failures"], mismatches, time.perf_counter() - t0)
-    costs = calibration_stage(engines, table, prompts, args, arms, per_round)
-    log.info("calibration done at %.0f s", time.perf_counter() - t0)
-    batches = [b for b in graph_buckets(engines["spec"]) if b <= max_c]
-    graphs = graph_stage(engines["spec"], arms, per_round, batches, context, args.graphs_budget_s)
+    log.info("echo ok %s, lossless mismatches %s", not echo["failures"], [r["mismatches"] for r in lossless])
+    costs = calibration_stage(engines, table, prompts, args, arms, per_round, prefill_rows)
+    buckets = [b for b in graph_buckets(engines["spec"]) if b <= max_c]
+    graphs = graph_stage(engines["spec"], arms, per_round, buckets, context, args.graphs_budget_s)
     draws = draws_stage(drafter, prompts, profiles, arms, args, waves_for)
-    log.info("graphs and draws done at %.0f s", time.perf_counter() - t0)
-
     if args.time_budget_s is not None:
         args.sweep_budget_s = max(0.0, args.time_budget_s - (time.perf_counter() - t0) - args.reserve_s)
-        log.info("sweep budget %.0f s", args.sweep_budget_s)
+        log.info("prompt length %d: sweep budget %.0f s", args.prompt_len, args.sweep_budget_s)
     rows = sweep_all(engines, drafter, profiles, arms, prompts, args, costs)
-    meta.update(
-        geometry=args.geometry,
-        target=target.name,
-        drafter=drafter_ckpt.name,
-        profiles={p.name: list(p.conditional) for p in profiles},
-        new_tokens=args.new_tokens,
-        prompt_len=args.prompt_len,
-        graphs_captured=graphs,
-        seconds=time.perf_counter() - t0,
-    )
+    meta.update(geometry=args.geometry, target="known-" + args.geometry, drafter=f"random-{args.geometry}-dflash")
+    meta.update(profiles={p.name: list(p.conditional) for p in profiles}, new_tokens=args.new_tokens)
+    meta.update(prompt_len=args.prompt_len, graphs_captured=graphs, seconds=time.perf_counter() - t0)
     buckets = graph_buckets(engines["spec"])
-    profiled = {"spec": profile_rows, "plain": plain_rows, "random": equality}
-    write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
-    return 0
+    return write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
 
 
 if __name__ == "__main__":

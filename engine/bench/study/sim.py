@@ -1,8 +1,6 @@
-"""The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots; the requests
-that finish in a step are replaced at once and the next step is one prefill of all of them; each
-speculative request-round commits a draw from the acceptance profile (or, with `accepted`, the
-drafter's own draws: draws.py), capped like the engine's draft limit. An arm's end-to-end tok/s
-without a model, and the steps (plan, batch) it replayed."""
+"""The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots, finished
+requests replaced by one prefill, each speculative request-round committing a draw (the profile's or
+the drafter's own: draws.py); an arm's tok/s and the (plan, batch) steps it replayed."""
 
 from __future__ import annotations
 
@@ -47,13 +45,10 @@ def simulate_closed_loop(
     policy: SpanPolicy | None = None,
     accepted: Accepted | None = None,
 ) -> SimResult:
-    """drafts None = plain decode on the plain engine; gate N gates rounds of >= N requests; buckets:
-    a step of n requests runs the graphs of the first bucket >= n (the host term takes n). draws: the
-    accepted-draft counts of the request-rounds in order (default: seeded draws from `conditional`).
-    policy: the adaptive span policy picks each round's K (capped by drafts; 0 = a gated round; told
-    each running request's remaining tokens when none waits) and observes its outcome and its step's
-    time (host term included), as the engine's does. accepted: request i's draws by tokens it has
-    output (draws.py), in place of `draws` and `conditional`."""
+    """drafts None: plain decode; gate N gates rounds of >= N requests; buckets: a step of n requests
+    runs the graphs of the first bucket >= n; draws: the request-rounds' accepted-draft counts in order
+    (default: seeded from `conditional`); accepted: request i's draws by tokens output (draws.py);
+    policy: the adaptive span policy choosing and observing each round as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _request_drawer(conditional, seed, draws, accepted, new_tokens)

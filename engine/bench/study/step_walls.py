@@ -1,8 +1,6 @@
-"""The study's host and prefill terms (model.py), timed on its own engines in the same run: the wall
-of a prefill step admitting n requests, and the mean wall of steady plain steps, gated rounds and
-speculative rounds at each calibrated batch minus the device time of their graph replays (the cost
-table's, measured on the same engine). Why a mean over a window and a centred warm-up: the
-benchmarks README, "study"."""
+"""The study's host and prefill terms (model.py), timed on its own engines in the same run: a prefill
+step's wall, and steady steps' mean wall minus their graph replays' device time (the benchmarks
+README, "study")."""
 
 from __future__ import annotations
 
@@ -42,8 +40,8 @@ def centred_warmup(context: int, prompt_len: float, steps: int, least: int) -> i
 def timed_steps(
     engine: Engine, prompts: Sequence[Sequence[int]], warmup: int, steps: int, drafts: int
 ) -> tuple[float, list[tuple[str, int, float]]]:
-    """(prefill ms of one step admitting every prompt, add_request included, [(plan, batch, wall ms)] of
-    `steps` steps after `warmup` untimed ones); the requests are aborted and the engine left idle."""
+    """(prefill ms of the steps admitting every prompt, add_request included; [(plan, batch, wall ms)]
+    of `steps` steps after `warmup` untimed ones); the requests are aborted, the engine left idle."""
     if engine.has_unfinished():
         raise RuntimeError("calibration needs an idle engine")
     params = SamplingParams(temperature=0, max_tokens=budget_tokens(warmup + steps, drafts), ignore_eos=True)
@@ -51,15 +49,22 @@ def timed_steps(
     t0 = time.perf_counter()
     ids = [engine.add_request(list(p), params) for p in prompts]
     try:
-        _walk(engine.step())
+        admitted = 0
+        while admitted < len(prompts):
+            _walk(engine.step())
+            record = engine.timer.records[-1]
+            if record.plan != Plan.PREFILL.value:
+                break
+            admitted += record.batch
         prefill = (time.perf_counter() - t0) * 1e3
-        _check(engine, len(prompts), prefill=True)
+        if admitted != len(prompts):
+            raise RuntimeError(f"calibration: prefills of {admitted} requests, not of {len(prompts)}")
         walls = []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
             _walk(engine.step())
             wall = (time.perf_counter() - t0) * 1e3
-            plan = _check(engine, len(prompts), prefill=False)
+            plan = _check(engine, len(prompts))
             if i >= warmup:
                 walls.append((plan, len(prompts), wall))
     finally:
@@ -70,12 +75,11 @@ def timed_steps(
     return prefill, walls
 
 
-def _check(engine: Engine, batch: int, prefill: bool) -> str:
-    """The plan of the step just run, which must have been a prefill (or a decode-side step) of batch."""
+def _check(engine: Engine, batch: int) -> str:
+    """The plan of the step just run, which must have been a decode-side step of batch."""
     record = engine.timer.records[-1]
-    if record.batch != batch or (record.plan == Plan.PREFILL.value) != prefill:
-        want = "a prefill" if prefill else "a decode-side step"
-        raise RuntimeError(f"calibration: {record.plan} of {record.batch} requests, not {want} of {batch}")
+    if record.batch != batch or record.plan == Plan.PREFILL.value:
+        raise RuntimeError(f"calibration: {record.plan} of {record.batch} requests, not a decode-side step of {batch}")
     return record.plan
 
 
@@ -161,10 +165,16 @@ def calib_batches(args: argparse.Namespace) -> list[int]:
 
 
 def calibration_stage(
-    engines: dict[str, Engine], table: CostTable, prompts, args: argparse.Namespace, arms, per_round: int
+    engines: dict[str, Engine],
+    table: CostTable,
+    prompts,
+    args: argparse.Namespace,
+    arms,
+    per_round: int,
+    prefill_rows: Sequence[dict] = (),
 ) -> StepCosts:
     """The calibration on the sweep's engines and prompts, at every K an arm verifies, written to
-    calibration.csv; the device table alone if it fails."""
+    calibration.csv; the device table and the timed prefills (profile.time_prefills) alone if it fails."""
     spec_drafts = sorted({arm_drafts(a, per_round) for a in arms if not a.is_plain})
     try:
         rows = calibrate(
@@ -173,14 +183,14 @@ def calibration_stage(
             context=table_context(args),
         )
     except Exception:  # the sweep still runs; its predictions fall back to the device table alone
-        log.exception("calibration failed: predictions without host terms, prefill as a graph replay")
-        return table_only(table, args.prompt_len)
+        log.exception("calibration failed: predictions without host terms, prefill as the timed prefills")
+        return table_only(table, prefill_rows)
     write_csv(args.out / "calibration.csv", rows)
     return StepCosts.from_rows(table, rows)
 
 
-def table_only(table: CostTable, prompt_len: int) -> StepCosts:
-    """The uncalibrated model: no host time, a prefill of n requests as the table's prompt-long verify."""
-    batches = sorted({b for b, s in table.verify if s == prompt_len})
-    prefill = {b: table.verify_ms(b, prompt_len) for b in batches}
+def table_only(table: CostTable, prefill_rows: Sequence[dict]) -> StepCosts:
+    """The uncalibrated model: no host time, a prefill of n requests the timed prefill of n prompts (the
+    speculative engine's, its drafter context stored: both engines take it)."""
+    prefill = {int(r["batch"]): float(r["ms"]) for r in prefill_rows if r["kind"] == "prefill"}
     return StepCosts(table, {}, {"plain": prefill, "spec": prefill})
