@@ -115,7 +115,7 @@ def attention_config(
     max_kv: int,
     device: torch.device,
     batch_invariant: bool,
-) -> tuple[int, int, int, int]:
+) -> tuple[int, int, int, int, int]:
     """(BLOCK_Q, BLOCK_M, BLOCK_N, NUM_SPLITS, MIN_SPLITS) from shapes and python ints only; max_kv
     bounds every sequence's keys (the block table's width). The grid has NUM_SPLITS splits, a sequence
     uses MIN_SPLITS of them up to SPLIT_KEYS keys a split and more beyond (attention_kernels._kv_range)."""

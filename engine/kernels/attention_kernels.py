@@ -64,8 +64,8 @@ def paged_attn_kernel(
     q_start = tl.load(qsl_ptr + b)  # before the wait (module docstring)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + b)
+    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
     if EARLY_LINES > 0:  # the first tile's cached rows into L2
-        lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
         n = lo + tl.arange(0, BLOCK_N)
         blk, off = _pages(bt_row, n, (n < tl.minimum(hi, seq_len - q_len)) & (q_tile < q_len), PAGE)
         line = tl.arange(0, EARLY_LINES)[None, :] * (D // EARLY_LINES)  # 128 bytes apart
@@ -76,12 +76,11 @@ def paged_attn_kernel(
     row_ok = (m < BLOCK_Q * G) & (qi < q_len)
     t = (q_start + qi).to(tl.int64)
     h = kvh * G + m % G
-    lo, hi = _kv_range(seq_len, q_len, q_tile, split, BLOCK_Q, BLOCK_N, NUM_SPLITS, MIN_SPLITS, SPLIT_KEYS, CAUSAL)
     if NUM_SPLITS > 1:  # noqa: SIM102 (a constexpr test around a runtime one: Triton keeps them apart)
         # An unused split writes its empty lse and leaves before the wait, holding no slot: the buffer's
         # last reader (an earlier layer's reduce) is two or more kernels back, done before this launch.
         if lo >= hi:
-            tl.store(part_lse_ptr + (t * HQ + h) * NUM_SPLITS + split, float("-inf"), mask=row_ok & (q_tile < q_len))
+            tl.store(part_lse_ptr + (t * HQ + h) * NUM_SPLITS + split, float("-inf"), mask=row_ok)
             return
     if PDL:  # wait for the previous kernel's writes, then let the next kernel launch
         tl.extra.cuda.gdc_wait()
