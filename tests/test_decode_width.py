@@ -7,24 +7,11 @@ from __future__ import annotations
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams, runner
-from engine.graphs import StepGraphs, _pad
 from engine.kernels import attention
 from engine.runner import SHORT_KEYS
+from tests.graph_fakes import CPUGraphs
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-
-
-class KeyedGraphs(StepGraphs):
-    """StepGraphs on the CPU: every step eager on its padded inputs, each (key, bucket) recorded."""
-
-    def __init__(self, buckets: list[int]):
-        self.enabled, self.buckets, self.captured, self.captures, self._pool = True, buckets, {}, 0, None
-
-    def run(self, key, fn, n, values, pads, shared=frozenset()):
-        bucket = self.bucket(n)
-        values = {k: v if k in shared or v.shape[0] == bucket else _pad(v, bucket, pads[k]) for k, v in values.items()}
-        self.captured.setdefault((*key, bucket), True)
-        return fn(**values)
 
 
 SHORT = 128  # the tiny target's 512 positions hold a short and a long class at this cut
@@ -32,7 +19,7 @@ SHORT = 128  # the tiny target's 512 positions hold a short and a long class at 
 
 def engine(target) -> Engine:
     e = Engine(EngineConfig(model=str(target), device="cpu", max_num_seqs=2, max_model_len=4 * SHORT))
-    e.runner.graphs = KeyedGraphs([1, 2])
+    e.runner.graphs = CPUGraphs([1, 2])
     return e
 
 

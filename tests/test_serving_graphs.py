@@ -8,32 +8,10 @@ from __future__ import annotations
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
-from engine.graphs import StepGraphs
+from tests.graph_fakes import CPUGraphs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-class StaticStep:
-    """A capture's stand-in: the step's static inputs, refilled and run eagerly at each replay."""
-
-    def __init__(self, fn, inputs):
-        self.fn, self.inputs = fn, inputs
-
-    def replay(self, **values):
-        for name, value in values.items():
-            if value.data_ptr() != self.inputs[name].data_ptr():
-                self.inputs[name].copy_(value)
-        return self.fn(**self.inputs)
-
-
-class CPUGraphs(StepGraphs):
-    def __init__(self, buckets: list[int]):
-        super().__init__(False, buckets)
-        self.enabled = True
-
-    def capture(self, fn, inputs):
-        return StaticStep(fn, inputs)
 
 
 def engine(target, drafter, **levers) -> Engine:
