@@ -149,3 +149,17 @@ def test_the_context_grid_is_sized_by_its_largest_cell_and_reported_per_context(
     assert run.args.out == tmp_path / "prompt-8192" and run.args.prompt_lens == [8192] and run.batches == [1, 8]
     assert run.argv[-4:] == ["--prompt-len", "8192", "--prompt-lens", "8192"] and args.prompt_len == 16
     assert ContextRun(args, 2048, [1, 8], ["--x"], nested=False).argv == ["--x"]
+
+
+@pytest.mark.parametrize("raw", ["0", "1.5", "-0.2", "nan", "half"])
+def test_a_bad_memory_share_is_refused_naming_the_flag(raw, capsys):
+    p = argparse.ArgumentParser()
+    common.add_device_args(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--gpu-memory-utilization", raw])
+    assert "--gpu-memory-utilization" in capsys.readouterr().err
+
+
+def test_a_study_refuses_a_prompt_length_below_one(tmp_path):
+    with pytest.raises(SystemExit, match="--prompt-lens"):
+        study.main(["--geometry", "tiny", "--device", "cpu", "--out", str(tmp_path), "--prompt-lens", "64", "0"])
