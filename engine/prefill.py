@@ -1,8 +1,9 @@
 """The prefill step: whole prompts (`prefill_ids`) through the target, and with a drafter their feature
 rows into its KV as context. Up to PREFILL_GRAPH_TOKENS tokens a prefill replays the graph of its (token
-bucket, longest-prompt bucket, request bucket), its inputs staged in two persistent buffers, else runs
-eagerly. Padded tokens are token 0 at position 0 with slot -1 (no K/V written, in no sequence's span);
-padded requests sit on the null row with no tokens.
+bucket, longest-prompt bucket, power-of-two request bucket), its inputs staged in two persistent buffers,
+else runs eagerly; `prefill_shapes` lists every such key a server can meet, `warm_prefill` captures them.
+Padded tokens are token 0 at position 0 with slot -1 (no K/V written, in no sequence's span); padded
+requests sit on the null row with no tokens.
 """
 
 from __future__ import annotations
@@ -51,6 +52,39 @@ def prefill_bucket(tokens: int) -> int | None:
     return max(16, next_pow2(tokens)) if tokens <= 256 else -(-tokens // 256) * 256
 
 
+def query_bucket(longest: int, t: int) -> int:
+    """The attention span a graphed prefill of token bucket t runs at: 16 * 4^i >= the longest prompt
+    (programs past a prompt's end exit at once), capped at t."""
+    q = 16
+    while q < longest:
+        q *= 4
+    return min(q, t)
+
+
+def request_bucket(buckets: Sequence[int], n: int) -> int:
+    """The rows a graphed prefill of n requests runs at: the least power-of-two graph bucket >= n, or the
+    widest bucket (prefill graphs need not follow the decode buckets between powers of two)."""
+    return next((b for b in buckets if b >= n and not b & (b - 1)), max(buckets))
+
+
+def prefill_shapes(buckets: Sequence[int], max_tokens: int) -> list[tuple[int, int, int]]:
+    """Every graphed prefill key (token bucket t, span q, request bucket m) that a step of at most
+    `max_tokens` prompt tokens over at most max(buckets) requests can reach (a superset: q spans from the
+    shortest longest-prompt to the longest one of each (t, n))."""
+    shapes, most, first = set(), max(buckets), 1
+    for last in sorted({prefill_bucket(x) for x in range(1, min(max_tokens, PREFILL_GRAPH_TOKENS) + 1)}):
+        t, last = last, min(last, max_tokens)  # totals first..last replay bucket t
+        for n in range(1, min(most, last) + 1):
+            q, top = query_bucket(-(-max(first, n) // n), t), query_bucket(last - n + 1, t)
+            while True:
+                shapes.add((t, q, request_bucket(buckets, n)))
+                if q >= top:
+                    break
+                q = min(4 * q, t)
+        first = t + 1
+    return sorted(shapes)
+
+
 def staged_buffers(width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The graphed prefill's inputs: per token [3, PREFILL_GRAPH_TOKENS], per request [4, width + 1]."""
     tokens = torch.zeros(TOKEN_FIELDS, PREFILL_GRAPH_TOKENS, dtype=torch.int64, device=device)
@@ -75,7 +109,7 @@ def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, tor
         meta = AttnMeta(slot_mapping, tables, lengths, qsl, max(lens), causal=True)
         last = runner.to_device(starts[1:]) - 1
         return _forward(runner, runner.to_device(ids), position_ids, meta, last)
-    m, q = runner.graphs.rows(n), min(t, max(16, next_pow2(max(lens))))
+    m, q = request_bucket(runner.graphs.buckets, n), query_bucket(max(lens), t)
     pad, extra = t - total, m - n
     token_rows = [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad]
     request_rows = [
@@ -88,8 +122,21 @@ def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, tor
     pinned = tokens.is_cuda
     tokens[:, :t].copy_(torch.tensor(token_rows, dtype=torch.int64, pin_memory=pinned), non_blocking=True)
     requests[:, : m + 1].copy_(torch.tensor(request_rows, dtype=torch.int64, pin_memory=pinned), non_blocking=True)
-    logits, greedy = runner.graphs.run(("prefill", t, q), partial(_staged, runner, t, m, q), n, {}, {})
+    logits, greedy = runner.graphs.run(("prefill", t, q), partial(_staged, runner, t, m, q), m, {}, {})
     return logits[:n], greedy[:n]
+
+
+def warm_prefill(runner: ModelRunner, shapes: Sequence[tuple[int, int, int]]) -> None:
+    """Run (capturing, unless frozen) the graphed prefill at each (t, q, m) on padding alone: every token
+    slot -1, every request the null row with no tokens, so nothing is written to any cache. Nothing
+    without staged buffers (no prefill is graphed)."""
+    if runner.prefill_staged is None:
+        return
+    tokens, requests = runner.prefill_staged
+    tokens.zero_(), tokens[2].fill_(-1)
+    requests.zero_(), requests[0].fill_(runner.null_row)
+    for t, q, m in shapes:
+        runner.graphs.run(("prefill", t, q), partial(_staged, runner, t, m, q), m, {}, {})
 
 
 def _staged(runner: ModelRunner, t: int, m: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ class EagerBuckets:
     function called as it would be captured."""
 
     captures = 0
+    buckets = (1, 2, 4, 8)
 
     def __init__(self):
         self.keys: list[tuple] = []
@@ -89,3 +90,47 @@ def test_graphed_prefill_matches_the_eager_one(tiny_target, tiny_drafter):
     buckets = {key[-1] for key in graphed.runner.graphs.captured if key[0] == "prefill"}
     assert buckets == {1, 4, 16}
     assert not any(key[0] == "prefill" for key in eager.runner.graphs.captured)
+
+
+def test_every_prefill_a_server_can_meet_has_a_warmed_shape():
+    """prefill_shapes covers the key of every step of random prompts (lengths, count, total within the
+    limits), keyed as prefill() keys it; and the spans are 16 * 4^i capped at the token bucket."""
+    import random
+
+    from engine.prefill import prefill_shapes, query_bucket, request_bucket
+
+    buckets, limit = [1, 2, 4, 8, 16, 24, 32], 700
+    shapes, rng = set(prefill_shapes(buckets, limit)), random.Random(0)
+    assert all(q in (16, 64, 256, 1024, t) and q <= t for t, q, _ in shapes)
+    assert {m for _, _, m in shapes} == {1, 2, 4, 8, 16, 32}  # prefill rows skip the decode-only 24
+    for _ in range(3000):
+        n = rng.randint(1, 32)
+        lens = [rng.randint(1, rng.choice((4, 40, 400))) for _ in range(n)]
+        if sum(lens) > limit:
+            continue
+        t = prefill_bucket(sum(lens))
+        assert (t, query_bucket(max(lens), t), request_bucket(buckets, n)) in shapes, lens
+    assert not any(t > prefill_bucket(limit) for t, _, _ in shapes)
+
+
+def test_a_warmed_prefill_writes_no_cache_row(tiny_target, tiny_drafter, one_thread):
+    """warm_prefill runs each shape on padding alone: no target or drafter K/V row changes, one graph
+    per shape (CPU stand-in capture), and a frozen engine's prefill then replays instead of capturing."""
+    from engine.prefill import prefill_shapes, warm_prefill
+    from tests.graph_fakes import CPUGraphs
+
+    e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", max_num_seqs=4))
+    runner = e.runner
+    runner.graphs, runner.prefill_staged = CPUGraphs([1, 2, 4]), staged_buffers(4, torch.device("cpu"))
+    vocab = e.target_cfg.geometry.vocab_size
+    runner.logits_buffer = lambda rows: torch.empty(rows, vocab)
+    tensors = lambda: [t for kv in runner.kv + runner.draft_kv for t in kv]  # noqa: E731
+    caches = [t.clone() for t in tensors()]
+    shapes = prefill_shapes(runner.graphs.buckets, 64)
+    warm_prefill(runner, shapes)
+    assert runner.graphs.captures == len(shapes)
+    assert all(torch.equal(a, b) for a, b in zip(caches, tensors(), strict=True))
+    runner.graphs.frozen = True
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    e.generate([PROMPTS[0], PROMPTS[1]], params)
+    assert runner.graphs.eager_misses == 0 and runner.graphs.captures == len(shapes)

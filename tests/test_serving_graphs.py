@@ -1,13 +1,16 @@
 """Graphs captured before serving (engine/policy/warmup.py `capture_serving_graphs`, `Engine.capture_graphs`):
 the one-token step at every table width and the drafter and verify of the round's K at every bucket the
-pool admits, then frozen graphs: a step whose graph is missing runs eagerly and nothing is captured while
-serving, with outputs unchanged. On the CPU a stand-in capture replays its static inputs eagerly."""
+pool admits, every graphed prefill shape, then frozen graphs: a step whose graph is missing runs eagerly and
+nothing is captured while serving, with outputs unchanged. On the CPU a stand-in capture replays its static
+inputs eagerly."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine import Engine, EngineConfig, SamplingParams
+from engine.prefill import prefill_shapes, staged_buffers
 from tests.graph_fakes import CPUGraphs
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [1, 2, 3], list(range(20, 60)), [7] * 9]
@@ -18,6 +21,9 @@ def engine(target, drafter, **levers) -> Engine:
     cfg = EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", max_num_seqs=4, levers=levers)
     e = Engine(cfg)
     e.runner.graphs = CPUGraphs(e.runner.graphs.buckets)
+    e.runner.prefill_staged = staged_buffers(max(e.runner.graphs.buckets), torch.device("cpu"))
+    vocab = e.target_cfg.geometry.vocab_size
+    e.runner.logits_buffer = lambda rows: torch.empty(rows, vocab)  # the graphed prefill's logits rows
     return e
 
 
@@ -29,6 +35,9 @@ def test_capture_at_start_then_nothing_captured_while_serving(tiny_target, tiny_
     buckets = runner.graphs.buckets  # 1, 2, 4: the pool holds them all
     want = {("decode", w, b) for w in runner.decode_widths for b in buckets}
     want |= {("draft", (), k, b) for b in buckets} | {("verify", k, e.rounds.accept, b) for b in buckets}
+    prefills = {("prefill", t, q, m) for t, q, m in prefill_shapes(buckets, e.config.max_num_batched_tokens)}
+    assert report["prefill_graphs"] == len(prefills) and prefills <= set(runner.graphs.captured)
+    want |= prefills
     assert want <= set(runner.graphs.captured) and report["graphs"] == runner.graphs.captures >= len(want)
     assert report["seconds"] >= 0 and report["bytes"] == 0 and runner.graphs.frozen  # no CUDA pool here
     assert not e.has_unfinished() and e.blocks.num_free == e.blocks.capacity  # the dummies handed back
@@ -45,4 +54,5 @@ def test_capture_at_start_then_nothing_captured_while_serving(tiny_target, tiny_
 
 def test_without_graphs_nothing_is_captured_or_frozen(tiny_target, tiny_drafter, one_thread):
     e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
-    assert e.capture_graphs() == {"graphs": 0, "seconds": 0.0, "bytes": 0} and not e.runner.graphs.frozen
+    none = {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
+    assert e.capture_graphs() == none and not e.runner.graphs.frozen

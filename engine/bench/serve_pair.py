@@ -125,8 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = dict(dtype=args.dtype, backend=args.backend, cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
     options.update(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     engine = known_engine(args.geometry, args.profile, args.arm, resolve_device(args.device), **options)
-    engine.capture_graphs()  # as `python -m engine serve` does
-    log.info("known-%s pair, arm %s, profile %s: serving", args.geometry, args.arm.label, args.profile.name)
+    graphs = engine.capture_graphs()  # as `python -m engine serve` does
+    log.info("known-%s pair, arm %s, profile %s: serving; %s", args.geometry, args.arm.label, args.profile.name, graphs)
     freeze_start_up_heap()  # as `python -m engine serve` does
     worker = EngineWorker(engine)
     worker.start()

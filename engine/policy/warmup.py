@@ -17,6 +17,7 @@ from engine.config import EngineConfig, SamplingParams
 from engine.kv_cache import BlockManager
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.policy.span import SPAN_VARIANTS
+from engine.prefill import prefill_shapes, warm_prefill
 from engine.request import Finish, Request
 from engine.runner import AcceptRule, ModelRunner
 from engine.scheduler import Plan, Scheduler
@@ -159,21 +160,36 @@ def warm_graphs(
 def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[int]) -> dict:
     """Before serving, on an idle engine with graphs: the one-token step at every table width and, per K
     in `ks`, the drafter and the verify, at every bucket the KV pool admits (the adaptive policy captures
-    its variants itself); then the graphs freeze: a step without one runs eagerly, never captured.
-    Returns {"graphs": captured, "seconds": wall, "bytes": the graph pool's growth (CUDA; else 0)}."""
+    its variants itself), and every graphed prefill shape; then the graphs freeze: a step without one
+    runs eagerly, never captured. Returns {"graphs": captured here, "prefill_graphs": prefill graphs held,
+    "seconds", "bytes": CUDA memory reserved past what was allocated before (the graph pools; 0 on CPU)}."""
     runner = engine.runner
     if not runner.graphs.enabled:
-        return {"graphs": 0, "seconds": 0.0, "bytes": 0}
+        return {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
     how = plan_calibration(engine)
     buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
     cuda, start = engine.device.type == "cuda", time.perf_counter()
+    if cuda:  # cached free blocks would count as graph memory (or, released mid-way, as negative)
+        torch.cuda.synchronize(engine.device), torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved(engine.device) if cuda else 0
+    before = runner.graphs.captures
     with dummy_requests(engine, max(buckets), how.context, max([1, *ks]) + 1) as reqs:
-        captured = warm_graphs(runner, accept, reqs, buckets, [k for k in ks if k > 0])
-    runner.graphs.frozen = True
+        warm_graphs(runner, accept, reqs, buckets, [k for k in ks if k > 0])
+    runner.graphs.frozen = False  # frozen again just below, whatever happens
+    try:
+        warm_prefill(runner, prefill_shapes(buckets, max(engine.config.max_num_batched_tokens, engine.max_model_len)))
+    finally:
+        runner.graphs.frozen = True
+    prefills = sum(key[0] == "prefill" for key in runner.graphs.captured)
     grown = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
-    report = {"graphs": captured, "seconds": time.perf_counter() - start, "bytes": grown}
-    log.info("serving graphs: %(graphs)d captured in %(seconds).2f s, %(bytes)d bytes of graph pool", report)
+    report = {"graphs": runner.graphs.captures - before, "prefill_graphs": prefills}
+    report["seconds"] = time.perf_counter() - start
+    report["bytes"] = grown
+    log.info(
+        "serving graphs: %(graphs)d captured (%(prefill_graphs)d prefill) in %(seconds).2f s, "
+        "%(bytes)d bytes of graph pool",
+        report,
+    )
     return report
 
 
