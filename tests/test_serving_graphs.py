@@ -56,3 +56,20 @@ def test_without_graphs_nothing_is_captured_or_frozen(tiny_target, tiny_drafter,
     e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
     none = {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
     assert e.capture_graphs() == none and not e.runner.graphs.frozen
+
+
+def test_a_warm_up_at_long_context_skips_the_table_width_its_keys_overflow(
+    tiny_target, tiny_drafter, one_thread, monkeypatch
+):
+    """Dummies holding more keys than the short table width: the one-token step is warmed at the full
+    width alone (the short one would read past its columns: an illegal access on the H200)."""
+    from engine.policy.warmup import dummy_requests, warm_graphs
+
+    monkeypatch.setattr("engine.runner.SHORT_KEYS", 128)  # two widths within the tiny pair's 512 tokens
+    e = Engine(EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu"))
+    runner = e.runner
+    runner.graphs = CPUGraphs(runner.graphs.buckets)
+    short, full = runner.decode_widths
+    with dummy_requests(e, 2, short * runner.block_size + 10, 2) as reqs:
+        warm_graphs(runner, e.rounds.accept, reqs, [1, 2], [])
+    assert {key[1] for key in runner.graphs.captured if key[0] == "decode"} == {full}

@@ -143,9 +143,10 @@ def warm_graphs(
             if stop is not None and stop(b):
                 break
             sub = list(reqs[:b])
-            if one_token:  # at each table width: long contexts replay the full one
+            if one_token:  # at each table width that holds their keys (a narrower one would read past it)
                 runner.stage(sub)
-                for width in runner.decode_widths:
+                longest = max(r.num_kv for r in sub)
+                for width in [w for w in runner.decode_widths if w * runner.block_size > longest]:
                     runner.decode(sub, width)
             for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
                 runner.stage(sub)
