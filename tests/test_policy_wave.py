@@ -15,8 +15,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.bench.closed_loop import closed_loop
 from engine.policy.costs import read_cost_table
-from engine.policy.probe import PROBE_FIRST
-from engine.policy.span import SpanPolicy, best_span, round_times, span_candidates
+from engine.policy.span import PROBE_FIRST, SpanPolicy, best_span, round_times, span_candidates
 from engine.policy.wave import committed_moments, wave, wave_ms
 
 H200_4B = read_cost_table(Path(__file__).parent / "data" / "policy" / "h200-4b-profile.csv")
