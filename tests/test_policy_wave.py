@@ -72,7 +72,7 @@ def values_at(profile: list[float], batch: int) -> tuple[int, int]:
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(profile)
     per_round, _ = best_span(policy._round_times(batch, 0), batch, profile)
-    wave_values = policy.waves.evaluate([64] * batch, 0, profile, policy.host.predict)
+    wave_values = policy.waves.evaluate([64] * batch, 0, profile)
     return per_round, max(wave_values, key=lambda k: (wave_values[k], -k))
 
 

@@ -122,7 +122,7 @@ class SpanPolicy:
         self._starved_memo: tuple = (None, True)  # _starved_at_one's inputs and answer
         self._times = cache(lambda b, cap, c: round_times(table, b, span_candidates(per_round, cap, table), c))
         self._device = cache(lambda b, k, c: round_times(table, b, [k], c)[k])
-        self.waves = WaveValues(self._times, SPEC_DISCOUNT)
+        self.waves = WaveValues(self._times, self.host.predict, SPEC_DISCOUNT)
 
     def decide(self, *args: Any, **kwargs: Any) -> int:
         """K for the next round: `apply(plan(...))`."""
@@ -147,7 +147,7 @@ class SpanPolicy:
         draining = remaining is not None and batch > 1
         best, values = best_span(times, batch, self.conditional)
         if draining and best and values[best] < WAVE_BAND * values[0]:  # near break-even: over the wave
-            values = self.waves(remaining, max_drafts, self.conditional, self.host.predict, context)
+            values = self.waves(remaining, max_drafts, self.conditional, context)
             best = max(values, key=lambda k: (values[k], -k))
         patience = 1 if draining else self.patience  # a wave's values already average its rounds
         k_in_force, streak = self.k, self._streak
