@@ -9,8 +9,10 @@ import pytest
 
 from engine.levers import Levers
 from engine.policy.costs import expected_committed, read_cost_table
-from engine.policy.probe import PROBE_FIRST, PROBE_FLOOR, PROBE_LOSS_LEAST
 from engine.policy.span import (
+    PROBE_FIRST,
+    PROBE_FLOOR,
+    PROBE_LOSS_LEAST,
     SPEC_DISCOUNT,
     SpanPolicy,
     best_span,

@@ -15,8 +15,7 @@ import pytest
 from engine import Engine, EngineConfig, SamplingParams
 from engine.bench.closed_loop import closed_loop
 from engine.policy.costs import read_cost_table
-from engine.policy.probe import PROBE_FIRST
-from engine.policy.span import SpanPolicy, best_span, round_times, span_candidates
+from engine.policy.span import PROBE_FIRST, SpanPolicy, best_span, round_times, span_candidates
 from engine.policy.wave import committed_moments, wave, wave_ms
 
 H200_4B = read_cost_table(Path(__file__).parent / "data" / "policy" / "h200-4b-profile.csv")
@@ -73,7 +72,7 @@ def values_at(profile: list[float], batch: int) -> tuple[int, int]:
     policy = SpanPolicy(H200_4B, 15, learn_host=False)
     policy.conditional = list(profile)
     per_round, _ = best_span(policy._round_times(batch, 0), batch, profile)
-    wave_values = policy.waves.evaluate([64] * batch, 0, profile, policy.host.predict)
+    wave_values = policy.waves.evaluate([64] * batch, 0, profile)
     return per_round, max(wave_values, key=lambda k: (wave_values[k], -k))
 
 

@@ -1,8 +1,6 @@
-"""The adaptive policy's cost table, measured by the engine on its own device: `time_forwards` times the
-target verify per (batch, span) and the drafter forward per batch on requests in the cache (graph
-replays on the GPU, eager on CPU). `calibrated_table` reads the table cached for this engine's key under
-$PEGASPEC_CACHE/costs (default ~/.cache/pegaspec/costs, one JSON file per key, under a file lock), else
-measures it on dummy requests and caches it. Its host term stays 0: the policy learns it online."""
+"""The adaptive policy's cost table measured on the engine's own device (graph replays on the GPU, eager
+forwards on CPU), cached per key under $PEGASPEC_CACHE/costs (default ~/.cache/pegaspec/costs, one JSON file
+each, under a file lock). Its host term stays 0: the policy learns it online (docs/design/policy.md, 7)."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -47,100 +46,75 @@ def time_forwards(
     warmup: int = 2,
     required: Sequence[int] = (1,),
 ) -> list[dict]:
-    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the first
-    `batch` of `reqs` (prefilled, draft-ready); verify at every span, the drafter at each batch (span:
-    the positions its LM head ran over). Whatever the time budget, the `required` spans' verify and
-    drafter rows (the full drafter, each required K's head) are measured at every batch; the budget cuts
-    only whole (kind, span) groups after them."""
+    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the
+    first `batch` of `reqs` (prefilled, draft-ready): the verify at each span, the drafter (span: the
+    positions its LM head ran over) at all drafts and each verified K. The `required` spans' verify and
+    drafter rows come first, at every batch; the time budget cuts only whole (kind, span) groups after them."""
     device, vocab = runner.device, runner.target.g.vocab_size
     gen = torch.Generator().manual_seed(1)
-    must = [s for s in spans if s in required]  # span 1 and the full drafter: the least table the policy takes
-    points = [("verify", b, s) for s in must for b in batches]
-    heads: list[int] = []
-    if runner.drafter is not None:  # the head over each verified K (else costed as the full head)
-        per_round = runner.drafter.cfg.drafts_per_round
-        heads = [s - 1 for s in spans if 1 < s < 1 + per_round]
-        points += [("draft", b, k) for k in [per_round, *(k for k in heads if k + 1 in must)] for b in batches]
-    first_optional = len(points)
-    points += [("verify", b, s) for s in spans if s not in must for b in batches]
-    points += [("draft", b, k) for k in heads if k + 1 not in must for b in batches]
-    rows, start = [], time.perf_counter()
-    for i, (kind, b, span) in enumerate(points):
-        new_group = i == 0 or points[i - 1][::2] != (kind, span)
-        over = time_budget_s is not None and time.perf_counter() - start > time_budget_s
-        if i >= first_optional and new_group and over:
-            log.warning("time budget: stopped after %d of %d points", len(rows), len(points))
-            break
-        sub = list(reqs[:b])
-        if kind == "verify":
-            drafts = torch.randint(0, vocab, (b, span - 1), generator=gen).to(device)
+    full = [runner.drafter.cfg.drafts_per_round] if runner.drafter is not None else []
+    heads = [s - 1 for s in spans if full and 1 < s < 1 + full[0]]  # else costed as the full head
+    must = [("verify", s) for s in spans if s in required]
+    must += [("draft", k) for k in full + [k for k in heads if k + 1 in required]]  # the least table the policy takes
+    groups = must + [("verify", s) for s in spans if s not in required]
+    groups += [("draft", k) for k in heads if k + 1 not in required]
 
-            def fn(sub=sub, drafts=drafts, k=span - 1):
-                runner.stage(sub, [k] * len(sub))
-                return runner.verify(sub, drafts, k, accept)
+    def forward(sub: list[Request], span: int, drafts: torch.Tensor | None) -> None:
+        if drafts is None:
+            runner.stage(sub)
+            runner.draft(sub, span)
         else:
+            runner.stage(sub, [span - 1] * len(sub))
+            runner.verify(sub, drafts, span - 1, accept)
 
-            def fn(sub=sub, heads=span):
-                runner.stage(sub)
-                return runner.draft(sub, heads)
-
-        samples = time_ms(fn, device, repeats, iters, warmup)  # the first call captures the graph
-        ms = statistics.median(samples)
-        rows.append(
-            {
-                "kind": kind,
-                "batch": b,
-                "span": span,
-                "context": sum(r.num_kv for r in sub) // b,  # tokens in each request's cache
-                "rows": b * span,
-                "bucket": runner.graphs.rows(b),  # padded rows
-                "ms": ms,
-                "ms_min": min(samples),
-                "ms_max": max(samples),
-            }
-        )
-        log.debug("%s batch %d span %d: %.3f ms", kind, b, span, ms)
+    rows, start = [], time.perf_counter()
+    for i, (kind, span) in enumerate(groups):
+        if i >= len(must) and time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            log.warning("time budget: stopped after %d of %d points", len(rows), len(batches) * len(groups))
+            break
+        for b in batches:
+            sub = list(reqs[:b])
+            drafts = torch.randint(0, vocab, (b, span - 1), generator=gen).to(device) if kind == "verify" else None
+            samples = time_ms(partial(forward, sub, span, drafts), device, repeats, iters, warmup)  # the first captures
+            context = sum(r.num_kv for r in sub) // b  # tokens in each request's cache
+            row = dict(kind=kind, batch=b, span=span, context=context, rows=b * span, bucket=runner.graphs.rows(b))
+            rows.append(row | dict(ms=statistics.median(samples), ms_min=min(samples), ms_max=max(samples)))
+            log.debug("%s batch %d span %d: %.3f ms", kind, b, span, rows[-1]["ms"])
     runner.reset()  # nothing staged stays pointing at these requests
     return rows
 
 
 def calibrate(engine: EngineView, accept: AcceptRule, how: CalibrationPlan) -> tuple[CostTable, list[dict]]:
-    """Measure the table on the idle engine: (table, profile rows)."""
-    runner = engine.runner
-    repeats, iters, warmup = GRAPH_TIMING if runner.graphs.enabled else EAGER_TIMING
-    with dummy_requests(engine, max(how.batches), how.context, max(how.spans)) as reqs:
-        rows = time_forwards(runner, accept, reqs, how.batches, how.spans, repeats, iters, warmup=warmup)
-    if how.long_batches:  # the context axis: the same graphs at a longer context
-        with dummy_requests(engine, max(how.long_batches), how.long_context, max(how.spans)) as reqs:
-            rows += time_forwards(runner, accept, reqs, how.long_batches, how.spans, repeats, iters, warmup=warmup)
+    """Measure the table on the idle engine, at the plan's context and then its long one: (table, rows)."""
+    repeats, iters, warmup = GRAPH_TIMING if engine.runner.graphs.enabled else EAGER_TIMING
+    rows = []
+    for batches, context in ((how.batches, how.context), (how.long_batches, how.long_context)):
+        if batches:
+            with dummy_requests(engine, max(batches), context, max(how.spans)) as reqs:
+                rows += time_forwards(engine.runner, accept, reqs, batches, how.spans, repeats, iters, warmup=warmup)
     return CostTable.from_rows(rows), rows
 
 
 def cache_key(engine: EngineView, how: CalibrationPlan) -> dict:
     """What a measured table depends on; a cached table is reused only for an equal key."""
-    device = engine.device
+    device, graphs = engine.device, engine.runner.graphs
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     try:
         import triton
-
-        triton_version = triton.__version__
     except ImportError:
-        triton_version = None
+        triton = None
     return {
         "format": FORMAT,
         "device": f"{device.type}:{name}",
         "target": dataclasses.asdict(engine.target_cfg.geometry),
         "drafter": dataclasses.asdict(engine.draft_cfg) if engine.draft_cfg else None,
         "dtype": str(engine.dtype),
-        "backend": engine.config.backend,  # "auto" is one backend per device type
-        "batch_invariant": engine.config.batch_invariant,
-        "graphs": engine.runner.graphs.enabled,
-        "buckets": engine.runner.graphs.buckets,
-        "max_num_seqs": engine.config.max_num_seqs,
-        "kv_block_size": engine.config.kv_block_size,
+        **{k: getattr(engine.config, k) for k in ("backend", "batch_invariant", "max_num_seqs", "kv_block_size")},
+        "graphs": graphs.enabled,
+        "buckets": graphs.buckets,
         **dataclasses.asdict(how),
         "torch": torch.__version__,
-        "triton": triton_version,
+        "triton": getattr(triton, "__version__", None),
     }
 
 
@@ -180,17 +154,13 @@ def calibrated_table(engine: EngineView, accept: AcceptRule) -> CostTable:
         start = time.perf_counter()
         table, rows = calibrate(engine, accept, how)
         wall = time.perf_counter() - start
-        _write_atomic(path, {"key": key, "rows": rows, "wall_s": wall, "created": time.time()})
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # written whole, then renamed
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, "rows": rows, "wall_s": wall, "created": time.time()}, f, indent=1, default=str)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     log.info("cost table: calibrated %d points in %.2f s on %s, cached at %s", len(rows), wall, key["device"], path)
     return table
-
-
-def _write_atomic(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

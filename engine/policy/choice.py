@@ -1,7 +1,7 @@
-"""The span choice a speculative round calls (engine/round.py): the static levers or the adaptive policy,
-behind the same calls in round order: `choose` (this round's K; 0 = a gated round, which keeps the capture),
-`launched` (its forwards are on the device), `settled` (its outcome; None: a plain decode step), `wall`
-(the step's ms); `gates_next` tells a one-token round whether its successor may launch ahead (gated too)."""
+"""The span choice a round calls (engine/round.py): the static levers or the adaptive policy behind the same
+calls in round order: `choose` (this round's K; 0 = a gated round, which keeps the capture), `launched` (its
+forwards are on the device), `settled` (its outcome; None: a plain decode step), `wall` (the step's ms);
+`gates_next`: whether a one-token round's successor may launch ahead (gated too)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,17 @@ from engine.request import Request
 
 
 def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
-    """k: drafts entering a speculative round's verify, uniform across the batch (span = 1 + k);
-    max_drafts 0 = no trim."""
+    """k: the drafts a speculative round verifies, uniform across the batch; max_drafts 0 = no trim."""
     return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
+
+
+def mean_context(reqs: Sequence[Request]) -> float:
+    """Tokens in each request's cache, on average: the cost table's context axis."""
+    return sum(r.num_kv for r in reqs) / len(reqs)
+
+
+def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
+    return levers.max_drafts, levers.max_batch, draining
 
 
 class StaticSpans:
@@ -32,16 +40,10 @@ class StaticSpans:
     def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int:
         return round_drafts(self.per_round, levers.max_drafts)
 
-    def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
-        pass
+    def launched(self, *args: object) -> None:
+        """Nothing to learn: `settled` and `wall` alike."""
 
-    def settled(
-        self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
-    ) -> None:
-        pass
-
-    def wall(self, batch: int, ms: float | None) -> None:
-        pass
+    settled = wall = launched
 
     def gates_next(self, reqs: list[Request]) -> bool:
         return True
@@ -49,60 +51,44 @@ class StaticSpans:
 
 @dataclass(frozen=True)
 class Ahead:
-    """A decision for the next round, made while the device ran this one, under these (max_drafts,
-    max_batch, draining): for exactly these requests, or (not exact) any batch of their bucket."""
+    """A decision for the next round made while the device ran this one, under `key` (ahead_key): for
+    exactly `reqs`, or (not exact) any batch of their power-of-two bucket (HostTerm's); `context`: the mean
+    context it was decided at."""
 
     reqs: list[Request]
     key: tuple[int, int, bool]
     decision: Decision
     exact: bool = True
-    context: float | None = None  # the mean context it was decided at
+    context: float | None = None
 
     def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
         if key != self.key:
             return False
-        if self.exact:
-            return reqs == self.reqs
-        return (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()  # HostTerm's buckets
-
-
-def mean_context(reqs: Sequence[Request]) -> float:
-    """Tokens in each request's cache, on average: the cost table's context axis."""
-    return sum(r.num_kv for r in reqs) / len(reqs)
-
-
-def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
-    return levers.max_drafts, levers.max_batch, draining
+        return reqs == self.reqs if self.exact else (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()
 
 
 class AdaptiveSpans:
-    """K per round from the cost table and the online acceptance estimate (engine/policy/span.py), its
-    host work off the round's critical path: once a round is launched, the policy is fed the round
-    before's outcome and plans the next round's K (on an estimate one round late). A gated round's
-    plan holds for exactly its requests (each commits one token), a speculative round's for any batch
-    of the same power-of-two bucket (the host term's); both only under the same levers. per_request
-    (policy=budget): K_i per request under one verify budget (engine/policy/budget.py), decided in turn."""
+    """K per round from the policy, its host work off the critical path: once a round is launched the policy
+    takes the round before's outcome and plans the next round's K (`Ahead`, on an estimate one round late).
+    per_request (policy=budget): K_i per request under one verify budget (engine/policy/budget.py)."""
 
     def __init__(self, policy: SpanPolicy):
-        self.policy = policy
-        self.per_request = False
+        self.policy, self.per_request = policy, False
+        self.ahead: Ahead | None = None
         self.requests = RequestAcceptance(policy.per_round)
         self._costs: dict[tuple, tuple] = {}  # (batch, context bucket) -> span_costs
         self._device = 0.0  # per request: the device ms the table gives the last round chosen
         self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
-        self.ahead: Ahead | None = None
-        self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None
+        self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None  # the last round's limits, accepted
         self._k: int | None = None  # the K of the last round, until its wall arrives
         self._context: float | None = None  # the mean context its decision read
 
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
-        self.ahead = None
+        self.ahead, self._costs = None, {}
         self.flush()
-        conditional = self.policy.conditional
-        self.policy = SpanPolicy(table, self.policy.per_round)
+        conditional, self.policy = self.policy.conditional, SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
-        self._costs = {}
 
     def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int | list[int]:
         """The plan made for this round where it holds, else a decision in turn (every outcome observed);
@@ -125,33 +111,29 @@ class AdaptiveSpans:
         p, n = self.policy, len(reqs)
         self._context = mean_context(reqs)
         key = (n, context_bucket(self._context))
-        costs = self._costs.get(key)
-        if costs is None:
-            costs = self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
+        if key not in self._costs:
+            self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
         caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
-        host = (p.host.predict(n, False), p.host.predict(n, True))
-        survival = self.requests.survival(self._slots[1])
-        ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, costs)
+        host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
+        ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, self._costs[key])
         p.chosen[max(ks)] += 1
         return ks[0] if min(ks) == max(ks) else ks
 
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
-        """limits: the verify's draft limits; None for a gated round the policy chose. A gated round's
-        next batch is this one less those it finishes; after a verify (1 to 1 + limit tokens each) the
-        next round is planned only where no request's budget can cap its K."""
+        """limits: the verify's draft limits; None for a gated round the policy chose, whose next batch is
+        this one less those it finishes. After a verify the next round is planned only where no request's
+        budget can cap its K."""
         self.flush()
         if self.per_request:
             return
         if limits is None:
-            nxt = [r for r in reqs if r.remaining > 1]
-            if nxt:
+            if nxt := [r for r in reqs if r.remaining > 1]:
                 remaining = [r.remaining - 1 for r in nxt]
                 self._plan(nxt, levers, draining, remaining, max(remaining) - 1, exact=True)
             return
-        per_round = self.policy.per_round
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
-        if useful >= min(levers.max_drafts or per_round, per_round):  # the largest K
+        if useful >= min(levers.max_drafts or self.policy.per_round, self.policy.per_round):  # the largest K
             self._plan(reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
 
     def _plan(self, reqs: list[Request], levers: Levers, draining: bool, remaining, useful: int, exact: bool) -> None:
@@ -162,25 +144,20 @@ class AdaptiveSpans:
     def settled(
         self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
     ) -> None:
-        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; the
-        scheduler's gate decides none, so its context is read here); else per request its draft limit
-        and accepted drafts, fed to the policy at the next launch or decision."""
-        if self.per_request and k:
-            self._observe(reqs, limits, accepted)
-            self._k = k
-            return
-        if self.per_request and k == 0:  # nothing tried: each request's estimate relaxes toward the pool
-            self._observe(reqs, [0] * len(reqs), [0] * len(reqs))
-        if k:
+        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; its context
+        read here); else per request its draft limit and accepted drafts, fed to the policy at the next
+        launch or decision (per request: now, each request's estimate and the pooled one)."""
+        self._k = k
+        if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
+            self._observe(reqs, limits if k else [0] * len(reqs), accepted if k else [0] * len(reqs))
+        if k and not self.per_request:
             self._unobserved = (limits, accepted)
         elif k == 0:
             self.flush()
             self.policy.gated()
             self._context = mean_context(reqs)
-        self._k = k
 
     def _observe(self, reqs: Sequence[Request], limits: Sequence[int], accepted: Sequence[int]) -> None:
-        """Per request: its own estimate, and the pooled one from the same counts."""
         chosen, slots = self._slots
         if chosen is not reqs:
             slots = self.requests.slots(reqs, self.policy.conditional)
@@ -193,14 +170,13 @@ class AdaptiveSpans:
             self._unobserved = None
 
     def wall(self, batch: int, ms: float | None) -> None:
-        """The engine's wall of the step that ran the last round (None: it captured a graph, or it
-        was no round of this policy's)."""
+        """The wall of the step that ran the last round (None: it captured a graph, or ran no round)."""
         k, self._k = self._k, None
-        if k and ms is not None and self.per_request:  # its K_i: no uniform span of the table
-            if self.policy.learn_host:
+        if k is not None and ms is not None:
+            if not (k and self.per_request):
+                self.policy.observe_wall(batch, k, ms, self._context)
+            elif self.policy.learn_host:  # its K_i: no uniform span of the table
                 self.policy.host.add(batch, k, ms, self._device)
-        elif k is not None and ms is not None:
-            self.policy.observe_wall(batch, k, ms, self._context)
 
     def gates_next(self, reqs: list[Request]) -> bool:
         """Whether the plan made for the next round is a gated round of exactly these requests."""

@@ -1,9 +1,7 @@
-"""What a speculative round costs and commits (the adaptive policy, the bench's cost model): expected
-committed tokens from per-position acceptance, and a table of measured round ms (`engine.bench profile`
-rows) interpolated linearly between batches; a span or batch outside the table is an error, never a guess.
-Context: the table's rows are timed at `context` tokens per request; rows timed at longer contexts give
-each (kind, span) the ms one more token of context costs one request (its KV read), so a round at mean
-context c costs the table's ms plus kv_ms * batch * (c - context)."""
+"""What a speculative round costs and commits: expected committed tokens from per-position acceptance, and
+the cost table of measured ms (`engine.bench profile` rows), linear between batches; a span or batch outside
+it is an error, never a guess. A step at mean context c costs the table's ms plus kv_ms * batch * (c -
+context) (docs/design/policy.md, sections 8 and 9)."""
 
 from __future__ import annotations
 
@@ -12,28 +10,24 @@ import csv
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
 from pathlib import Path
 
 
 def expected_committed(conditional: Sequence[float], drafts: int) -> float:
-    """E[tokens a round commits] with `drafts` drafts: 1 (the bonus) + sum over i <= drafts of
-    P(drafts 1..i all accepted), where conditional[i-1] = P(draft i accepted | 1..i-1 accepted)."""
+    """E[tokens a round of `drafts` drafts commits]: 1 + sum over i <= drafts of P(drafts 1..i accepted),
+    conditional[i-1] = P(draft i accepted | 1..i-1 accepted)."""
     if drafts < 0 or drafts > len(conditional):
         raise ValueError(f"drafts={drafts} outside [0, {len(conditional)}] (the profile's positions)")
-    total, p = 1.0, 1.0
-    for a in conditional[:drafts]:
-        p *= a
-        total += p
-    return total
+    return sum(accumulate(conditional[:drafts], mul), 1.0)
 
 
 @dataclass
 class CostTable:
-    """verify[(batch, span)] and draft[batch] in ms (graph replays of the speculative engine, whose target
-    forward also stores the drafter's context; draft: the LM head over every draft position); heads[(batch,
-    K)]: the drafter with its LM head over the first K positions (a round of K drafts), where measured;
-    plain[batch]: a plain engine's one-row step (verify span 1 when absent); host_ms(batch) = host_a +
-    host_b * batch: per-step host ms the device table misses."""
+    """ms of the speculative engine's graph replays: verify[(batch, span)], draft[batch] (the LM head over
+    every draft position), heads[(batch, K)] (over the first K, where measured); plain[batch]: a plain
+    engine's one-row step; host_ms(batch) = host_a + host_b * batch: host ms the device rows miss."""
 
     verify: dict[tuple[int, int], float]
     draft: dict[int, float] = field(default_factory=dict)
@@ -46,32 +40,25 @@ class CostTable:
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], plain_rows: Iterable[dict] = ()) -> CostTable:
-        """From profile rows (dicts or CSV rows of strings) with kind, batch, span, ms and optionally
-        context (tokens per request: the least is the table's, longer ones fit kv_ms); plain_rows: a plain
-        engine's span-1 verify rows."""
-        rows = list(rows)
-        contexts = [int(r.get("context") or 0) for r in rows]
-        base = min(contexts, default=0)
-        longer = [(r, c) for r, c in zip(rows, contexts, strict=True) if c > base]
-        rows = [r for r, c in zip(rows, contexts, strict=True) if c == base]
+        """From profile rows (dicts or CSV rows of strings: kind, batch, span, ms, optionally context: the
+        least is the table's, longer ones fit kv_ms); plain_rows: a plain engine's span-1 verify rows."""
+        rows = [(r, int(r.get("context") or 0)) for r in rows]
+        base = min((c for _, c in rows), default=0)
         plain = {int(r["batch"]): float(r["ms"]) for r in plain_rows if r["kind"] == "verify" and int(r["span"]) == 1}
         verify, heads = {}, {}
-        for r in rows:
-            kind, batch, span, ms = r["kind"], int(r["batch"]), int(r["span"]), float(r["ms"])
+        for r in (r for r, c in rows if c == base):
+            kind, key, ms = r["kind"], (int(r["batch"]), int(r["span"])), float(r["ms"])
             if ms <= 0:
                 raise ValueError(f"profile row {r}: ms must be > 0")
-            if kind == "verify":
-                verify[(batch, span)] = ms
-            elif kind == "draft":  # span: the draft positions the LM head ran over
-                heads[(batch, span)] = ms
-            else:
+            if kind not in ("verify", "draft"):
                 raise ValueError(f"profile row {r}: unknown kind {kind!r} (verify or draft)")
+            (verify if kind == "verify" else heads)[key] = ms  # a draft's span: the positions its LM head ran
         if not verify:
             raise ValueError("a cost table needs verify rows")
         full = max((k for _, k in heads), default=0)
         draft = {b: ms for (b, k), ms in heads.items() if k == full}
         table = cls(verify, draft, plain, heads={key: ms for key, ms in heads.items() if key[1] != full}, context=base)
-        table.kv_ms = _kv_slopes(table, longer)
+        table.kv_ms = _kv_slopes(table, [(r, c) for r, c in rows if c > base])
         return table
 
     def spans(self) -> list[int]:
@@ -102,8 +89,8 @@ class CostTable:
         return interpolate(self.draft, batch, "draft") + extra
 
     def kv_extra(self, kind: str, span: int, batch: int, context: float | None) -> float:
-        """ms a step of `batch` requests at mean `context` tokens costs past the table's context (a span
-        without its own slope takes the nearest measured span's: the KV read is per request)."""
+        """ms past the table's context for `batch` requests at mean `context` tokens (a span without a slope
+        of its own takes the nearest measured span's)."""
         spans = [s for k, s in self.kv_ms if k == kind]
         if context is None or context <= self.context or not spans:
             return 0.0
@@ -114,25 +101,24 @@ class CostTable:
         return self.host_a + self.host_b * batch
 
     def decode_ms(self, batch: int, context: float | None = None) -> float:
-        """One plain engine step: a one-row span per request."""
-        if self.plain:
-            extra = self.kv_extra("verify", 1, batch, context)
-            return interpolate(self.plain, batch, "plain") + extra + self.host_ms(batch)
-        return self.gated_ms(batch, context)
+        """One plain engine step (the gated round where the table has no plain rows)."""
+        if not self.plain:
+            return self.gated_ms(batch, context)
+        extra = self.kv_extra("verify", 1, batch, context)
+        return interpolate(self.plain, batch, "plain") + extra + self.host_ms(batch)
 
     def gated_ms(self, batch: int, context: float | None = None) -> float:
-        """One gated round: a one-row span per request on the speculative engine (features stored)."""
+        """One gated round: a one-row span per request on the speculative engine."""
         return self.verify_ms(batch, 1, context) + self.host_ms(batch)
 
     def round_ms(self, batch: int, drafts: int, context: float | None = None) -> float:
         """One speculative round: the drafter forward plus a verify of 1 + drafts rows per request."""
-        device = self.draft_ms(batch, drafts, context) + self.verify_ms(batch, 1 + drafts, context)
-        return device + self.host_ms(batch)
+        return self.draft_ms(batch, drafts, context) + self.verify_ms(batch, 1 + drafts, context) + self.host_ms(batch)
 
 
 def _kv_slopes(table: CostTable, longer: list[tuple[dict, int]]) -> dict[tuple[str, int], float]:
-    """Per (kind, span): the median over rows timed at a longer context of (their ms - the table's ms at
-    their batch) / (batch * extra tokens), at least 0; the drafter's under span 0 (any head count)."""
+    """Per (kind, span; the drafter's under span 0): the median over rows at a longer context of (their ms -
+    the table's) / (batch * extra tokens), at least 0."""
     slopes: dict[tuple[str, int], list[float]] = {}
     for r, context in longer:
         kind, batch, span, ms = r["kind"], int(r["batch"]), int(r["span"]), float(r["ms"])
@@ -161,7 +147,6 @@ def read_cost_table(path: str | Path) -> CostTable:
     """A cost table from an `engine.bench profile` CSV (columns kind, batch, span, ms at least)."""
     try:
         with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        return CostTable.from_rows(rows)
+            return CostTable.from_rows(list(csv.DictReader(f)))
     except (OSError, KeyError, ValueError) as err:
         raise ValueError(f"cost table {str(path)!r}: {type(err).__name__}: {err}") from None

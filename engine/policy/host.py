@@ -1,5 +1,5 @@
 """The adaptive policy's host term: the ms a round costs beyond the cost table's device time, learnt
-online per kind of round and batch bucket from the rounds' walls (docs/design/policy.md)."""
+online from the rounds' walls (why each rule: docs/design/policy.md, section 4)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,9 @@ def _bucket(batch: int) -> int:
 
 
 class HostTerm:
-    """The ms a round costs beyond the table's device time, per kind (gated or speculative) and batch
-    bucket (the power of two at or above the batch): the least of its first FIRST_WALLS walls (each
-    capped at the device time), then the median of the latest `window`; a wall is the round's measured
-    ms minus the table's. The first wall of each (K, batch) is skipped (one-off costs); the engine sends
-    none of a step that captured a graph. No bucket is read off another: an unseen gated term counts 0,
-    an unseen speculative one the gated term of its bucket (its host work is a superset)."""
+    """ms per (speculative, batch bucket: the power of two at or above the batch) of wall minus the table's
+    ms: the least of the first FIRST_WALLS (each capped at the device ms), then the median of the latest
+    `window`. Each (K, batch)'s first wall is skipped. Unseen: a gated term 0, a speculative one the gated."""
 
     def __init__(self, window: int = WINDOW):
         self.window = window
@@ -38,29 +35,21 @@ class HostTerm:
         if self.log is not None:
             self.log.append((*key, residual))
         walls = self._walls.setdefault(key, deque(maxlen=self.window))
-        if len(walls) < FIRST_WALLS:  # a robust start: the least of the first walls, each capped
-            walls.append(min(residual, device_ms))
-            self.ms[key] = min(walls)
-            return
-        walls.append(residual)
-        self.ms[key] = median_low(walls)
+        start = len(walls) < FIRST_WALLS
+        walls.append(min(residual, device_ms) if start else residual)
+        self.ms[key] = min(walls) if start else median_low(walls)
 
     def relax(self, batch: int, rate: float) -> None:
-        """A policy-gated round: the speculative term at this bucket moves toward the gated one (each
-        of its walls above it does, so the median moves by `rate` of the gap), so a term that slow
-        walls inflated is probed again rather than latching the policy at 0."""
-        spec_key, gated_key = (True, _bucket(batch)), (False, _bucket(batch))
-        spec, gated = self.ms.get(spec_key), self.ms.get(gated_key)
+        """A policy-gated round: the bucket's speculative term and its walls above the gated term move
+        `rate` of the way to it."""
+        spec_key, gated = (True, _bucket(batch)), self.ms.get((False, _bucket(batch)))
+        spec = self.ms.get(spec_key)
         if spec is not None and gated is not None and spec > gated:
-            moved = [w - rate * (w - gated) if w > gated else w for w in self._walls[spec_key]]
+            moved = (w - rate * (w - gated) if w > gated else w for w in self._walls[spec_key])
             self._walls[spec_key] = deque(moved, maxlen=self.window)
             self.ms[spec_key] = spec - rate * (spec - gated)
 
     def predict(self, batch: int, speculative: bool) -> float:
-        """The term at the batch's bucket; a gated round's never above the speculative round's, whose
-        host work is a superset of it (an inflated gated term is not re-learnt while speculating)."""
-        bucket = _bucket(batch)
-        gated, spec = self.ms.get((False, bucket), 0.0), self.ms.get((True, bucket))
-        if speculative:
-            return gated if spec is None else spec
-        return gated if spec is None else min(gated, spec)
+        """The term at the batch's bucket; a gated one never above the speculative one."""
+        gated, spec = self.ms.get((False, _bucket(batch)), 0.0), self.ms.get((True, _bucket(batch)))
+        return gated if spec is None else spec if speculative else min(gated, spec)

@@ -1,9 +1,6 @@
-"""The draining wave: when no request waits for a finished request's slot, the batch only shrinks and
-the wave lasts as long as its slowest request, so K is valued over the wave, not one round. `wave_ms`:
-the expected time to finish the wave under one K held from now on. Request i needs the first round count
-t with S_t >= r_i (its remaining tokens), S_t a sum of t independent committed counts (1 + accepted
-drafts, from the per-position conditional acceptance) taken as normal; the expected batch at round t is
-the sum over requests of P(S_t < r_i); each round costs the round time at that batch. K=0 is exact."""
+"""The draining wave (no request waits for a slot): K valued over the time to finish the whole wave under
+one K held. Request i finishes at the first round t with S_t >= r_i (its remaining tokens), S_t a sum of t
+committed counts taken as normal; the expected batch at round t is the sum of P(S_t < r_i); K=0 is exact."""
 
 from __future__ import annotations
 
@@ -18,8 +15,7 @@ GRID = 48  # rounds sampled over a longer wave (their costs summed, scaled by th
 
 
 def committed_moments(conditional: Sequence[float], k: int) -> tuple[float, float]:
-    """Mean and variance of the tokens one request commits in a round verifying k drafts: C = 1 + A,
-    P(A >= j) the product of the first j conditional rates."""
+    """Mean and variance of the tokens a request commits in a round of k drafts (1 + accepted drafts)."""
     reach = [1.0, *accumulate(conditional[:k], mul)]  # P(C >= m) for m = 1 .. k + 1
     mean = sum(reach)
     second = sum((2 * m + 1) * p for m, p in enumerate(reach))  # E[C^2] = sum (2m - 1) P(C >= m)
@@ -31,13 +27,11 @@ def _normal_cdf(z: np.ndarray) -> np.ndarray:
     x = np.abs(z) / math.sqrt(2.0)
     t = 1.0 / (1.0 + 0.3275911 * x)
     poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)
+    return 0.5 * (1.0 + np.sign(z) * (1.0 - poly * np.exp(-x * x)))
 
 
 def running(remaining: np.ndarray, counts: np.ndarray, mean: float, var: float, rounds: np.ndarray) -> np.ndarray:
-    """Expected requests still running at the start of each round in `rounds` (0-based): the sum of
-    P(S_t < r) over the distinct remaining counts r, weighted by how many requests have each."""
+    """Expected requests running at the start of each of `rounds` (0-based): sum of counts * P(S_t < r)."""
     t = rounds[:, None]
     if var == 0.0:
         alive = (t * mean < remaining[None, :] - 0.5).astype(float)
@@ -54,8 +48,8 @@ def wave(remaining: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var: float) -> float:
-    """Expected ms to finish every request of the wave (`wave(remaining)`), each round of b requests
-    costing round_ms[b] (indexed 1 .. batch). Rounds past the expected end count by the chance they run."""
+    """Expected ms to finish the wave, a round of b requests costing round_ms[b] (b = 1 .. batch); rounds
+    past the expected end count by the chance they run."""
     top = float(r[-1])
     horizon = (top - 0.5) / mean + 4.0 * math.sqrt(var * top / mean) / mean + 1.0
     if horizon <= GRID:
@@ -68,60 +62,43 @@ def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var
 
 
 class WaveValues:
-    """Per candidate K held from now on: the wave's remaining tokens per expected ms to finish it, a
-    speculative K's divided by 1 + `discount`. round_times(batch, cap, context): the table's ms per
-    candidate K, read once per (cap, context) for every batch up to the next power of two. `__call__`
-    reuses its values for REUSE rounds at one batch, cap and context until `forget` (a speculative
-    round's outcome)."""
+    """Per candidate K: the wave's remaining tokens per expected ms to finish it (a speculative K's divided
+    by 1 + `discount`). round_times(batch, cap, context): the table's ms per candidate K; host_ms(bucket,
+    speculative): the host term. A call's values are reused REUSE times at one (batch, cap, context) until
+    `forget` (a speculative round's outcome)."""
 
     REUSE = 4
 
-    def __init__(self, round_times: Callable[[int, int, int | None], dict[int, float]], discount: float):
-        self.round_times, self.discount = round_times, discount
+    def __init__(self, round_times: Callable, host_ms: Callable[[int, bool], float], discount: float):
+        self.round_times, self.host_ms, self.discount = round_times, host_ms, discount
         self._tables: dict[tuple, tuple[list[int], np.ndarray]] = {}  # (cap, context) -> (candidates, ms[K, batch])
         self._last: tuple[tuple, int, dict[int, float]] | None = None  # (batch, cap, context), uses, values
 
-    def __call__(
-        self,
-        remaining: Sequence[int],
-        cap: int,
-        conditional: Sequence[float],
-        host_ms: Callable[[int, bool], float],
-        context: int | None = None,
-    ) -> dict[int, float]:
+    def __call__(self, remaining: Sequence[int], cap: int, rates: Sequence[float], context: int | None) -> dict:
         key = (len(remaining), cap, context)
         if self._last is None or self._last[0] != key or self._last[1] >= self.REUSE:
-            self._last = (key, 0, self.evaluate(remaining, cap, conditional, host_ms, context))
+            self._last = (key, 0, self.evaluate(remaining, cap, rates, context))
         self._last = (key, self._last[1] + 1, self._last[2])
         return self._last[2]
 
     def forget(self) -> None:
         self._last = None
 
-    def evaluate(
-        self,
-        remaining: Sequence[int],
-        cap: int,
-        conditional: Sequence[float],
-        host_ms: Callable[[int, bool], float],
-        context: int | None = None,
-    ) -> dict[int, float]:
-        """host_ms(bucket, speculative): the host term at a power-of-two batch bucket."""
+    def evaluate(self, remaining: Sequence[int], cap: int, rates: Sequence[float], context: int | None = None) -> dict:
+        """The values afresh; rates: the conditional acceptance per position."""
         candidates, device = self.table(cap, len(remaining), context)
         log2 = np.ceil(np.log2(np.arange(1, device.shape[1]))).astype(int)  # batch b's bucket
-        buckets = range(int(log2[-1]) + 1)
-        host = {s: np.array([host_ms(1 << j, s) for j in buckets])[log2] for s in (False, True)}
+        host = {s: np.array([self.host_ms(1 << j, s) for j in range(int(log2[-1]) + 1)])[log2] for s in (False, True)}
         r, n = wave(remaining)
         total, values = float(r @ n), {}
         for i, k in enumerate(candidates):
-            round_ms = np.concatenate(([0.0], device[i, 1:] + host[k > 0]))
-            ms = wave_ms(r, n, round_ms, *committed_moments(conditional, k))
+            ms = wave_ms(r, n, np.concatenate(([0.0], device[i, 1:] + host[k > 0])), *committed_moments(rates, k))
             values[k] = total / ms / (1.0 + self.discount if k else 1.0)
         return values
 
     def table(self, cap: int, batch: int, context: int | None = None) -> tuple[list[int], np.ndarray]:
-        """The candidates and the table's ms per candidate (rows) and batch (columns 1 .. >= batch;
-        column 0 unused), widened to the next power of two when outgrown."""
+        """The candidates and the table's ms per candidate (rows) and batch (columns 1 .. >= batch; column 0
+        unused), widened to the next power of two when outgrown."""
         cached = self._tables.get((cap, context))
         if cached is None or cached[1].shape[1] <= batch:
             rows = [self.round_times(b, cap, context) for b in range(1, 1 << batch.bit_length())]
