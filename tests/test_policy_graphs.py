@@ -23,6 +23,7 @@ class Runner:
         self.calls: list[tuple] = []
         self.staged = None
         self.decode_widths = [64, 2560]  # the short and the full block table
+        self.block_size = 16  # both widths hold the dummies' 64 keys
 
     def stage(self, reqs, limits=None):
         self.staged = (len(reqs), tuple(limits) if limits else None)
@@ -53,7 +54,7 @@ def engine(monkeypatch):
     @contextlib.contextmanager
     def dummies(engine, count, context, budget):
         assert (count, context, budget) == (16, 64, 16)  # the largest bucket the pool admits
-        yield [f"r{i}" for i in range(count)]
+        yield [SimpleNamespace(num_kv=context) for _ in range(count)]
 
     monkeypatch.setattr(policy_graphs, "dummy_requests", dummies)
     busy = SimpleNamespace(has_work=lambda: False)
