@@ -71,3 +71,37 @@ def test_the_running_text_is_decoded_incrementally(engine, monkeypatch):
         _, outs = _run(engine, PROMPT, dataclasses.replace(GREEDY, max_tokens=200, stop=stop))
         assert len(outs[-1].token_ids) == 200 and len(outs) > 20
         assert lengths.count(200) == 1 and sorted(lengths)[-2] < 32  # the whole output once: at its end
+
+
+def test_n_completions_through_add_request(engine):
+    params = SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=8, ignore_eos=True, logprobs=1)
+    rid, outs = _run(engine, PROMPT, params)
+    (alone,) = engine.generate(PROMPT, params)
+    assert all(o.request_id == rid and [c.index for c in o.outputs] == [0, 1, 2] for o in outs)
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    last = outs[-1]
+    assert [c.token_ids for c in last.outputs] == [c.token_ids for c in alone.outputs]
+    assert [c.text for c in last.outputs] == [c.text for c in alone.outputs]
+    assert len({tuple(c.token_ids) for c in last.outputs}) > 1 and all(c.finished() for c in last.outputs)
+    assert (last.token_ids, last.text, last.prompt) == (last.outputs[0].token_ids, last.outputs[0].text, PROMPT)
+    for c in last.outputs:
+        assert len(c.logprobs) == 8 and c.cumulative_logprob == pytest.approx(
+            sum(p[t].logprob for t, p in zip(c.token_ids, c.logprobs, strict=True))
+        )
+
+
+def test_n_completions_abort_together(engine):
+    rid = engine.add_request(PROMPT, SamplingParams(n=2, max_tokens=30, seed=1, ignore_eos=True))
+    (first,) = [o for o in engine.step() if o.request_id == rid]
+    assert len(first.outputs) == 2 and not first.finished
+    engine.abort(rid)
+    (last,) = [o for o in engine.step() if o.request_id == rid]
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["abort", "abort"]
+    assert not engine.has_unfinished() and engine.scheduler.blocks.num_free == engine.scheduler.blocks.capacity
+
+
+def test_a_rejected_prompt_rejects_each_of_its_completions(engine):
+    rid = engine.add_request({"prompt_token_ids": []}, SamplingParams(n=2))
+    (out,) = [o for o in engine.step() if o.request_id == rid]
+    assert out.finished and [c.finish_reason for c in out.outputs] == ["rejected", "rejected"]
+    assert out.error == "empty prompt"
