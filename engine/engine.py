@@ -80,8 +80,9 @@ class Engine:
         self.steps = Steps(self.scheduler, self.runner, self.rounds, self.drafter is not None)
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
-        self._requests: dict[str, Request] = {}  # unfinished, or finished but not yet reported
-        self._unreported: dict[str, Request] = {}  # touched since the last step() output: reported next
+        # each completion's id -> its request's completions (unfinished, or finished and not yet reported)
+        self._requests: dict[str, list[Request]] = {}
+        self._unreported: dict[str, list[Request]] = {}  # request id -> completions touched since step() last ran
         if trace:
             enable_trace()
         pool, bs = self.blocks.num_blocks, config.kv_block_size
@@ -117,52 +118,52 @@ class Engine:
 
     def add_request(self, prompt: str | Sequence[int] | Mapping, params: SamplingParams | Mapping | None = None) -> str:
         """Queue a request: text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}; params
-        a SamplingParams, a dict of its fields or None (the defaults; a bad one raises ValueError). A
-        request the engine cannot serve (bad text or ids, too long, ...) finishes at once as `rejected`."""
-        params = as_sampling_params(params)
-        if params.n != 1:
-            raise ValueError(
-                f"SamplingParams.n={params.n}: add_request runs one completion; generate() and chat() run n"
-            )
-        return self._add(prompt, params, "prompt")
+        a SamplingParams, a dict of its fields or None (the defaults; a bad one raises ValueError); n > 1
+        runs n completions, reported together. A request the engine cannot serve (bad text or ids, too
+        long, ...) finishes at once as `rejected`. Returns its id (RequestOutput.request_id)."""
+        return self._add(prompt, as_sampling_params(params), "prompt")
 
     def _add(self, prompt: object, params: SamplingParams, label: str) -> str:
         if any(e.scheduler.has_work() for e in self._pool if e is not self):
             raise RuntimeError("kv_from: an engine on this KV pool still holds requests (one at a time)")
         ids, error = encode_prompt(self.tokenizer, prompt, label)
-        stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
-        decode = (
-            partial(self.tokenizer.decode, skip_special_tokens=params.skip_special_tokens) if self.tokenizer else None
-        )
-        stops = StopStrings(params.stop, decode) if params.stop and decode is not None else None
-        text = prompt_parts(prompt)[0]
-        req = Request(self._next_index, ids, params, frozenset(stop), stop_strings=stops)
-        req.prompt = text if isinstance(text, str) else None  # RequestOutput.prompt, as vLLM's
-        self._next_index += 1
-        self._requests[req.id] = req
         if params.stop and self.tokenizer is None:
             error = error or "stop strings need a tokenizer; this model has none (use stop_token_ids)"
-        error = error or self.scheduler.admission_error(req)
-        if error:
-            log.warning("%s rejected: %s", req.id, error)
-            req.finish(Finish.REJECTED, error)
-            self._unreported[req.id] = req
-            return req.id
-        if not params.greedy:
-            seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + req.index
-            req.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.scheduler.add(req)
-        return req.id
+        stop = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(self.eos_ids))
+        skip = params.skip_special_tokens
+        decode = partial(self.tokenizer.decode, skip_special_tokens=skip) if self.tokenizer else None
+        text = prompt_parts(prompt)[0]
+        text = text if isinstance(text, str) else None  # RequestOutput.prompt, as vLLM's
+        group = []  # the request's completions; the first one's id is the request's
+        for sp in completions(params):
+            stops = StopStrings(sp.stop, decode) if sp.stop and decode is not None else None
+            req = Request(self._next_index, ids, sp, stop, stop_strings=stops, prompt=text)
+            self._next_index += 1
+            group.append(req)
+            self._requests[req.id] = group
+            why = error or self.scheduler.admission_error(req)
+            if why:
+                log.warning("%s rejected: %s", req.id, why)
+                req.finish(Finish.REJECTED, why)
+                self._unreported[group[0].id] = group
+                continue
+            if not sp.greedy:
+                seed = sp.seed if sp.seed is not None else self.config.seed * 1_000_003 + req.index
+                req.generator = torch.Generator(device=self.device).manual_seed(seed)
+            self.scheduler.add(req)
+        return group[0].id
 
     def abort(self, request_id: str) -> None:
-        """Finish a waiting or running request as `abort` and free its KV; unknown or finished ids
-        are ignored. Its last output comes with the next step()."""
-        req = self._requests.get(request_id)
-        if req is None or req.finished:
+        """Finish a waiting or running request (each of its completions) as `abort` and free its KV;
+        unknown or finished ids are ignored. Its last output comes with the next step()."""
+        group = self._requests.get(request_id)
+        if group is None or group[0].id != request_id or all(r.finished for r in group):
             return
-        req.finish(Finish.ABORT)
-        self.scheduler.release(req)
-        self._unreported[req.id] = req
+        for req in group:
+            if not req.finished:
+                req.finish(Finish.ABORT)
+                self.scheduler.release(req)
+        self._unreported[request_id] = group
 
     def set_levers(self, **changes: object) -> None:
         """Change the levers between steps (None keeps a value) and push them to the scheduler and the
@@ -192,10 +193,9 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; returns an output for every request touched since the last call."""
-        for r in self._advance():
-            self._unreported[r.id] = r
-        touched, self._unreported = list(self._unreported.values()), {}
-        return [self._report(r) for r in touched]
+        self._touched(self.steps.advance(self.no_more_requests))
+        touched, self._unreported = list(self._unreported), {}
+        return [self._report(g) for g in touched]
 
     def generate(
         self,
@@ -210,31 +210,29 @@ class Engine:
         other requests advance too, and their outputs stay with step().
         use_tqdm: a progress bar of finished requests on stderr."""
         prompts, params = batch(prompts, params)  # a bad params raises here, before any prompt is admitted
-        mine: list[Request] = []
+        mine: list[str] = []
         try:  # a bad prompt is rejected alone; an unexpected failure takes back what it had admitted
             for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-                mine += [self._requests[self._add(p, c, f"prompt {i}")] for c in completions(sp)]
+                mine.append(self._add(p, sp, f"prompt {i}"))
         except BaseException:
             self._discard(mine)
             raise
-        bar = tqdm(total=len(mine), desc="generate", unit="req", disable=not use_tqdm)
+        reqs = [r for g in mine for r in self._requests[g]]
+        bar = tqdm(total=len(reqs), desc="generate", unit="req", disable=not use_tqdm)
         before, self.no_more_requests = self.no_more_requests, True
         try:
-            while not all(r.finished for r in mine):
-                touched = self._advance()
+            while not all(r.finished for r in reqs):
+                touched = self.steps.advance(self.no_more_requests)
                 if not touched:
                     raise RuntimeError(f"generate(): requests unfinished but no step ran: {self.scheduler.describe()}")
-                for r in touched:
-                    self._unreported[r.id] = r
-                done = sum(r.finished for r in mine)
-                if done > bar.n:
-                    bar.update(done - bar.n)
+                self._touched(touched)
+                bar.update(sum(r.finished for r in reqs) - bar.n)
         finally:
             self.no_more_requests = before
         bar.close()
-        for r in mine:
-            self._unreported.pop(r.id, None)
-        return merged([self._report(r) for r in mine], [sp.n for sp in params])
+        for g in mine:
+            self._unreported.pop(g, None)
+        return [self._report(g) for g in mine]
 
     def chat(
         self, messages: Sequence, params: SamplingParams | Mapping | None = None, use_tqdm: bool = False
@@ -245,20 +243,25 @@ class Engine:
         prompts = [render_chat(self.tokenizer, c) for c in conversations(messages)]
         return self.generate(prompts, params, use_tqdm)
 
-    def _discard(self, reqs: list[Request]) -> None:
-        """Forget these requests entirely: aborted (KV freed) and never reported."""
+    def _touched(self, reqs: list[Request]) -> None:
         for r in reqs:
-            self.abort(r.id)
-            self._unreported.pop(r.id, None)
-            self._requests.pop(r.id, None)
+            group = self._requests[r.id]
+            self._unreported[group[0].id] = group
 
-    def _advance(self) -> list[Request]:
-        return self.steps.advance(self.no_more_requests)
+    def _discard(self, ids: list[str]) -> None:
+        """Forget these requests entirely: aborted (KV freed) and never reported."""
+        for request_id in ids:
+            self.abort(request_id)
+            self._unreported.pop(request_id, None)
+            for r in self._requests[request_id]:
+                self._requests.pop(r.id)
 
-    def _report(self, req: Request) -> RequestOutput:
-        if req.finished:
-            self._requests.pop(req.id, None)
-        return req.output(self.tokenizer)
+    def _report(self, request_id: str) -> RequestOutput:
+        group = self._requests[request_id]
+        if all(r.finished for r in group):
+            for r in group:
+                self._requests.pop(r.id)
+        return merged([r.output(self.tokenizer) for r in group])
 
     def last_logits(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         """fp32 logits after a prefill of prompt_ids on an idle engine (used by the regret oracle)."""

@@ -45,7 +45,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     error: str | None = None
-    text: str = ""  # decoded output, filled once finished (when the model has a tokenizer); ends before a stop string
+    text: str = ""  # the decoded output so far (with a tokenizer), as vLLM's step(); see Request._text
     logprobs: list | None = None  # TokenLogprob per output token when SamplingParams.logprobs is set
     prompt: str | None = None  # the prompt's text (None for a token-id prompt), as vLLM's
     outputs: list[CompletionOutput] = field(default_factory=list)  # vLLM's shape: one per completion

@@ -60,12 +60,8 @@ def completions(params: SamplingParams) -> list[SamplingParams]:
     return [dataclasses.replace(params, n=1, seed=seed) for seed in seeds]
 
 
-def merged(outputs: list[RequestOutput], counts: list[int]) -> list[RequestOutput]:
-    """One RequestOutput per prompt from its counts[i] consecutive completions: `outputs` lists them
-    (index c), the flat fields are the first one's."""
-    out, at = [], 0
-    for n in counts:
-        group, at = outputs[at : at + n], at + n
-        each = [dataclasses.replace(o.outputs[0], index=c) for c, o in enumerate(group)]
-        out.append(dataclasses.replace(group[0], outputs=each, finished=all(o.finished for o in group)))
-    return out
+def merged(outputs: list[RequestOutput]) -> RequestOutput:
+    """One RequestOutput of a request's completions: `outputs` lists them (index c), the flat fields are
+    the first one's; finished once all are."""
+    each = [dataclasses.replace(o.outputs[0], index=c) for c, o in enumerate(outputs)]
+    return dataclasses.replace(outputs[0], outputs=each, finished=all(o.finished for o in outputs))

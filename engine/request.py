@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 
 import torch
 
 from engine.config import SamplingParams
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from engine.stopping import StopStrings
+from engine.stopping import Detokenizer, StopStrings
 
 __all__ = ["Finish", "Request", "RequestFailure", "RequestOutput", "Status"]
 
@@ -57,6 +58,7 @@ class Request:
     draft_kv_len: int = 0
     streamed: int = 0  # output tokens already reported by step()
     stop_strings: StopStrings | None = None
+    detokenizer: Detokenizer | None = None  # the running text's (the stop strings' own where there are some)
     stop_at: int | None = None  # character offset of the stop string that ended the request
     stop_reason: int | str | None = None  # the stop token id (not EOS) or stop string that ended it
     logprobs: list = field(default_factory=list)
@@ -184,12 +186,7 @@ class Request:
         """The public view; new_token_ids are those since the previous call."""
         new = self.output_ids[self.streamed :]
         self.streamed = len(self.output_ids)
-        text = ""
-        if self.finished and tokenizer is not None and self.output_ids:
-            end = self.stop_at
-            if end is not None and self.params.include_stop_str_in_output:
-                end += len(self.stop_reason)
-            text = tokenizer.decode(self.output_ids, skip_special_tokens=self.params.skip_special_tokens)[:end]
+        text = self._text(tokenizer) if tokenizer is not None and self.output_ids else ""
         reason = self.finish_reason.value if self.finish_reason else None
         logprobs = shaped = cumulative = None
         if self.params.logprobs is not None:
@@ -202,6 +199,27 @@ class Request:
             prompt=self.prompt,
             outputs=[completion],
         )
+
+    def _text(self, tokenizer) -> str:
+        """Finished: the whole decode, ended before the stop string unless include_stop_str_in_output.
+        Running: the text so far, decoded incrementally (a few tokens a call), less an incomplete last
+        character and the last (longest stop - 1) characters a stop string may still take back, so that
+        it is a prefix of the final text."""
+        skip = self.params.skip_special_tokens
+        if self.finished:
+            end = self.stop_at
+            if end is not None and self.params.include_stop_str_in_output:
+                end += len(self.stop_reason)
+            return tokenizer.decode(self.output_ids, skip_special_tokens=skip)[:end]
+        stops = self.stop_strings
+        if self.detokenizer is None:
+            decode = partial(tokenizer.decode, skip_special_tokens=skip)
+            self.detokenizer = stops.text if stops else Detokenizer(decode, 0)
+        if self.detokenizer.fed < len(self.output_ids):
+            self.detokenizer.feed(self.output_ids)
+        text = self.detokenizer.text
+        hold = stops.longest - 1 if stops and not self.params.include_stop_str_in_output else 0
+        return text[: len(text) - hold] if hold < len(text) else ""
 
     def _shaped_logprobs(self, tokenizer) -> list[dict[int, Logprob]]:
         """vLLM's per-position {token id: Logprob}: the chosen token first, then the top k; built once

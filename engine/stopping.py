@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 class Detokenizer:
     """decode(ids) kept up to date for a token list that only grows. Text up to a token boundary
-    where it ends on a whole character is final (`done` characters, the last `keep` of them held);
+    where it ends on a whole character is final (`done` characters: all in `text`, the last `keep` in `window`);
     each feed decodes only the tokens after the latest such boundary, in the context of the ones
     since the boundary before (vLLM's prefix/read offsets), so tokenizers that strip a leading space
     decode alike. A boundary that ends on a whole character is one no later token changes, so for
@@ -21,6 +21,7 @@ class Detokenizer:
         self.prefix = 0  # first token of the decoded context
         self.read = 0  # tokens whose text is final
         self.prefix_text = ""  # decode(ids[prefix:read])
+        self.final: list[str] = []  # the final text, in pieces joined when read (`text`)
         self.done = 0  # characters of final text
         self.kept = ""  # its last `keep` characters
         self.tail = ""  # text of the tokens after `read`, maybe ending inside a character (U+FFFD)
@@ -39,9 +40,16 @@ class Detokenizer:
     def _settle(self, ids: list[int], end: int, text: str) -> None:
         """ids[read:end], whose text is `text`, are final."""
         self.done += len(text)
+        self.final.append(text)
         self.kept = (self.kept + text)[-self.keep :] if self.keep else ""
         self.prefix, self.read = self.read, end
         self.prefix_text = self.decode(ids[self.prefix : self.read])
+
+    @property
+    def text(self) -> str:
+        """decode(ids) as far as fed, less a trailing incomplete character."""
+        self.final = ["".join(self.final)]
+        return self.final[0] + self.tail.rstrip("\ufffd")
 
     @property
     def window(self) -> tuple[str, int]:

@@ -212,7 +212,7 @@ def test_a_step_at_a_block_boundary_takes_its_block_first(tiny_target, one_threa
     engine = make(tiny_target, True)
     rid = engine.add_request(PROMPTS[0], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     engine.step()  # the prefill: 4 rows, one 4-row block
-    req, ov = engine._requests[rid], engine.rounds.overlap
+    (req,), ov = engine._requests[rid], engine.rounds.overlap  # one completion
     req.num_kv = 3  # this step writes row 3, the one launched after it row 4: the next block
     assert not ov.eligible([req], admitting=True) and len(req.blocks) == 1
     assert ov.eligible([req], admitting=False) and len(req.blocks) == 2

@@ -133,8 +133,12 @@ def test_n_completions_each_carry_their_own_shape(engine):
         assert len(chosen) == 6 and c.cumulative_logprob == pytest.approx(sum(chosen))
     first = out.outputs[0]
     assert (out.token_ids, out.text, out.finish_reason) == (first.token_ids, first.text, first.finish_reason)
-    with pytest.raises(ValueError, match="add_request runs one completion"):
-        engine.add_request(PROMPT, params)
+    rid = engine.add_request({"prompt": PROMPT}, params)  # add_request runs n too, as one request
+    while engine.has_unfinished():
+        stepped = [o for o in engine.step() if o.request_id == rid]
+    assert [(c.index, c.token_ids, c.text) for c in stepped[0].outputs] == [
+        (c.index, c.token_ids, c.text) for c in out.outputs
+    ]
 
 
 @pytest.mark.parametrize(
