@@ -39,10 +39,11 @@ class Expect(enum.Enum):
     CAPTURE = "gated rounds store the ungated run's context rows; acceptance after the resume matches it"
     SERVE = "through the server: speculating rounds, lossless streams, a client gone early frees its KV"
     RAGGED = "K_i per request: some round mixes K, none above MAX_DRAFTS; gated requests resume and accept"
+    HEDGE_BUDGET = "policy=budget with hedging: chains verified, no K_i above MAX_DRAFTS, none past its limit"
 
     @property
     def hedged(self) -> bool:
-        return self in (Expect.HEDGE, Expect.HEDGE_GATED)
+        return self in (Expect.HEDGE, Expect.HEDGE_GATED, Expect.HEDGE_BUDGET)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,15 @@ HEDGE_CASES: tuple[LeverCase, ...] = (
         8,
         Expect.HEDGE_GATED,
         (("HEDGE_POSITIONS", "0,1,2"), ("HEDGE_AUTO", "1"), ("MAX_BATCH", "3")),
+    ),
+    # Hedged rounds under policy=budget (SPEC 10): every request verifies max K_i with its own limit.
+    LeverCase(
+        CONCURRENT,
+        "concurrent",
+        "HEDGE",
+        8,
+        Expect.HEDGE_BUDGET,
+        (("HEDGE_POSITIONS", "0,1,2"), ("POLICY", "budget"), ("COST_TABLE", BUDGET_TABLE), ("MAX_DRAFTS", "4")),
     ),
 )
 # The known-continuation pair (SPEC 9, bench-only): the real Qwen3-4B geometry on a CUDA device, the

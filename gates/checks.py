@@ -31,6 +31,8 @@ def _expected(
 ) -> list[str]:
     if case.expect is Expect.HEDGE:
         return _ungated(case, s) + _hedge_problems(case, summarize_hedge(hedges))
+    if case.expect is Expect.HEDGE_BUDGET:
+        return _hedge_problems(case, summarize_hedge(hedges)) + _span_bounds(case, rows)
     if case.expect is Expect.HEDGE_GATED:
         return _hedge_gated_problems(case, rows, s, summarize_hedge(hedges), gated_hedges)
     if case.expect is Expect.ALL_GATED:
@@ -114,6 +116,19 @@ def _capped_problems(case: LeverCase, rows: Sequence[RoundRow], s: ChildSummary)
             f"{s.gated_rounds} gated and {s.speculating_rounds} speculating rounds: the policy never moved K"
         )
     return problems
+
+
+def _span_bounds(case: LeverCase, rows: Sequence[RoundRow]) -> list[str]:
+    # Per request: its K_i (span_limit) within MAX_DRAFTS, its verified drafts within its K_i.
+    cap = int(case.knob_value("MAX_DRAFTS") or 0)
+    over = [r for r in rows if not r.gated and not r.verified_draft <= (r.span_limit or 0) <= cap]
+    if over:
+        worst = max(over, key=lambda r: (r.span_limit or 0, r.verified_draft))
+        return [
+            f"{len(over)} request-rounds past their bounds (e.g. req-{worst.request}: verified {worst.verified_draft} "
+            f"of K_i {worst.span_limit}, MAX_DRAFTS={cap})"
+        ]
+    return []
 
 
 def _mixed_k(rows: Sequence[RoundRow]) -> list[str]:

@@ -145,6 +145,7 @@ def test_the_cases_of_the_spec_in_order_then_the_stop_case():
         "greedy-HEDGE=8-HEDGE_POSITIONS=0,1,2",
         "concurrent-HEDGE=8-HEDGE_POSITIONS=0,1,2-MAX_BATCH=3",
         "arrivals-HEDGE=8-HEDGE_POSITIONS=0,1,2-HEDGE_AUTO=1-MAX_BATCH=3",
+        "concurrent-HEDGE=8-HEDGE_POSITIONS=0,1,2-POLICY=budget-COST_TABLE=gates/data/budget-mixed.csv-MAX_DRAFTS=4",
     ]
     assert hedged[1].env == {
         "PEGAINFER_SPEC_HEDGE": "8",
@@ -246,3 +247,24 @@ def test_ragged_needs_a_mixed_round_every_k_within_the_cap_and_a_resume():
     assert over == ["1 rounds chose K above MAX_DRAFTS=4 (up to 6): the cap does not bound K"]
     stalled = check_case(RAGGED, levers_trace_rows([*gated, _ragged(0, 4, 3, 4), _ragged(1, 1, 0, 1)]))
     assert stalled == ["req-1 verified drafts again after being gated but never accepted one"]
+
+
+# ---- hedging under policy=budget ----
+
+HEDGED_BUDGET = next(c for c in ALL_CASES if c.expect is Expect.HEDGE_BUDGET)
+
+
+def test_hedged_budget_needs_chains_and_every_request_within_its_bounds():
+    assert HEDGED_BUDGET.knob_value("MAX_DRAFTS") == "4" and HEDGED_BUDGET.knob_value("POLICY") == "budget"
+    won = hedge_line(0).replace("winner=0 main_accepted=2", "winner=1 main_accepted=1")
+
+    def found(lines):
+        return check_case(HEDGED_BUDGET, levers_trace_rows(lines), hedge_trace_rows(lines), gated_hedges(lines))
+
+    good = [rnd(1, 1, 0, 0), _ragged(0, 4, 2, 4), won, _ragged(1, 2, 1, 3)]
+    assert found(good) == []
+    assert found([_ragged(0, 4, 2, 4), _ragged(1, 2, 1, 3)])[0].startswith("no hedge chain verified")
+    over = found([_ragged(0, 4, 2, 4), won, _ragged(1, 5, 1, 5)])
+    assert over == ["1 request-rounds past their bounds (e.g. req-1: verified 5 of K_i 5, MAX_DRAFTS=4)"]
+    past = found([_ragged(0, 4, 2, 4), won, _ragged(1, 3, 1, 2)])
+    assert past == ["1 request-rounds past their bounds (e.g. req-1: verified 3 of K_i 2, MAX_DRAFTS=4)"]

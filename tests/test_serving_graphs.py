@@ -73,3 +73,40 @@ def test_a_warm_up_at_long_context_skips_the_table_width_its_keys_overflow(
     with dummy_requests(e, 2, short * runner.block_size + 10, 2) as reqs:
         warm_graphs(runner, e.rounds.accept, reqs, [1, 2], [])
     assert {key[1] for key in runner.graphs.captured if key[0] == "decode"} == {full}
+
+
+@pytest.mark.parametrize("max_drafts", [0, 3])
+def test_a_budget_server_replays_only_graphs_captured_at_start(tiny_target, tiny_drafter, one_thread, max_drafts):
+    """policy=budget: every uniform K, the drafter at each ragged span, the ragged row buckets."""
+    from engine.kernels.span_meta import ragged_spans
+    from tests.test_policy_budget import linear
+
+    cfg = EngineConfig(
+        model=str(tiny_target),
+        draft_model=str(tiny_drafter),
+        device="cpu",
+        max_num_seqs=4,
+        levers={"policy": "budget", "max_drafts": max_drafts},
+        cost_table=linear(0.3),
+    )
+
+    class Recording(CPUGraphs):
+        def run(self, key, *args, **kw):
+            self.replayed.append(key)
+            return super().run(key, *args, **kw)
+
+    e = Engine(cfg)
+    e.runner.graphs = Recording(e.runner.graphs.buckets)
+    e.runner.graphs.replayed = []
+    e.capture_graphs()
+    graphs, per_round = e.runner.graphs, e.drafts_per_round
+    ragged = {key[1] for key in graphs.captured if key[0] == "ragged"}
+    top = max_drafts or per_round
+    assert {b * s for b in graphs.buckets[1:] for s in ragged_spans(per_round) if s - 2 < top} <= ragged
+    assert {("verify", k, e.rounds.accept, 4) for k in range(1, top + 1)} <= set(graphs.captured)
+    captured = dict(graphs.captured)
+    outs = e.generate(PROMPTS + [[3, 1, 4, 1, 5]], GREEDY)
+    assert graphs.captured == captured and graphs.eager_misses == 0
+    assert any(key[0] == "ragged" for key in graphs.replayed), "no ragged round replayed"
+    plain = Engine(EngineConfig(model=str(tiny_target), device="cpu"))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in plain.generate(PROMPTS + [[3, 1, 4, 1, 5]], GREEDY)]

@@ -36,14 +36,15 @@ def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> n
 
 
 def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
-    """(measured spans, their verify ms, drafter ms per head count 0..heads) at `batch` (clamped into the
-    table's range) and mean `context`: what `budget_spans` reads."""
+    """(measured spans, their verify ms, drafter ms per head count 0..heads, verify ms of batch + B rows
+    for B in 0..batch * heads) at `batch` (clamped into the table's range) and mean `context`."""
     spans = table.spans()
     lo, hi = table.batch_range(spans)
     at = min(max(batch, lo), hi)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
-    return np.array(spans, dtype=np.float64), verify, draft
+    spans = np.array(spans, dtype=np.float64)
+    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify)
 
 
 def budget_spans(
@@ -57,25 +58,42 @@ def budget_spans(
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
     in j), caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of
-    this batch, if cached."""
+    this batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the
+    ties at it taken position-major; B's drafter heads step where each position's best slot enters."""
     n, p = survival.shape
-    spans, verify, draft = costs or span_costs(table, n, p, context)
-    if gated(n, max_batch) or n == 0:
+    spans, verify, draft, base = costs or span_costs(table, n, p, context)
+    cap = np.minimum(np.asarray(caps, dtype=np.int64), int(spans[-1]) - 1)
+    total = int(cap.sum())
+    if gated(n, max_batch) or total == 0:
         return [0] * n, float(verify[0])
-    widest = int(spans[-1]) - 1
-    cap = np.minimum(np.asarray(caps, dtype=np.int64), widest)
-    masked = np.where(np.arange(p)[None, :] < cap[:, None], survival, -1.0)
-    order = np.argsort(-masked.T.reshape(-1), kind="stable")[: int(cap.sum())]  # position-major
-    if order.size == 0:
-        return [0] * n, float(verify[0])
-    b = np.arange(order.size + 1)
-    committed = n + np.concatenate(([0.0], np.cumsum(masked.T.reshape(-1)[order])))
-    heads = np.concatenate(([0], np.maximum.accumulate(order // n + 1)))
-    device = draft[heads] + np.interp(1.0 + b / n, spans, verify)
-    device[0] = verify[0]
-    value = committed / (device + np.where(b > 0, host[1], host[0])) / np.where(b > 0, 1.0 + SPEC_DISCOUNT, 1.0)
+    slots = survival.T if total == n * p else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
+    asc = np.sort(slots, axis=None)
+    best_of = slots.max(axis=1)  # each position's best slot, ranked after the slots >= it in columns < j
+    rank = n * p - np.searchsorted(asc, best_of)
+    if (np.searchsorted(asc, best_of, side="right") + rank > n * p + 1).any():  # ties at a position's best
+        later = np.concatenate((np.cumsum((slots == best_of[:, None]).sum(axis=1)[::-1])[::-1], [0]))
+        rank -= later[:p] - later[np.searchsorted(-best_of, -best_of, side="right")]
+    else:
+        rank -= 1
+    steps = np.diff(np.concatenate(([0], np.minimum(rank + 1, total + 1), [total + 1])))
+    value = np.empty(total + 1)
+    value[0] = 0.0
+    np.cumsum(asc[::-1][:total], out=value[1:])
+    value += n
+    value[0] /= verify[0] + host[0]
+    device = np.repeat(draft[: p + 1], steps) + base[: total + 1]
+    value[1:] /= device[1:] + host[1]
+    value[1:] /= 1.0 + SPEC_DISCOUNT
     best = int(np.argmax(value))
-    return np.bincount(order[:best] % n, minlength=n).tolist(), float(device[best])
+    if best == 0:
+        return [0] * n, float(verify[0])
+    t = asc[-best]
+    taken = slots >= t
+    excess = int(taken.sum()) - best
+    if excess:  # the ties at t past the budget, the last position-major
+        taken, tied = np.ascontiguousarray(taken), (slots == t).reshape(-1)
+        taken.reshape(-1)[tied] = np.arange(int(tied.sum()))[::-1] >= excess
+    return taken.sum(axis=0).tolist(), float(device[best])
 
 
 class RequestAcceptance:
@@ -89,8 +107,8 @@ class RequestAcceptance:
 
     def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
         """[N] the requests' rows; a request new to its row is seeded from `pooled`."""
-        slots = np.array([r.slot for r in reqs], dtype=np.int64)
-        index = np.array([r.index for r in reqs], dtype=np.int64)
+        slots = np.fromiter([r.slot for r in reqs], np.int64, len(reqs))
+        index = np.fromiter([r.index for r in reqs], np.int64, len(reqs))
         if slots.size and slots.max() >= len(self.owner):
             grow = int(slots.max()) + 1 - len(self.owner)
             self.rows = np.vstack([self.rows, np.ones((grow, self.per_round))])
@@ -111,11 +129,16 @@ class RequestAcceptance:
         """A round's outcome per request (its draft limit, its accepted drafts; all 0 in a gated round).
         Position j was tried when j < limit and drafts 1..j were accepted. Returns the request-rounds
         that tried and accepted each position (the pooled estimate's update)."""
-        j = np.arange(self.per_round)[None, :]
-        n = np.asarray(accepted, dtype=np.int64)[:, None]
-        tried = j < np.minimum(n + 1, np.asarray(limits, dtype=np.int64)[:, None])
-        hit = j < n
+        p, n = self.per_round, np.fromiter(accepted, np.int64, len(slots))
+        m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried
+        j = np.arange(p)
+        tried, hit = j < m[:, None], j < n[:, None]
         rows = self.rows[slots]
         step = np.where(tried, self.ema * (hit - rows), self.relax * (np.asarray(pooled)[None, :] - rows))
         self.rows[slots] = rows + step
-        return tried.sum(0), (tried & hit).sum(0)
+        return _beyond(m, p), _beyond(np.minimum(n, m), p)
+
+
+def _beyond(x: np.ndarray, p: int) -> np.ndarray:
+    """[P] how many of x exceed each of 0..P-1."""
+    return np.cumsum(np.bincount(np.minimum(x, p), minlength=p + 1)[::-1])[::-1][1:]

@@ -14,10 +14,13 @@ from typing import Protocol
 import torch
 
 from engine.config import EngineConfig, SamplingParams
+from engine.kernels.span_meta import ragged_spans
 from engine.kv_cache import BlockManager
+from engine.levers import Levers
 from engine.models.config import DFlashConfig, Qwen3Config
 from engine.policy.span import SPAN_VARIANTS
 from engine.prefill import prefill_shapes, warm_prefill
+from engine.ragged import ragged_verify
 from engine.request import Finish, Request
 from engine.runner import AcceptRule, ModelRunner
 from engine.scheduler import Plan, Scheduler
@@ -33,6 +36,7 @@ class EngineView(Protocol):
     """The parts of engine.Engine these forwards read (engine.py imports this module)."""
 
     config: EngineConfig
+    levers: Levers
     device: torch.device
     dtype: torch.dtype
     target_cfg: Qwen3Config
@@ -85,7 +89,7 @@ def plan_calibration(engine: EngineView, context: int = CONTEXT) -> CalibrationP
     return CalibrationPlan(context, spans, batches, long if long_batches else 0, long_batches)
 
 
-def _require_idle(engine: EngineView) -> None:
+def _require_idle(engine: EngineView) -> None:  # a busy scheduler could plan a step of live requests
     if engine.scheduler.has_work():
         raise RuntimeError(f"calibration needs an idle engine: {engine.scheduler.describe()}")
 
@@ -99,7 +103,7 @@ def _dummy(i: int, context: int, budget: int, vocab: int) -> Request:
 def dummy_requests(engine: EngineView, count: int, context: int, budget: int) -> Iterator[list[Request]]:
     """`count` prefilled, draft-ready requests of `context` tokens with KV reserved for `budget` more
     rows, outside the engine's request table; their slots and blocks are handed back on exit."""
-    _require_idle(engine)  # a busy scheduler could plan a step of live requests here
+    _require_idle(engine)
     scheduler, runner = engine.scheduler, engine.runner
     vocab = engine.target_cfg.geometry.vocab_size
     reqs = [_dummy(i, context, budget, vocab) for i in range(count)]
@@ -132,10 +136,10 @@ def warm_graphs(
     ks: Sequence[int],
     one_token: bool = True,
     stop: Callable[[int], bool] | None = None,
+    ragged: Sequence[int] = (),
 ) -> int:
-    """At each batch (the first `batch` of `reqs`): the one-token step, then per K the drafter with its
-    head over K positions and the verify of K drafts on its buffer, as rounds run them; stop(batch): end
-    before it. Returns the graphs captured."""
+    """At each batch (the first `batch` of `reqs`; stop(batch): end before it) the one-token step; per K the
+    drafter and the verify of K drafts on its buffer; per S in `ragged` one of batch * S - 1 rows."""
     before, frozen = runner.graphs.captures, runner.graphs.frozen
     runner.graphs.frozen = False  # a warm-up captures even on a serving engine
     try:
@@ -148,44 +152,64 @@ def warm_graphs(
                 longest = max(r.num_kv for r in sub)
                 for width in [w for w in runner.decode_widths if w * runner.block_size > longest]:
                     runner.decode(sub, width)
-            for k in ks:  # the verify takes the draft graph's own buffer, as rounds do
+            shapes = [[k] * b for k in ks] + [[s - 1] * (b - 1) + [s - 2] for s in ragged if b > 1]
+            for spans in shapes:  # the verify takes the draft graph's own buffer, as rounds do
                 runner.stage(sub)
-                drafts = runner.draft(sub, k)
-                runner.stage(sub, [k] * b)
-                runner.verify(sub, drafts, k, accept)
+                drafts = runner.draft(sub, spans[0])
+                runner.stage(sub, spans)
+                if len(set(spans)) == 1:
+                    runner.verify(sub, drafts, spans[0], accept)
+                else:
+                    ragged_verify(runner, sub, drafts, spans, accept)
     finally:
         runner.graphs.frozen = frozen
     return runner.graphs.captures - before
 
 
+def _capture(engine: EngineView, accept: AcceptRule, ks: Sequence[int] | None, ragged: Sequence[int] = ()) -> tuple:
+    """warm_graphs at every bucket the KV pool admits, on dummy requests, per K in ks (None: the policy's
+    spans): (graphs captured, buckets, seconds)."""
+    how = plan_calibration(engine)
+    ks = [s - 1 for s in how.spans if s > 1] if ks is None else ks
+    buckets = [b for b in engine.runner.graphs.buckets if b <= max(how.batches)]
+    start = time.perf_counter()
+    with dummy_requests(engine, max(buckets), how.context, max([1, *ks, *ragged]) + 1) as reqs:
+        captured = warm_graphs(engine.runner, accept, reqs, buckets, [k for k in ks if k > 0], ragged=ragged)
+    return captured, buckets, time.perf_counter() - start
+
+
 def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[int]) -> dict:
-    """Before serving, on an idle engine with graphs: the one-token step at every table width and, per K
-    in `ks`, the drafter and the verify, at every bucket the KV pool admits (the adaptive policy captures
-    its variants itself), and every graphed prefill shape; then the graphs freeze: a step without one
-    runs eagerly, never captured. Returns {"graphs": captured here, "prefill_graphs": prefill graphs held,
-    "seconds", "bytes": CUDA memory reserved past what was allocated before (the graph pools; 0 on CPU)}."""
-    runner = engine.runner
+    """Before serving, on an idle engine with graphs: the one-token step at every table width and per K in
+    `ks` the drafter and the verify (the adaptive policy captures its variants itself; policy=budget:
+    every K up to the largest, and the ragged row buckets its spans reach), and every graphed prefill
+    shape; then the graphs freeze: a step without one runs eagerly. Returns {"graphs": captured here,
+    "prefill_graphs": prefill graphs held, "seconds", "bytes": CUDA memory reserved past what was
+    allocated before (the graph pools; 0 on CPU)}."""
+    runner, ragged, cuda = engine.runner, [], engine.device.type == "cuda"
     if not runner.graphs.enabled:
         return {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
-    how = plan_calibration(engine)
-    buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
-    cuda, start = engine.device.type == "cuda", time.perf_counter()
+    if engine.levers.policy == "budget" and ks and max(ks) > 0:
+        spans = ragged_spans(engine.drafts_per_round)
+        ragged, ks = [s for s in spans if s <= min(s for s in spans if s > max(ks))], range(1, max(ks) + 1)
     if cuda:  # cached free blocks would count as graph memory (or, released mid-way, as negative)
         torch.cuda.synchronize(engine.device), torch.cuda.empty_cache()
-    reserved = torch.cuda.memory_reserved(engine.device) if cuda else 0
-    before = runner.graphs.captures
-    with dummy_requests(engine, max(buckets), how.context, max([1, *ks]) + 1) as reqs:
-        warm_graphs(runner, accept, reqs, buckets, [k for k in ks if k > 0])
+    reserved, before, start = (
+        torch.cuda.memory_reserved(engine.device) if cuda else 0,
+        runner.graphs.captures,
+        time.perf_counter(),
+    )
+    _, buckets, _ = _capture(engine, accept, ks, ragged)
     runner.graphs.frozen = False  # frozen again just below, whatever happens
     try:
         warm_prefill(runner, prefill_shapes(buckets, max(engine.config.max_num_batched_tokens, engine.max_model_len)))
     finally:
         runner.graphs.frozen = True
-    prefills = sum(key[0] == "prefill" for key in runner.graphs.captured)
     grown = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
-    report = {"graphs": runner.graphs.captures - before, "prefill_graphs": prefills}
-    report["seconds"] = time.perf_counter() - start
-    report["bytes"] = grown
+    report = {
+        "graphs": runner.graphs.captures - before,
+        "prefill_graphs": sum(k[0] == "prefill" for k in runner.graphs.captured),
+    }
+    report |= {"seconds": time.perf_counter() - start, "bytes": grown}
     log.info(
         "serving graphs: %(graphs)d captured (%(prefill_graphs)d prefill) in %(seconds).2f s, "
         "%(bytes)d bytes of graph pool",
@@ -200,13 +224,7 @@ def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:
     runner = engine.runner
     if not runner.graphs.enabled or runner.graphs.policy_captured or engine.scheduler.has_work():
         return 0
-    how = plan_calibration(engine)
-    buckets = [b for b in runner.graphs.buckets if b <= max(how.batches)]
-    start = time.perf_counter()
-    with dummy_requests(engine, max(buckets), how.context, max(how.spans)) as reqs:
-        captured = warm_graphs(runner, accept, reqs, buckets, [s - 1 for s in how.spans if s > 1])
+    captured, buckets, seconds = _capture(engine, accept, None)
     runner.graphs.policy_captured = True
-    log.info(
-        "policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), time.perf_counter() - start
-    )
+    log.info("policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), seconds)
     return captured
