@@ -59,7 +59,9 @@ def test_the_hedge_case():
     assert HEDGE.env == {"PEGAINFER_SPEC_HEDGE": "8", "PEGAINFER_SPEC_HEDGE_POSITIONS": "0,1,2"}
     assert HEDGE.expect is Expect.HEDGE and HEDGE.child == "test_greedy_matches_plain_greedy"
     assert ALL_CASES == CASES + COMBO_CASES + PENALTY_CASES + CAPTURE_CASES + HEDGE_CASES + KNOWN_CASES + RAGGED_CASES
-    assert len(CASES) == 8 and len(HEDGE_CASES) == 3
+    assert len(CASES) == 8 and len(HEDGE_CASES) == 4
+    budget = [c for c in HEDGE_CASES if ("POLICY", "budget") in c.extra]  # hedging under per-request spans
+    assert len(budget) == 1 and budget[0].knob == "HEDGE" and budget[0].expect is Expect.HEDGE_BUDGET
 
 
 def test_a_trace_with_wins_and_discards_passes():
