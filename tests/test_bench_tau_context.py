@@ -13,7 +13,7 @@ WIDTH = 7  # the tiny drafter: block 8, anchor-drop
 
 def test_tau_per_context_on_the_tiny_pair(tmp_path):
     out = tmp_path / "out"
-    argv = ["--contexts", "64", "160", "--prompts", "2", "--new-tokens", "16", "--ngram", "--threads", "1"]
+    argv = ["--contexts", "64", "160", "--prompts", "2", "--new-tokens", "16", "--ngram"]
     assert main([*argv, "--out", str(out)]) == 0
     rows, summary = read_csv(out / "tau_context.csv"), read_csv(out / "tau_context_summary.csv")
     assert [r["context"] for r in rows] == ["64", "160"] * 2  # per file, each context: windows ending at one cut
@@ -31,7 +31,9 @@ def test_tau_per_context_on_the_tiny_pair(tmp_path):
 
 
 def test_contexts_past_the_position_limit_are_refused(tmp_path):
-    check_contexts([128, 1912], new_tokens=128, block=8, limit=2048)  # 1912 + 128 + 8 = 2048: the last that fits
+    check_contexts([1, 1912], new_tokens=128, block=8, limit=2048)  # 1912 + 128 + 8 = 2048: the last that fits
+    with pytest.raises(ValueError, match="context 0: a prompt needs at least one token"):
+        check_contexts([0], new_tokens=128, block=8, limit=2048)
     with pytest.raises(ValueError, match=r"context 1913 .* = 2049 exceeds .* 2048 \(longest context: 1912\)"):
         check_contexts([128, 1913], new_tokens=128, block=8, limit=2048)
     with pytest.raises(SystemExit, match=r"context 2048 \+ 128 new tokens .* max_position_embeddings 2048"):

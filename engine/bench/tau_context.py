@@ -14,8 +14,6 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
 from engine.bench.common import resolve_device, setup_logging
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
@@ -28,10 +26,12 @@ log = logging.getLogger(__name__)
 
 
 def check_contexts(contexts: Sequence[int], new_tokens: int, block: int, limit: int) -> None:
-    """ValueError naming the first context whose last position (context + new tokens + the drafter's
-    block, the engine's admission rule) passes the models' position limit."""
+    """ValueError naming the first context under one token or whose last position (context + new tokens
+    + the drafter's block, the engine's admission rule) passes the models' position limit."""
     for c in contexts:
-        if c < 1 or c + new_tokens + block > limit:
+        if c < 1:
+            raise ValueError(f"context {c}: a prompt needs at least one token")
+        if c + new_tokens + block > limit:
             raise ValueError(
                 f"context {c} + {new_tokens} new tokens + the drafter's block {block} = {c + new_tokens + block} "
                 f"exceeds the models' max_position_embeddings {limit} (longest context: {limit - new_tokens - block})"
@@ -51,7 +51,8 @@ def context_prompts(tokenizer_dir: Path, cut: int, n: int, heldout_percent: int)
 
 
 def measure(pair: Path, contexts: Sequence[int], prompts: int, new_tokens: int, device, ngram: bool) -> list[dict]:
-    """One row per (context, prompt): rounds, committed, τ, distinct-token ratio, rounds accepting >= j drafts."""
+    """One row per (prompt, context) of a fixture build (target/, drafter/, manifest.json): rounds, committed,
+    τ, distinct-token ratio of the output, rounds accepting >= j drafts (+ the n-gram drafter's τ)."""
     target, drafter = load_pair(pair / "target", pair / "drafter", device)
     width, block = drafter.cfg.block_size - (0 if drafter.cfg.anchor_first else 1), drafter.cfg.block_size
     limit = min(target.config.max_position_embeddings, drafter.cfg.geometry.max_position_embeddings)
@@ -63,7 +64,7 @@ def measure(pair: Path, contexts: Sequence[int], prompts: int, new_tokens: int, 
             res = reference_generate(target, drafter, ids[-c:], new_tokens)
             acc = [r.accepted for r in res.rounds]
             row = dict(context=c, source=source, rounds=len(acc), committed=sum(r.committed for r in res.rounds))
-            row.update(tau=res.tau, distinct=len(set(res.tokens)) / len(res.tokens))
+            row |= dict(tau=res.tau, distinct=len(set(res.tokens)) / len(res.tokens))
             row.update({f"ge{j}": sum(a >= j for a in acc) for j in range(1, width + 1)})
             if ngram:
                 row["ngram_tau"] = ngram_generate(target, ids[-c:], new_tokens, width).tau
@@ -95,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--ngram", action="store_true", help="also the n-gram drafter's τ (a control: the target's text)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, help="torch CPU threads")
     p.add_argument("--out", type=Path, required=True)
     return p
 
@@ -103,14 +103,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     setup_logging(False)
-    device = resolve_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
+        device = resolve_device(args.device)
         rows = measure(args.pair, args.contexts, args.prompts, args.new_tokens, device, args.ngram)
     except ValueError as err:
         raise SystemExit(f"tau-context: {err}") from None
-    summary, meta = summarize(rows), run_meta("tau-context", device, list(argv) if argv is not None else None)
+    summary, meta = summarize(rows), run_meta("tau-context", device, None if argv is None else list(argv))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "tau_context.csv", rows)
     write_csv(args.out / "tau_context_summary.csv", summary)
@@ -119,7 +117,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "tau_context.md").write_text(meta_lines(meta) + "\n" + table + "\n")
     log.info("%s", table)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
