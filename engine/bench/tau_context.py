@@ -38,9 +38,11 @@ def check_contexts(contexts: Sequence[int], new_tokens: int, block: int, limit: 
             )
 
 
-def context_prompts(tokenizer_dir: Path, cut: int, n: int, heldout_percent: int) -> list[tuple[str, list[int]]]:
-    """(file, its first `cut` token ids) of the first n held-out stdlib files, in sha1 order, that hold `cut` tokens."""
-    files = sorted(load_corpus(heldout_percent).heldout, key=lambda f: hashlib.sha1(f.key.encode()).hexdigest())
+def context_prompts(tokenizer_dir: Path, cut: int, n: int, recipe: dict) -> list[tuple[str, list[int]]]:
+    """(file, its first `cut` token ids) of the first n held-out files of the recipe's corpus (stdlib, then
+    site-packages up to its site_bytes), in sha1 order, that hold `cut` tokens."""
+    corpus = load_corpus(recipe["heldout_percent"], site_bytes=recipe["site_bytes"])
+    files = sorted(corpus.heldout, key=lambda f: hashlib.sha1(f.key.encode()).hexdigest())
     tok, out = load_tokenizer(tokenizer_dir), []
     for f in files:
         ids = tok.encode(f.text, add_special_tokens=False).ids
@@ -57,9 +59,9 @@ def measure(pair: Path, contexts: Sequence[int], prompts: int, new_tokens: int, 
     width, block = drafter.cfg.block_size - (0 if drafter.cfg.anchor_first else 1), drafter.cfg.block_size
     limit = min(target.config.max_position_embeddings, drafter.cfg.geometry.max_position_embeddings)
     check_contexts(contexts, new_tokens, block, limit)
-    heldout = json.loads((pair / "manifest.json").read_text())["recipe"]["heldout_percent"]
+    recipe = json.loads((pair / "manifest.json").read_text())["recipe"]
     rows = []
-    for source, ids in context_prompts(pair / "target", max(contexts), prompts, heldout):
+    for source, ids in context_prompts(pair / "target", max(contexts), prompts, recipe):
         for c in contexts:
             res = reference_generate(target, drafter, ids[-c:], new_tokens)
             acc = [r.accepted for r in res.rounds]
