@@ -14,6 +14,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from engine.bench.common import resolve_device, setup_logging
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
@@ -52,9 +54,12 @@ def context_prompts(tokenizer_dir: Path, cut: int, n: int, recipe: dict) -> list
     raise ValueError(f"only {len(out)} held-out files hold {cut} tokens ({n} prompts asked)")
 
 
-def measure(pair: Path, contexts: Sequence[int], prompts: int, new_tokens: int, device, ngram: bool) -> list[dict]:
-    """One row per (prompt, context) of a fixture build (target/, drafter/, manifest.json): rounds, committed,
-    τ, distinct-token ratio of the output, rounds accepting >= j drafts (+ the n-gram drafter's τ)."""
+def measure(
+    pair: Path, contexts: Sequence[int], prompts: int, new_tokens: int, device: torch.device, ngram: bool
+) -> list[dict]:
+    """One row per (prompt, context) of a fixture build (target/, drafter/, manifest.json): rounds,
+    committed, τ, distinct-token ratio of the output, rounds accepting >= j drafts (+ the n-gram
+    drafter's τ); a ValueError (check_contexts, context_prompts) before any generation."""
     target, drafter = load_pair(pair / "target", pair / "drafter", device)
     width, block = drafter.cfg.block_size - (0 if drafter.cfg.anchor_first else 1), drafter.cfg.block_size
     limit = min(target.config.max_position_embeddings, drafter.cfg.geometry.max_position_embeddings)
