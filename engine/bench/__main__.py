@@ -19,6 +19,7 @@ COMMANDS = {
     "study": ("study.run", "Which lever wins where on the 4B geometry, and does the cost model predict it?"),
     "study-files": ("study.files", "What does a study's report say, rebuilt from its files (a run cut short)?"),
     "study-refit": ("study.refit", "Refit to a study's own walls, does the cost model's structure meet the bar?"),
+    "tau-context": ("tau_context", "How fast does a pair's τ fall as its prompt context grows (held-out code)?"),
     "spread": ("spread", "How far do τ and the c=1 ratio spread over builds of a recipe; same seed, same weights?"),
 }
 
