@@ -1,7 +1,7 @@
-"""The span choice a round calls (engine/round.py): the static levers or the adaptive policy behind the same
-calls in round order: `choose` (this round's K; 0 = a gated round, which keeps the capture), `launched` (its
-forwards are on the device), `settled` (its outcome; None: a plain decode step), `wall` (the step's ms);
-`gates_next`: whether a one-token round's successor may launch ahead (gated too)."""
+"""The span choice a round calls (engine/round.py), static levers or the adaptive policy, in round order:
+`choose` (this round's K; 0 = gated), `launched` (its forwards are on the device), `settled` (its outcome;
+None: a plain decode step), `wall` (the step's ms); `gates_next`: may a one-token round's successor launch
+ahead (gated too)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,8 @@ from dataclasses import dataclass
 from engine.levers import Levers
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps, span_costs
 from engine.policy.costs import CostTable
-from engine.policy.span import Decision, SpanPolicy, context_bucket
+from engine.policy.span import Decision, SpanPolicy, context_bucket, round_drafts
 from engine.request import Request
-
-
-def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
-    """k: the drafts a speculative round verifies, uniform across the batch; max_drafts 0 = no trim."""
-    return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
 
 
 def mean_context(reqs: Sequence[Request]) -> float:
@@ -129,16 +124,17 @@ class AdaptiveSpans:
             return
         if limits is None:
             if nxt := [r for r in reqs if r.remaining > 1]:
-                remaining = [r.remaining - 1 for r in nxt]
-                self._plan(nxt, levers, draining, remaining, max(remaining) - 1, exact=True)
+                self._plan(nxt, levers, draining, max(r.remaining for r in nxt) - 2, exact=True)
             return
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
         if useful >= min(levers.max_drafts or self.policy.per_round, self.policy.per_round):  # the largest K
-            self._plan(reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
+            self._plan(reqs, levers, draining, useful, exact=False)
 
-    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, remaining, useful: int, exact: bool) -> None:
-        context = mean_context(reqs) + 1  # at least one token committed meanwhile
-        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful, context)
+    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, useful: int, exact: bool) -> None:
+        """The next round's decision, on each request's tokens left and context after one committed token."""
+        remaining = [r.remaining - 1 for r in reqs] if draining else None
+        context = mean_context(reqs) + 1
+        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining, useful, context)
         self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact, context)
 
     def settled(
