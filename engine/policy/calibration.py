@@ -58,11 +58,10 @@ def time_forwards(
     least = sum(g in must for g in groups)  # the least table the policy takes
 
     def forward(sub: list[Request], span: int, drafts: torch.Tensor | None) -> None:
+        runner.stage(sub, None if drafts is None else [span - 1] * len(sub))
         if drafts is None:
-            runner.stage(sub)
             runner.draft(sub, span)
         else:
-            runner.stage(sub, [span - 1] * len(sub))
             runner.verify(sub, drafts, span - 1, accept)
 
     rows, start = [], time.perf_counter()
@@ -101,19 +100,11 @@ def cache_key(engine: EngineView, how: CalibrationPlan) -> dict:
         import triton
     except ImportError:
         triton = None
-    return {
-        "format": FORMAT,
-        "device": f"{device.type}:{name}",
-        "target": dataclasses.asdict(engine.target_cfg.geometry),
-        "drafter": dataclasses.asdict(engine.draft_cfg) if engine.draft_cfg else None,
-        "dtype": str(engine.dtype),
-        **{k: getattr(engine.config, k) for k in ("backend", "batch_invariant", "max_num_seqs", "kv_block_size")},
-        "graphs": graphs.enabled,
-        "buckets": graphs.buckets,
-        **dataclasses.asdict(how),
-        "torch": torch.__version__,
-        "triton": getattr(triton, "__version__", None),
-    }
+    key = dict(format=FORMAT, device=f"{device.type}:{name}", target=dataclasses.asdict(engine.target_cfg.geometry))
+    key.update(drafter=dataclasses.asdict(engine.draft_cfg) if engine.draft_cfg else None, dtype=str(engine.dtype))
+    key.update({k: getattr(engine.config, k) for k in ("backend", "batch_invariant", "max_num_seqs", "kv_block_size")})
+    key.update(graphs=graphs.enabled, buckets=graphs.buckets, **dataclasses.asdict(how))
+    return key | dict(torch=torch.__version__, triton=getattr(triton, "__version__", None))
 
 
 def cache_path(key: dict) -> Path:

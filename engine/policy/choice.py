@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from engine.levers import Levers
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps, span_costs
@@ -71,7 +72,7 @@ class AdaptiveSpans:
         self.policy, self.per_request = policy, False
         self.ahead: Ahead | None = None
         self.requests = RequestAcceptance(policy.per_round)
-        self._costs: dict[tuple, tuple] = {}  # (batch, context bucket) -> span_costs
+        self._costs = cache(lambda n, context: span_costs(self.policy.table, n, self.policy.per_round, context))
         self._device = 0.0  # per request: the device ms the table gives the last round chosen
         self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None  # the last round's limits, accepted
@@ -80,7 +81,8 @@ class AdaptiveSpans:
 
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
-        self.ahead, self._costs = None, {}
+        self.ahead = None
+        self._costs.cache_clear()
         self.flush()
         conditional, self.policy = self.policy.conditional, SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
@@ -105,13 +107,11 @@ class AdaptiveSpans:
         self.flush()
         p, n = self.policy, len(reqs)
         self._context = mean_context(reqs)
-        key = (n, context_bucket(self._context))
-        if key not in self._costs:
-            self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
+        bucket = context_bucket(self._context)
         caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
-        ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, self._costs[key])
+        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, levers.max_batch, self._costs(n, bucket))
         p.chosen[max(ks)] += 1
         return ks[0] if min(ks) == max(ks) else ks
 
@@ -145,19 +145,16 @@ class AdaptiveSpans:
         launch or decision (per request: now, each request's estimate and the pooled one)."""
         self._k = k
         if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
-            self._observe(reqs, limits if k else [0] * len(reqs), accepted if k else [0] * len(reqs))
+            p, (chosen, slots) = self.policy, self._slots
+            slots = slots if chosen is reqs else self.requests.slots(reqs, p.conditional)
+            limits, accepted = (limits, accepted) if k else ([0] * len(reqs), [0] * len(reqs))
+            p.observe_counts(*self.requests.observe(slots, limits, accepted, p.conditional))
         if k and not self.per_request:
             self._unobserved = (limits, accepted)
         elif k == 0:
             self.flush()
             self.policy.gated()
             self._context = mean_context(reqs)
-
-    def _observe(self, reqs: Sequence[Request], limits: Sequence[int], accepted: Sequence[int]) -> None:
-        chosen, slots = self._slots
-        if chosen is not reqs:
-            slots = self.requests.slots(reqs, self.policy.conditional)
-        self.policy.observe_counts(*self.requests.observe(slots, limits, accepted, self.policy.conditional))
 
     def flush(self) -> None:
         """The last speculative round's outcome, now."""

@@ -118,7 +118,7 @@ class SpanPolicy:
         self.waves = WaveValues(self._times, self.host.predict, SPEC_DISCOUNT)
 
     def decide(self, *args: Any, **kwargs: Any) -> int:
-        """K for the next round: `apply(plan(...))`."""
+        """`apply(plan(...))`."""
         return self.apply(self.plan(*args, **kwargs))
 
     def plan(
@@ -186,8 +186,7 @@ class SpanPolicy:
             self.k, self._streak, self._starved, restart, batch, (key, probe) = decision.state
             if restart:  # the estimate moved K at this batch: its bucket probes afresh
                 self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
-            self._probes[key] = probe
-            self._batch = batch
+            self._probes[key], self._batch = probe, batch
             if decision.k > self.k:  # above the K in force: a probe
                 self.probed[batch, decision.k] += 1
             if self.k == 0:

@@ -180,8 +180,8 @@ def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[
     and the verify (policy=budget: every K up to the largest and the ragged row buckets), every graphed
     prefill shape; then the graphs freeze. {"graphs": captured, "prefill_graphs": prefill graphs held,
     "seconds", "bytes": CUDA memory reserved past what was before (the graph pools; 0 on CPU)}."""
-    runner, ragged, cuda = engine.runner, [], engine.device.type == "cuda"
-    if not runner.graphs.enabled:
+    graphs, ragged, cuda = engine.runner.graphs, [], engine.device.type == "cuda"
+    if not graphs.enabled:
         return {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
     if engine.levers.policy == "budget" and ks and max(ks) > 0:
         spans = ragged_spans(engine.drafts_per_round)
@@ -189,19 +189,17 @@ def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[
     if cuda:  # cached free blocks would count as graph memory (or, released mid-way, as negative)
         torch.cuda.synchronize(engine.device), torch.cuda.empty_cache()
     reserved = torch.cuda.memory_reserved(engine.device) if cuda else 0
-    before, start = runner.graphs.captures, time.perf_counter()
+    before, start = graphs.captures, time.perf_counter()
     buckets = _capture(engine, accept, ks, ragged)
-    runner.graphs.frozen = False  # frozen again just below, whatever happens
+    graphs.frozen = False  # frozen again just below, whatever happens
     try:
-        warm_prefill(runner, prefill_shapes(buckets, max(engine.config.max_num_batched_tokens, engine.max_model_len)))
+        tokens = max(engine.config.max_num_batched_tokens, engine.max_model_len)
+        warm_prefill(engine.runner, prefill_shapes(buckets, tokens))
     finally:
-        runner.graphs.frozen = True
-    report = {
-        "graphs": runner.graphs.captures - before,
-        "prefill_graphs": sum(k[0] == "prefill" for k in runner.graphs.captured),
-        "seconds": time.perf_counter() - start,
-        "bytes": torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0,
-    }
+        graphs.frozen = True
+    report = dict(graphs=graphs.captures - before, prefill_graphs=sum(k[0] == "prefill" for k in graphs.captured))
+    report.update(seconds=time.perf_counter() - start)
+    report["bytes"] = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
     log.info("serving graphs: %(graphs)d (%(prefill_graphs)d prefill) in %(seconds).2f s, %(bytes)d B of pool", report)
     return report
 
