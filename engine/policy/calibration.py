@@ -45,10 +45,9 @@ def time_forwards(
     warmup: int = 2,
     required: Sequence[int] = (1,),
 ) -> list[dict]:
-    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the
-    first `batch` of `reqs` (prefilled, draft-ready): the verify at each span, the drafter (span: the
-    positions its LM head ran over) at all drafts and each verified K. The `required` spans' verify and
-    drafter rows come first, at every batch; the time budget cuts only whole (kind, span) groups after them."""
+    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} over the
+    first `batch` of `reqs`: the verify per span, the drafter (span: its LM head's positions) at all drafts
+    and each K; the `required` spans' rows first, then whole (kind, span) groups within the time budget."""
     device, vocab = runner.device, runner.target.g.vocab_size
     gen = torch.Generator().manual_seed(1)
     full = [runner.drafter.cfg.drafts_per_round] if runner.drafter is not None else []

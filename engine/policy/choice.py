@@ -1,7 +1,5 @@
-"""The span choice a round calls (engine/round.py), static levers or the adaptive policy, in round order:
-`choose` (this round's K; 0 = gated), `launched` (its forwards are on the device), `settled` (its outcome;
-None: a plain decode step), `wall` (the step's ms); `gates_next`: may a one-token round's successor launch
-ahead (gated too)."""
+"""The span choice a round calls (engine/round.py), static or adaptive, in round order: `choose` (K; 0 =
+gated), `launched`, `settled` (its outcome), `wall` (the step's ms); `gates_next`: may a successor launch ahead."""
 
 from __future__ import annotations
 
@@ -47,9 +45,8 @@ class StaticSpans:
 
 @dataclass(frozen=True)
 class Ahead:
-    """A decision for the next round made while the device ran this one, under `key` (ahead_key): for
-    exactly `reqs`, or (not exact) any batch of their power-of-two bucket (HostTerm's); `context`: the mean
-    context it was decided at."""
+    """A decision for the next round made while the device ran this one, under `key` (ahead_key), at mean
+    `context`: for exactly `reqs`, or (not exact) any batch of their power-of-two bucket."""
 
     reqs: list[Request]
     key: tuple[int, int, bool]
@@ -140,9 +137,8 @@ class AdaptiveSpans:
     def settled(
         self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
     ) -> None:
-        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; its context
-        read here); else per request its draft limit and accepted drafts, fed to the policy at the next
-        launch or decision (per request: now, each request's estimate and the pooled one)."""
+        """k None: a plain decode step; 0: a gated round; else per request its draft limit and accepted
+        drafts, observed at the next launch or decision (per request: now, its own estimate and the pool)."""
         self._k = k
         if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
             p, (chosen, slots) = self.policy, self._slots

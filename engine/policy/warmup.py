@@ -176,10 +176,9 @@ def _capture(engine: EngineView, accept: AcceptRule, ks: Sequence[int] | None, r
 
 
 def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[int]) -> dict:
-    """On an idle engine with graphs: the one-token step at every table width, per K in `ks` the drafter
-    and the verify (policy=budget: every K up to the largest and the ragged row buckets), every graphed
-    prefill shape; then the graphs freeze. {"graphs": captured, "prefill_graphs": prefill graphs held,
-    "seconds", "bytes": CUDA memory reserved past what was before (the graph pools; 0 on CPU)}."""
+    """On an idle engine with graphs: the one-token step, per K in `ks` (policy=budget: every K up to the
+    largest, and the ragged buckets) the drafter and the verify, every prefill shape; then the graphs
+    freeze. {graphs, prefill_graphs (held), seconds, bytes (CUDA memory the graph pools reserved)}."""
     graphs, ragged, cuda = engine.runner.graphs, [], engine.device.type == "cuda"
     if not graphs.enabled:
         return {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}

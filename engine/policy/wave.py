@@ -56,10 +56,9 @@ def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var
 
 
 class WaveValues:
-    """Per candidate K: the wave's remaining tokens per expected ms to finish it (a speculative K's divided
-    by 1 + `discount`). round_times(batch, cap, context): the table's ms per candidate K; host_ms(bucket,
-    speculative): the host term. A call's values are reused REUSE times at one (batch, cap, context) until
-    `forget` (a speculative round's outcome)."""
+    """Per candidate K: the wave's remaining tokens per expected ms to finish it (a speculative K's / (1 +
+    `discount`)) from round_times(batch, cap, context) and host_ms(bucket, speculative); reused REUSE
+    times at one (batch, cap, context) until `forget`."""
 
     REUSE = 4
 
