@@ -95,10 +95,8 @@ class AdaptiveSpans:
             return self.policy.apply(ahead.decision)
         self.flush()
         remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
-        self._context = mean_context(reqs)
-        return self.policy.decide(
-            len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1, self._context
-        )
+        self._context, wave = mean_context(reqs), remaining if draining else None
+        return self.policy.decide(len(reqs), levers.max_drafts, wave, max(remaining) - 1, self._context)
 
     def _per_request(self, reqs: list[Request], levers: Levers) -> int | list[int]:
         self.flush()

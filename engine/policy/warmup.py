@@ -211,8 +211,6 @@ def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:
         return 0
     before, start = graphs.captures, time.perf_counter()
     buckets = _capture(engine, accept, None)
-    graphs.policy_captured, captured = True, graphs.captures - before
-    log.info(
-        "policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), time.perf_counter() - start
-    )
+    graphs.policy_captured, captured, seconds = True, graphs.captures - before, time.perf_counter() - start
+    log.info("policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), seconds)
     return captured
