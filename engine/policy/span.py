@@ -38,10 +38,15 @@ def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
     return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
 
 
+def policy_spans(per_round: int) -> list[int]:
+    """Verify spans the policy can choose: 1 + K for K in the span variants and all drafts."""
+    return sorted({1 + k for k in (*SPAN_VARIANTS, per_round) if k <= per_round})
+
+
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
     """The variants up to the cap (MAX_DRAFTS, else all drafts) whose verify span 1 + K the table measured."""
-    cap, spans = round_drafts(per_round, max_drafts), set(table.spans())
-    return sorted(k for k in {*SPAN_VARIANTS, cap} if k <= cap and 1 + k in spans)
+    measured = set(table.spans())
+    return [s - 1 for s in policy_spans(round_drafts(per_round, max_drafts)) if s in measured]
 
 
 def round_times(table: CostTable, batch: int, ks: Sequence[int], context: float | None = None) -> dict[int, float]:

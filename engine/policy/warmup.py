@@ -17,7 +17,7 @@ from engine.kernels.span_meta import ragged_spans
 from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.models.config import DFlashConfig, Qwen3Config
-from engine.policy.span import SPAN_VARIANTS
+from engine.policy.span import policy_spans
 from engine.prefill import prefill_shapes, warm_prefill
 from engine.ragged import ragged_verify
 from engine.request import Finish, Request
@@ -48,11 +48,6 @@ class EngineView(Protocol):
 
     @property
     def drafts_per_round(self) -> int: ...
-
-
-def policy_spans(per_round: int) -> list[int]:
-    """Verify spans the policy can choose: 1 + K for K in the span variants and all drafts."""
-    return sorted({1 + k for k in (*SPAN_VARIANTS, per_round) if k <= per_round})
 
 
 @dataclasses.dataclass(frozen=True)
