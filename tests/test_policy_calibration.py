@@ -14,6 +14,7 @@ from engine import Engine, EngineConfig, SamplingParams
 from engine.policy import calibration as cal
 from engine.policy import warmup
 from engine.policy.costs import CostTable
+from engine.policy.span import policy_spans
 from tests.policy_tables import table as policy_table
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
@@ -48,7 +49,7 @@ def test_calibration_gives_a_complete_table_and_leaves_the_engine_idle(shipped_t
     engine = start(shipped_tiny)
     table = engine.rounds.policy.table
     per_round = engine.drafts_per_round
-    assert table.spans() == warmup.policy_spans(per_round) and {1, 1 + per_round} <= set(table.spans())
+    assert table.spans() == policy_spans(per_round) and {1, 1 + per_round} <= set(table.spans())
     assert sorted(table.draft) == [1, 2] and sorted({b for b, _ in table.verify}) == [1, 2]
     assert all(ms > 0 for ms in [*table.verify.values(), *table.draft.values()])
     assert engine.rounds.policy.decide(2) in {0, *(s - 1 for s in table.spans())}
@@ -165,7 +166,7 @@ def test_on_the_gpu_the_calibration_captures_the_graphs_the_rounds_replay(shippe
     config = dict(model=str(target), draft_model=str(draft), device="cuda", max_num_seqs=8, max_model_len=256)
     engine = Engine(EngineConfig(**config, levers={"policy": "adaptive"}))
     table, accept = engine.rounds.policy.table, engine.rounds.accept
-    assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == warmup.policy_spans(engine.drafts_per_round)
+    assert sorted(table.draft) == [1, 2, 4, 8] and table.spans() == policy_spans(engine.drafts_per_round)
     captured = set(engine.runner.graphs.captured)
     assert {("verify", s - 1, accept, b) for s in table.spans() for b in (1, 2, 4, 8)} <= captured
     heads = [s - 1 for s in table.spans() if s > 1]  # the drafter with its head over each verified K

@@ -94,9 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--peer-concurrency", type=int, nargs="+", default=None, help="default: --concurrency")
     p.add_argument("--peer-repeats", type=int, default=3)
     p.add_argument("--peer-modes", nargs="+", choices=PEER_MODES, default=list(PEER_MODES))
-    p.add_argument(
-        "--peer-warmup-cap-s", type=float, default=240.0, help="cap on a peer warm-up (compilation) call; 0: none"
-    )
+    cap = "cap on a peer warm-up (compilation) call; 0: none"
+    p.add_argument("--peer-warmup-cap-s", type=float, default=240.0, help=cap)
     p.add_argument("--geometry", default="4b", choices=GEOMETRIES, help="4b; tiny/small for quick checks")
     p.add_argument("--std", type=float, default=0.02)
     p.add_argument("--seed", type=int, default=0)
@@ -139,13 +138,9 @@ def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float,
     P, N = args.prompt_len, args.new_tokens
     summary = summarize(raw, config, args.concurrency, P, N, bw, rate, dtype.itemsize)
     meta = run_meta("decode", device, list(argv) if argv is not None else None)
-    hw = {
-        "copy_bandwidth_Bps": bw,
-        "gemm_flops": rate,
-        "dtype": str(dtype).removeprefix("torch."),
-        "weight_bytes": roofline.weight_bytes(config, dtype.itemsize),
-        "kv_bytes_per_token": roofline.kv_bytes_per_token(config, dtype.itemsize),
-    }
+    hw = dict(copy_bandwidth_Bps=bw, gemm_flops=rate, dtype=str(dtype).removeprefix("torch."))
+    hw.update(weight_bytes=roofline.weight_bytes(config, dtype.itemsize))
+    hw.update(kv_bytes_per_token=roofline.kv_bytes_per_token(config, dtype.itemsize))
     notes = (
         f"- measured copy bandwidth {bw / 1e12:.2f} TB/s (read + write), {hw['dtype']} GEMM {rate / 1e12:.1f} TFLOP/s "
         f"(n={args.gemm_n}); weights {hw['weight_bytes'] / 1e9:.3f} GB (tied head once), KV "

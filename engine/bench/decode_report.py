@@ -58,9 +58,8 @@ def summarize(
         eager = [r for r in raw if r["impl"] == "hf-eager" and r["concurrency"] == c]
         tok_s, step_ms, wall = (med(ours, k) for k in ("tok_s", "step_ms", "wall_s"))
         peer_tok_s = med(peer, "tok_s")
-        row = dict(
-            concurrency=c, tok_s=tok_s, peer_tok_s=peer_tok_s, vs_peer=tok_s / peer_tok_s if peer_tok_s else None
-        )
+        row = dict(concurrency=c, tok_s=tok_s, peer_tok_s=peer_tok_s)
+        row["vs_peer"] = tok_s / peer_tok_s if peer_tok_s else None
         row.update(peer_eager_tok_s=med(eager, "tok_s"), step_ms=step_ms, target_ms=med(ours, "target_ms"), wall_s=wall)
         out.append(row | roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall, dtype_bytes))
     return out

@@ -39,28 +39,13 @@ def bench_linear(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
                     results.append(("triton", cfg, us))
             for impl, cfg, us in results:
                 gbps = wbytes / (us * 1e-6) / 1e9
-                rows.append(
-                    dict(
-                        N=n,
-                        K=k,
-                        M=m,
-                        impl=impl,
-                        config="" if cfg is None else str(tuple(cfg)),
-                        us=round(us, 2),
-                        GBps=round(gbps, 1),
-                        frac=round(gbps / peak, 3),
-                    )
-                )
+                row = dict(N=n, K=k, M=m, impl=impl, config="" if cfg is None else str(tuple(cfg)), us=round(us, 2))
+                rows.append(row | dict(GBps=round(gbps, 1), frac=round(gbps / peak, 3)))
             tri = sorted((r for r in results if r[0] == "triton"), key=lambda r: r[2])
             ranked[(n, k, m)] = [(cfg, us) for _, cfg, us in tri]
             best[(n, k, m)] = (results[0][2], tri[0] if tri else None)
-            b = best[(n, k, m)][1]
-            print(
-                f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us, best triton {b[2]:.1f} us {tuple(b[1])}"
-                if b
-                else "  (no triton config ran)",
-                flush=True,
-            )
+            b, head = best[(n, k, m)][1], f"  linear N={n} K={k} M={m}: cuBLAS {results[0][2]:.1f} us"
+            print(f"{head}, best triton {b[2]:.1f} us {tuple(b[1])}" if b else "  (no triton config ran)", flush=True)
         del ws
     args.state.update(linear_best=best, linear_ranked=ranked)
     md = linear_report(best, args.ms, peak, args.state)
@@ -82,6 +67,12 @@ def fused_rows(results: list[Result], wbytes: int, peak: float, **case) -> list[
         )
         for impl, cfg, us in results
     ]
+
+
+def versus_cells(base: Result, fused: Result) -> list:
+    """A fused sweep's table cells: unfused us and path, fused us; speedup and the 4B's us saved a step."""
+    saved = f"{cases.LAYERS_4B * (base[2] - fused[2]):+.0f}"
+    return [f"{base[2]:.1f}", base[0], f"{fused[2]:.1f}", f"{base[2] / fused[2]:.2f}x", saved]
 
 
 def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
@@ -107,49 +98,25 @@ def bench_fused(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         current_cfg = fused_linear.silu_mul_linear_config(m, n, inter, current)
         cands = list(dict.fromkeys(top + cases.wide_fused_tiles(m, args.quick) + [current_cfg]))
         paths = [(name, cfg, fn, f"{name} M={m}") for name, cfg, fn in unfused]
-        paths += [
-            (
-                "fused",
-                cfg,
-                lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg, defer=True),
-                f"fused N={n} I={inter} M={m} {tuple(cfg)}",
-            )
-            for cfg in cands
-            if cfg is not None
-        ]
+        for cfg in (c for c in cands if c is not None):
+            fn = lambda i, x=x, cfg=cfg, ws=ws: fused_linear.silu_mul_linear_with_config(x, ws[i], cfg, defer=True)
+            paths.append(("fused", cfg, fn, f"fused N={n} I={inter} M={m} {tuple(cfg)}"))
         results = time_paths(timer, paths, ref, copies, est)
         rows += fused_rows(results, wbytes, peak, N=n, I=inter, M=m)
         base, fused = unfused_vs_fused(results)
         best[m] = (base, fused)
         if base and fused:
-            print(
-                f"  fused M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}",
-                flush=True,
-            )
-            frac = wbytes / (fused[2] * 1e-6) / 1e9 / peak
-            table.append(
-                [
-                    m,
-                    f"{base[2]:.1f}",
-                    base[0],
-                    f"{fused[2]:.1f}",
-                    f"{frac:.2f}",
-                    str(tuple(fused[1])),
-                    f"{base[2] / fused[2]:.2f}x",
-                    f"{cases.LAYERS_4B * (base[2] - fused[2]):+.0f}",
-                ]
-            )
+            got = f"unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}"
+            print(f"  fused M={m}: {got}", flush=True)
+            frac = f"{wbytes / (fused[2] * 1e-6) / 1e9 / peak:.2f}"
+            cells = versus_cells(base, fused)
+            table.append([m, *cells[:3], frac, str(tuple(fused[1])), *cells[3:]])
     del ws
     configs = {m: f[1] for m, (b, f) in best.items() if b and f and f[2] < b[2]}
     args.state.update(fused_configs=configs, fused_ms=cases.fused_ms(args.ms))
-    return rows, (
-        f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down "
-        f"({cases.DTYPE})\n\n"
-        + markdown_table(
-            ["M", "unfused us", "unfused path", "fused us", "frac", "fused config", "speedup", "36 layers: us saved"],
-            table,
-        )
-    )
+    title = f"### silu_mul_linear (SwiGLU + down {n}x{inter} fused) vs silu_and_mul + the best unfused down"
+    header = ["M", "unfused us", "unfused path", "fused us", "frac", "fused config", "speedup", "36 layers: us saved"]
+    return rows, f"{title} ({cases.DTYPE})\n\n" + markdown_table(header, table)
 
 
 def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
@@ -170,69 +137,35 @@ def bench_norm(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
             ref = F.linear(normed.float(), ws[0].float())
             top = [cfg for cfg, _ in ranked.get((n, k, m), [])][: 2 if args.quick else 3]
             lin_cfg = top[0] if top else linear.skinny_config(m, n, k, current)
-            unfused = [
-                (
-                    "add_rms_norm+cublas",
-                    None,
-                    lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i]),
-                )
-            ]
+            fn = lambda i, x=x, r=r, ws=ws, nw=nw: F.linear(norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i])
+            unfused = [("add_rms_norm+cublas", None, fn)]
             if lin_cfg is not None:
-                unfused.append(
-                    (
-                        "add_rms_norm+triton",
-                        lin_cfg,
-                        lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg: linear.linear_with_config(
-                            norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg
-                        ),
-                    )
+                fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=lin_cfg: linear.linear_with_config(
+                    norm.add_rms_norm(x, r, nw, 1e-6)[0], ws[i], cfg
                 )
+                unfused.append(("add_rms_norm+triton", lin_cfg, fn))
             # the one-pass prologue needs whole rows: the linear's best tilings without split-K
             unsplit = [cfg._replace(split_k=1) for cfg in top]
             cands = list(dict.fromkeys(unsplit + [fused_linear.add_rms_norm_linear_config(m, n, k, current)]))
             paths = [(name, cfg, fn, f"{name} N={n} K={k} M={m}") for name, cfg, fn in unfused]
-            paths += [
-                (
-                    "fused",
-                    cfg,
-                    lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(
-                        x, r, nw, 1e-6, ws[i], cfg
-                    )[0],
-                    f"norm-fused N={n} K={k} M={m} {tuple(cfg)}",
-                )
-                for cfg in cands
-                if cfg is not None
-            ]
+            for cfg in (c for c in cands if c is not None):
+                fn = lambda i, x=x, r=r, ws=ws, nw=nw, cfg=cfg: fused_linear.add_rms_norm_linear_with_config(
+                    x, r, nw, 1e-6, ws[i], cfg
+                )[0]
+                paths.append(("fused", cfg, fn, f"norm-fused N={n} K={k} M={m} {tuple(cfg)}"))
             results = time_paths(timer, paths, ref, copies, est)
             rows += fused_rows(results, wbytes, peak, N=n, K=k, M=m)
             base, fused = unfused_vs_fused(results)
             if base and fused:
                 if fused[2] < base[2]:
                     configs.setdefault((n, k), {})[m] = fused[1]
-                print(
-                    f"  norm-fused N={n} K={k} M={m}: unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us "
-                    f"{tuple(fused[1])}",
-                    flush=True,
-                )
-                table.append(
-                    [
-                        f"{cases.SHAPE_NAMES.get((n, k), '')} {n}x{k}",
-                        m,
-                        f"{base[2]:.1f}",
-                        base[0],
-                        f"{fused[2]:.1f}",
-                        str(tuple(fused[1])),
-                        f"{base[2] / fused[2]:.2f}x",
-                        f"{cases.LAYERS_4B * (base[2] - fused[2]):+.0f}",
-                    ]
-                )
+                got = f"unfused {base[2]:.1f} us ({base[0]}), fused {fused[2]:.1f} us {tuple(fused[1])}"
+                print(f"  norm-fused N={n} K={k} M={m}: {got}", flush=True)
+                cells = versus_cells(base, fused)
+                shape = f"{cases.SHAPE_NAMES.get((n, k), '')} {n}x{k}"
+                table.append([shape, m, *cells[:3], str(tuple(fused[1])), *cells[3:]])
         del ws
     args.state.update(norm_configs=configs, norm_ms=cases.fused_ms(args.ms))
-    return rows, (
-        f"### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + "
-        f"the best unfused projection ({cases.DTYPE})\n\n"
-        + markdown_table(
-            ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup", "36 layers: us saved"],
-            table,
-        )
-    )
+    title = "### add_rms_norm_linear (residual add + RMSNorm in the projection's prologue) vs add_rms_norm + the best"
+    header = ["shape", "M", "unfused us", "unfused path", "fused us", "fused config", "speedup", "36 layers: us saved"]
+    return rows, f"{title} unfused projection ({cases.DTYPE})\n\n" + markdown_table(header, table)

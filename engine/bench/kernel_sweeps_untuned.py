@@ -38,11 +38,8 @@ def bench_linear_invariant(args, timer: Timer, peak: float) -> tuple[list[dict],
             table.append(line)
         del ws
     header = ["shape", "M", "cuBLAS us"] + [f"{c.block_m}x{c.block_n}x{c.block_k} us" for c in tilings]
-    return (
-        rows,
-        f"### Batch-invariant GEMM tilings ({cases.DTYPE}, us; current: INVARIANT_CONFIG = "
-        f"{tuple(linear.INVARIANT_CONFIG)})\n\n" + markdown_table(header, table),
-    )
+    title = f"### Batch-invariant GEMM tilings ({cases.DTYPE}, us; current: INVARIANT_CONFIG = "
+    return rows, f"{title}{tuple(linear.INVARIANT_CONFIG)})\n\n" + markdown_table(header, table)
 
 
 def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
@@ -87,8 +84,5 @@ def bench_attention(args, timer: Timer, peak: float) -> tuple[list[dict], str]:
         del caches
     header = ["batch", "ctx", "span", "auto (BQ,BM,BN,splits)", "auto us (frac)"]
     header += [f"splits={s}" for s in splits] + ["decode BLOCK_N=64", "batch_invariant"]
-    return (
-        rows,
-        f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)\n\n"
-        + markdown_table(header, table),
-    )
+    title = f"### Paged attention {cases.ATTN_GEOMETRY}, {cases.DTYPE}: us (fraction of peak on K+V bytes)"
+    return rows, f"{title}\n\n" + markdown_table(header, table)

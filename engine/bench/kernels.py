@@ -35,12 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ms", type=lambda s: [int(v) for v in s.split(",")], default=MS)
     p.add_argument("--skip", default="", help="comma list of sections to skip: linear,fused,norm,invariant,attention")
     p.add_argument("--budget-s", type=float, default=100.0, help="the extended candidates stop at 55%% of it")
-    p.add_argument(
-        "--attn-cases",
-        type=cases.parse_attn_cases,
-        default=cases.ATTN_CASES,
-        help="paged-attention cases BATCH:CONTEXT:SPAN,... (default: the standard grid)",
-    )
+    attn = "paged-attention cases BATCH:CONTEXT:SPAN,... (default: the standard grid)"
+    p.add_argument("--attn-cases", type=cases.parse_attn_cases, default=cases.ATTN_CASES, help=attn)
     p.add_argument("--write-tuned", action="store_true", help="install the table in engine/kernels/tuned/")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

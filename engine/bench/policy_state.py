@@ -11,16 +11,10 @@ from contextlib import contextmanager
 from engine.engine import Engine
 
 
-def policy_choices(engine: Engine) -> Counter:
-    """Rounds per K the adaptive policy decided so far."""
+def policy_counts(engine: Engine) -> tuple[Counter, Counter]:
+    """The adaptive policy's rounds per K decided and probe rounds per (batch, K) so far."""
     policy = engine.rounds.policy
-    return Counter(policy.chosen) if policy else Counter()
-
-
-def policy_probes(engine: Engine) -> Counter:
-    """Probe rounds per (batch, K) the adaptive policy ran so far."""
-    policy = engine.rounds.policy
-    return Counter(policy.probed) if policy else Counter()
+    return (Counter(policy.chosen), Counter(policy.probed)) if policy else (Counter(), Counter())
 
 
 def _kind(spec: bool, bucket: int) -> str:

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import torch
 
-from engine.bench.common import add_device_args, make_engine, resolve_device, setup_logging, torch_dtype
+from engine.bench.common import add_device_args, drafter_block, make_engine, resolve_device, setup_logging, torch_dtype
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import profile_plot
 from engine.bench.report import fmt, markdown_table, write_csv, write_json
 from engine.fixture.known.geometry import GEOMETRIES, random_pair
-from engine.policy.calibration import (
-    time_forwards as profile_costs,  # the engine's own timing (the study imports it here)
-)
+from engine.policy.calibration import time_forwards as profile_costs  # the engine's timing (the study's too)
 from engine.policy.warmup import dummy_requests
 from engine.timing import time_ms
 
@@ -38,11 +36,9 @@ def time_prefills(engine, batches: Sequence[int], prompt_len: int, repeats: int 
             per = max(1, budget // prompt_len)
             groups = [reqs[i : min(i + per, b)] for i in range(0, b, per)]
             samples = time_ms(lambda g=groups: [engine.runner.prefill(x) for x in g], engine.device, repeats)
-            ms = statistics.median(samples)
             row = dict(kind="prefill", batch=b, span=prompt_len, context=prompt_len, rows=b)
-            rows.append(
-                row | dict(bucket=engine.runner.graphs.rows(b), ms=ms, ms_min=min(samples), ms_max=max(samples))
-            )
+            row.update(bucket=engine.runner.graphs.rows(b), ms=statistics.median(samples))
+            rows.append(row | dict(ms_min=min(samples), ms_max=max(samples)))
     return rows
 
 
@@ -92,21 +88,15 @@ def profile_markdown(rows: Sequence[dict], threshold: float) -> str:
     draft = [r for r in rows if r["kind"] == "draft"]
     if draft:
         text += f"\nDrafter forward (one block per request, {draft[0]['span']} drafts each), ms:\n\n"
-        text += markdown_table(
-            ["batch", "ms", "min", "max"],
-            [[r["batch"], fmt(r["ms"], 3), fmt(r["ms_min"], 3), fmt(r["ms_max"], 3)] for r in draft],
-        )
-        text += "\n"
+        cells = [[r["batch"], fmt(r["ms"], 3), fmt(r["ms_min"], 3), fmt(r["ms_max"], 3)] for r in draft]
+        text += markdown_table(["batch", "ms", "min", "max"], cells) + "\n"
     return text + f"\n**{summary_line(rows, threshold)}**\n"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench profile", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--geometry",
-        default="4b",
-        help=f"{'|'.join(GEOMETRIES)} (random weights) or a target DIR (or a pair DIR with target/, drafter/)",
-    )
+    geometry = f"{'|'.join(GEOMETRIES)} (random weights) or a target DIR (or a pair DIR with target/, drafter/)"
+    p.add_argument("--geometry", default="4b", help=geometry)
     p.add_argument("--drafter", type=Path, help="drafter DIR for --geometry DIR")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -140,12 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = resolve_device(args.device)
     target, drafter = _weights(args, device)
     batches, spans = sorted(set(args.batches) | {1}), sorted(set(args.spans) | {1})  # the 1-row reference
-    headroom = 0
-    if drafter is not None:
-        from engine.loader import open_checkpoint
-        from engine.models.config import DFlashConfig
-
-        headroom = DFlashConfig.from_dict(open_checkpoint(drafter).config).block_size
+    headroom = 0 if drafter is None else drafter_block(drafter)
     size = dict(max_num_seqs=max(batches), seq_tokens=args.context + max(spans), headroom=headroom)
     engine = make_engine(target, drafter, args, device, **size)
     with dummy_requests(engine, max(batches), args.context, max(spans)) as reqs:

@@ -106,9 +106,8 @@ def start_servers(arms: Sequence[Arm], command_of: Command, args: argparse.Names
         start = time.monotonic()
         for server in servers:
             server.wait_ready(args.start_timeout_s - (time.monotonic() - start))
-            log.info(
-                "arm %s: serving on %s (%.1f s after launch)", server.arm.label, server.url, time.monotonic() - start
-            )
+            since = time.monotonic() - start
+            log.info("arm %s: serving on %s (%.1f s after launch)", server.arm.label, server.url, since)
     except BaseException:
         for s in servers:
             s.stop()
@@ -187,9 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta.update(about, num_prompts=len(prompts))
     servers = start_servers(arms, command_of, args)
     try:
-        run_load(
-            servers, prompts, args, lambda rows: write_outputs(args.out, rows, summarize(rows, labels), labels, meta)
-        )
+        write = lambda rows: write_outputs(args.out, rows, summarize(rows, labels), labels, meta)
+        run_load(servers, prompts, args, write)
     finally:
         for s in servers:
             s.stop()

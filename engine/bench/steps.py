@@ -42,14 +42,10 @@ def profile_arm(engine: Engine, prompts: Sequence[Sequence[int]], c: int, new_to
     wall_ms = (time.perf_counter() - t0) * 1e3
     steps = max(1, len(engine.timer.records) - first)
     events = prof.key_averages()
-    kernels = sorted(
-        (e for e in events if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0),
-        key=lambda e: e.self_device_time_total,
-        reverse=True,
-    )
-    host = sorted(
-        (e for e in events if e.device_type == DeviceType.CPU), key=lambda e: e.self_cpu_time_total, reverse=True
-    )
+    on_device = (e for e in events if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0)
+    kernels = sorted(on_device, key=lambda e: e.self_device_time_total, reverse=True)
+    on_host = (e for e in events if e.device_type == DeviceType.CPU)
+    host = sorted(on_host, key=lambda e: e.self_cpu_time_total, reverse=True)
     busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3
     out = dict(steps=steps, tok_s=res.tok_s, wall_ms_per_step=wall_ms / steps, busy_ms_per_step=busy_ms / steps)
     out.update(device_idle=(1 - busy_ms / wall_ms) if kernels else None, tokens_per_step=res.output_tokens / steps)
@@ -114,10 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     table = steps_markdown(results)
     (args.out / "steps.md").write_text(f"# Where a step's time goes\n\n{meta_lines(meta)}\n{table}")
-    write_csv(
-        args.out / "steps.csv",
-        [{"arm": a, "kind": k, **o} for a, r in results.items() for k in ("kernels", "host") for o in r[k]],
-    )
+    ops = [{"arm": a, "kind": k, **o} for a, r in results.items() for k in ("kernels", "host") for o in r[k]]
+    write_csv(args.out / "steps.csv", ops)
     write_json(args.out / "steps.json", {**meta, "results": results})
     print(table)
     return 0

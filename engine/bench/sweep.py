@@ -39,7 +39,7 @@ from engine.bench.gcstate import frozen_heap
 from engine.bench.meta import meta_lines, run_meta
 from engine.bench.plots import sweep_plot
 from engine.bench.policy_report import adaptive_markdown
-from engine.bench.policy_state import host_residuals, policy_choices, policy_host, policy_probes, residual_summary
+from engine.bench.policy_state import host_residuals, policy_counts, policy_host, residual_summary
 from engine.bench.report import write_csv, write_json
 from engine.bench.summary import add_paired_ratios, noise_floors, summarize, sweep_markdown
 from engine.engine import Engine
@@ -108,52 +108,46 @@ def run_sweep(
     """Rows (one per measured arm-run) and {c: rounds run} where the budget trimmed rounds: per c a
     warm-up round, then `rounds` rounds, round r from arm r mod n on prompts from r * waves * c, on a
     frozen heap (the benchmarks README, "sweep"); new_tokens: one or per prompt; before_arm(arm) hook."""
-    with frozen_heap():
-        rows, trimmed = _sweep(
-            engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm
-        )
-    add_paired_ratios(rows)
-    return rows, trimmed
-
-
-def _sweep(engines, arms, prompts, concurrency, rounds, new_tokens, waves, time_budget_s, progress, before_arm):
     rows: list[dict] = []
     trimmed: dict[int, int] = {}
     seq, start = 0, time.perf_counter()
     bar = tqdm(
         total=len(concurrency) * (rounds + 1) * len(arms), disable=not progress, unit="run", desc="sweep", mininterval=5
     )
-    for ci, c in enumerate(concurrency):
-        now = time.perf_counter()
-        deadline = None if time_budget_s is None else now + (start + time_budget_s - now) / (len(concurrency) - ci)
-        slowest = 0.0
-        for r in range(rounds + 1):
-            if deadline is not None and r >= 2 and time.perf_counter() + slowest > deadline:
-                log.warning("time budget: c=%d ran %d of %d rounds", c, r - 1, rounds)
-                trimmed[c] = r - 1
-                bar.update((rounds + 1 - r) * len(arms))
-                break
-            bar.set_postfix_str(f"c={c} round={'warm-up' if r == 0 else r}")
-            t0 = time.perf_counter()
-            for slot, arm in enumerate(round_order(arms, r)):
-                # Each round takes the next window of prompts; every arm of a round gets the same one.
-                engine = engine_for(arm, engines)
-                if before_arm:
-                    before_arm(arm)
-                before, probed, ahead = policy_choices(engine), policy_probes(engine), engine.rounds.overlap.used
-                with host_residuals(engine) as walls:
-                    res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
-                bar.update(1)
+    with frozen_heap():
+        for ci, c in enumerate(concurrency):
+            now = time.perf_counter()
+            deadline = None if time_budget_s is None else now + (start + time_budget_s - now) / (len(concurrency) - ci)
+            slowest = 0.0
+            for r in range(rounds + 1):
+                if deadline is not None and r >= 2 and time.perf_counter() + slowest > deadline:
+                    log.warning("time budget: c=%d ran %d of %d rounds", c, r - 1, rounds)
+                    trimmed[c] = r - 1
+                    bar.update((rounds + 1 - r) * len(arms))
+                    break
+                bar.set_postfix_str(f"c={c} round={'warm-up' if r == 0 else r}")
+                t0 = time.perf_counter()
+                for slot, arm in enumerate(round_order(arms, r)):
+                    # Each round takes the next window of prompts; every arm of a round gets the same one.
+                    engine = engine_for(arm, engines)
+                    if before_arm:
+                        before_arm(arm)
+                    (before, probed), ahead = policy_counts(engine), engine.rounds.overlap.used
+                    with host_residuals(engine) as walls:
+                        res = closed_loop(engine, prompts, c, waves * c, new_tokens, first=r * waves * c)
+                    bar.update(1)
+                    if r:
+                        chosen, probes = policy_counts(engine)
+                        chosen, probes = chosen - before, probes - probed
+                        host = policy_host(engine) if chosen else ""
+                        residuals = residual_summary(walls) if chosen else ""
+                        ahead = engine.rounds.overlap.used - ahead
+                        rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes, residuals, ahead))
+                        seq += 1
                 if r:
-                    chosen, probes = policy_choices(engine) - before, policy_probes(engine) - probed
-                    host = policy_host(engine) if chosen else ""
-                    residuals = residual_summary(walls) if chosen else ""
-                    ahead = engine.rounds.overlap.used - ahead
-                    rows.append(round_row(c, r, slot, seq, arm, res, chosen, host, probes, residuals, ahead))
-                    seq += 1
-            if r:
-                slowest = max(slowest, time.perf_counter() - t0)
+                    slowest = max(slowest, time.perf_counter() - t0)
     bar.close()
+    add_paired_ratios(rows)
     return rows, trimmed
 
 

@@ -1,6 +1,6 @@
 """The adaptive policy's cost table measured on the engine's own device (graph replays on the GPU, eager
 forwards on CPU), cached per key under $PEGASPEC_CACHE/costs (default ~/.cache/pegaspec/costs, one JSON file
-each, under a file lock). Its host term stays 0: the policy learns it online (docs/design/policy.md, 7)."""
+each, under a file lock)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import logging
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -46,30 +45,27 @@ def time_forwards(
     warmup: int = 2,
     required: Sequence[int] = (1,),
 ) -> list[dict]:
-    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} for the
-    first `batch` of `reqs` (prefilled, draft-ready): the verify at each span, the drafter (span: the
-    positions its LM head ran over) at all drafts and each verified K. The `required` spans' verify and
-    drafter rows come first, at every batch; the time budget cuts only whole (kind, span) groups after them."""
+    """Rows {kind: verify|draft, batch, span, context, rows, bucket, ms (median), ms_min, ms_max} over the
+    first `batch` of `reqs`: the verify per span, the drafter (span: its LM head's positions) at all drafts
+    and each K; the `required` spans' rows first, then whole (kind, span) groups within the time budget."""
     device, vocab = runner.device, runner.target.g.vocab_size
     gen = torch.Generator().manual_seed(1)
     full = [runner.drafter.cfg.drafts_per_round] if runner.drafter is not None else []
     heads = [s - 1 for s in spans if full and 1 < s < 1 + full[0]]  # else costed as the full head
-    must = [("verify", s) for s in spans if s in required]
-    must += [("draft", k) for k in full + [k for k in heads if k + 1 in required]]  # the least table the policy takes
-    groups = must + [("verify", s) for s in spans if s not in required]
-    groups += [("draft", k) for k in heads if k + 1 not in required]
+    must = {("verify", s) for s in required} | {("draft", s - 1) for s in required} | {("draft", k) for k in full}
+    groups = sorted([("verify", s) for s in spans] + [("draft", k) for k in full + heads], key=lambda g: g not in must)
+    least = sum(g in must for g in groups)  # the least table the policy takes
 
     def forward(sub: list[Request], span: int, drafts: torch.Tensor | None) -> None:
+        runner.stage(sub, None if drafts is None else [span - 1] * len(sub))
         if drafts is None:
-            runner.stage(sub)
             runner.draft(sub, span)
         else:
-            runner.stage(sub, [span - 1] * len(sub))
             runner.verify(sub, drafts, span - 1, accept)
 
     rows, start = [], time.perf_counter()
     for i, (kind, span) in enumerate(groups):
-        if i >= len(must) and time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+        if i >= least and time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             log.warning("time budget: stopped after %d of %d points", len(rows), len(batches) * len(groups))
             break
         for b in batches:
@@ -103,19 +99,11 @@ def cache_key(engine: EngineView, how: CalibrationPlan) -> dict:
         import triton
     except ImportError:
         triton = None
-    return {
-        "format": FORMAT,
-        "device": f"{device.type}:{name}",
-        "target": dataclasses.asdict(engine.target_cfg.geometry),
-        "drafter": dataclasses.asdict(engine.draft_cfg) if engine.draft_cfg else None,
-        "dtype": str(engine.dtype),
-        **{k: getattr(engine.config, k) for k in ("backend", "batch_invariant", "max_num_seqs", "kv_block_size")},
-        "graphs": graphs.enabled,
-        "buckets": graphs.buckets,
-        **dataclasses.asdict(how),
-        "torch": torch.__version__,
-        "triton": getattr(triton, "__version__", None),
-    }
+    key = dict(format=FORMAT, device=f"{device.type}:{name}", target=dataclasses.asdict(engine.target_cfg.geometry))
+    key.update(drafter=dataclasses.asdict(engine.draft_cfg) if engine.draft_cfg else None, dtype=str(engine.dtype))
+    key.update({k: getattr(engine.config, k) for k in ("backend", "batch_invariant", "max_num_seqs", "kv_block_size")})
+    key.update(graphs=graphs.enabled, buckets=graphs.buckets, **dataclasses.asdict(how))
+    return key | dict(torch=torch.__version__, triton=getattr(triton, "__version__", None))
 
 
 def cache_path(key: dict) -> Path:
@@ -154,13 +142,9 @@ def calibrated_table(engine: EngineView, accept: AcceptRule) -> CostTable:
         start = time.perf_counter()
         table, rows = calibrate(engine, accept, how)
         wall = time.perf_counter() - start
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # written whole, then renamed
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": key, "rows": rows, "wall_s": wall, "created": time.time()}, f, indent=1, default=str)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        tmp = path.with_suffix(".tmp")  # written whole under the lock, then renamed
+        record = {"key": key, "rows": rows, "wall_s": wall, "created": time.time()}
+        tmp.write_text(json.dumps(record, indent=1, default=str))
+        os.replace(tmp, path)
     log.info("cost table: calibrated %d points in %.2f s on %s, cached at %s", len(rows), wall, key["device"], path)
     return table

@@ -1,23 +1,17 @@
-"""The span choice a round calls (engine/round.py): the static levers or the adaptive policy behind the same
-calls in round order: `choose` (this round's K; 0 = a gated round, which keeps the capture), `launched` (its
-forwards are on the device), `settled` (its outcome; None: a plain decode step), `wall` (the step's ms);
-`gates_next`: whether a one-token round's successor may launch ahead (gated too)."""
+"""The span choice a round calls (engine/round.py), static or adaptive, in round order: `choose` (K; 0 =
+gated), `launched`, `settled` (its outcome), `wall` (the step's ms); `gates_next`: may a successor launch ahead."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from engine.levers import Levers
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps, span_costs
 from engine.policy.costs import CostTable
-from engine.policy.span import Decision, SpanPolicy, context_bucket
+from engine.policy.span import Decision, SpanPolicy, context_bucket, round_drafts
 from engine.request import Request
-
-
-def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
-    """k: the drafts a speculative round verifies, uniform across the batch; max_drafts 0 = no trim."""
-    return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
 
 
 def mean_context(reqs: Sequence[Request]) -> float:
@@ -51,9 +45,8 @@ class StaticSpans:
 
 @dataclass(frozen=True)
 class Ahead:
-    """A decision for the next round made while the device ran this one, under `key` (ahead_key): for
-    exactly `reqs`, or (not exact) any batch of their power-of-two bucket (HostTerm's); `context`: the mean
-    context it was decided at."""
+    """A decision for the next round made while the device ran this one, under `key` (ahead_key), at mean
+    `context`: for exactly `reqs`, or (not exact) any batch of their power-of-two bucket."""
 
     reqs: list[Request]
     key: tuple[int, int, bool]
@@ -76,7 +69,7 @@ class AdaptiveSpans:
         self.policy, self.per_request = policy, False
         self.ahead: Ahead | None = None
         self.requests = RequestAcceptance(policy.per_round)
-        self._costs: dict[tuple, tuple] = {}  # (batch, context bucket) -> span_costs
+        self._costs = cache(lambda n, context: span_costs(self.policy.table, n, self.policy.per_round, context))
         self._device = 0.0  # per request: the device ms the table gives the last round chosen
         self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None  # the last round's limits, accepted
@@ -85,7 +78,8 @@ class AdaptiveSpans:
 
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
-        self.ahead, self._costs = None, {}
+        self.ahead = None
+        self._costs.cache_clear()
         self.flush()
         conditional, self.policy = self.policy.conditional, SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
@@ -101,22 +95,18 @@ class AdaptiveSpans:
             return self.policy.apply(ahead.decision)
         self.flush()
         remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
-        self._context = mean_context(reqs)
-        return self.policy.decide(
-            len(reqs), levers.max_drafts, remaining if draining else None, max(remaining) - 1, self._context
-        )
+        self._context, wave = mean_context(reqs), remaining if draining else None
+        return self.policy.decide(len(reqs), levers.max_drafts, wave, max(remaining) - 1, self._context)
 
     def _per_request(self, reqs: list[Request], levers: Levers) -> int | list[int]:
         self.flush()
         p, n = self.policy, len(reqs)
         self._context = mean_context(reqs)
-        key = (n, context_bucket(self._context))
-        if key not in self._costs:
-            self._costs[key] = span_costs(p.table, n, p.per_round, key[1])
+        bucket = context_bucket(self._context)
         caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
-        ks, self._device = budget_spans(p.table, survival, caps, key[1], host, levers.max_batch, self._costs[key])
+        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, levers.max_batch, self._costs(n, bucket))
         p.chosen[max(ks)] += 1
         return ks[0] if min(ks) == max(ks) else ks
 
@@ -129,39 +119,36 @@ class AdaptiveSpans:
             return
         if limits is None:
             if nxt := [r for r in reqs if r.remaining > 1]:
-                remaining = [r.remaining - 1 for r in nxt]
-                self._plan(nxt, levers, draining, remaining, max(remaining) - 1, exact=True)
+                self._plan(nxt, levers, draining, max(r.remaining for r in nxt) - 2, exact=True)
             return
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
         if useful >= min(levers.max_drafts or self.policy.per_round, self.policy.per_round):  # the largest K
-            self._plan(reqs, levers, draining, [r.remaining - 1 for r in reqs], useful, exact=False)
+            self._plan(reqs, levers, draining, useful, exact=False)
 
-    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, remaining, useful: int, exact: bool) -> None:
-        context = mean_context(reqs) + 1  # at least one token committed meanwhile
-        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining if draining else None, useful, context)
+    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, useful: int, exact: bool) -> None:
+        """The next round's decision, on each request's tokens left and context after one committed token."""
+        remaining = [r.remaining - 1 for r in reqs] if draining else None
+        context = mean_context(reqs) + 1
+        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining, useful, context)
         self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact, context)
 
     def settled(
         self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
     ) -> None:
-        """k None: a plain decode step (nothing to learn); 0: a gated round (nothing observed; its context
-        read here); else per request its draft limit and accepted drafts, fed to the policy at the next
-        launch or decision (per request: now, each request's estimate and the pooled one)."""
+        """k None: a plain decode step; 0: a gated round; else per request its draft limit and accepted
+        drafts, observed at the next launch or decision (per request: now, its own estimate and the pool)."""
         self._k = k
         if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
-            self._observe(reqs, limits if k else [0] * len(reqs), accepted if k else [0] * len(reqs))
+            p, (chosen, slots) = self.policy, self._slots
+            slots = slots if chosen is reqs else self.requests.slots(reqs, p.conditional)
+            limits, accepted = (limits, accepted) if k else ([0] * len(reqs), [0] * len(reqs))
+            p.observe_counts(*self.requests.observe(slots, limits, accepted, p.conditional))
         if k and not self.per_request:
             self._unobserved = (limits, accepted)
         elif k == 0:
             self.flush()
             self.policy.gated()
             self._context = mean_context(reqs)
-
-    def _observe(self, reqs: Sequence[Request], limits: Sequence[int], accepted: Sequence[int]) -> None:
-        chosen, slots = self._slots
-        if chosen is not reqs:
-            slots = self.requests.slots(reqs, self.policy.conditional)
-        self.policy.observe_counts(*self.requests.observe(slots, limits, accepted, self.policy.conditional))
 
     def flush(self) -> None:
         """The last speculative round's outcome, now."""

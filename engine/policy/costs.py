@@ -1,7 +1,6 @@
-"""What a speculative round costs and commits: expected committed tokens from per-position acceptance, and
-the cost table of measured ms (`engine.bench profile` rows), linear between batches; a span or batch outside
-it is an error, never a guess. A step at mean context c costs the table's ms plus kv_ms * batch * (c -
-context) (docs/design/policy.md, sections 8 and 9)."""
+"""What a speculative round commits (from per-position acceptance) and costs: the table of measured ms
+(`engine.bench profile` rows), linear between batches, plus kv_ms * batch * (c - context) at mean context c;
+a span or batch outside it is an error, never a guess (docs/design/policy.md, sections 8 and 9)."""
 
 from __future__ import annotations
 
@@ -27,13 +26,11 @@ def expected_committed(conditional: Sequence[float], drafts: int) -> float:
 class CostTable:
     """ms of the speculative engine's graph replays: verify[(batch, span)], draft[batch] (the LM head over
     every draft position), heads[(batch, K)] (over the first K, where measured); plain[batch]: a plain
-    engine's one-row step; host_ms(batch) = host_a + host_b * batch: host ms the device rows miss."""
+    engine's one-row step."""
 
     verify: dict[tuple[int, int], float]
     draft: dict[int, float] = field(default_factory=dict)
     plain: dict[int, float] = field(default_factory=dict)
-    host_a: float = 0.0
-    host_b: float = 0.0
     heads: dict[tuple[int, int], float] = field(default_factory=dict)
     context: int = 0  # tokens in each request's cache when the table's rows were timed
     kv_ms: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, span) -> ms per request-token
@@ -97,23 +94,19 @@ class CostTable:
         nearest = min(spans, key=lambda s: (abs(s - span), s))
         return self.kv_ms[kind, nearest] * batch * (context - self.context)
 
-    def host_ms(self, batch: int) -> float:
-        return self.host_a + self.host_b * batch
-
     def decode_ms(self, batch: int, context: float | None = None) -> float:
         """One plain engine step (the gated round where the table has no plain rows)."""
         if not self.plain:
             return self.gated_ms(batch, context)
-        extra = self.kv_extra("verify", 1, batch, context)
-        return interpolate(self.plain, batch, "plain") + extra + self.host_ms(batch)
+        return interpolate(self.plain, batch, "plain") + self.kv_extra("verify", 1, batch, context)
 
     def gated_ms(self, batch: int, context: float | None = None) -> float:
         """One gated round: a one-row span per request on the speculative engine."""
-        return self.verify_ms(batch, 1, context) + self.host_ms(batch)
+        return self.verify_ms(batch, 1, context)
 
     def round_ms(self, batch: int, drafts: int, context: float | None = None) -> float:
         """One speculative round: the drafter forward plus a verify of 1 + drafts rows per request."""
-        return self.draft_ms(batch, drafts, context) + self.verify_ms(batch, 1 + drafts, context) + self.host_ms(batch)
+        return self.draft_ms(batch, drafts, context) + self.verify_ms(batch, 1 + drafts, context)
 
 
 def _kv_slopes(table: CostTable, longer: list[tuple[dict, int]]) -> dict[tuple[str, int], float]:

@@ -1,7 +1,5 @@
-"""The adaptive span policy: before each speculative round, K (the drafts to verify; 0 = the gated round)
-with the most expected committed tokens per ms of the batch, from the cost table, the learnt host term and
-an online acceptance estimate, under hysteresis, with probes, and over the whole wave while a wave only
-drains. Why each mechanism is there, with its measurements: docs/design/policy.md."""
+"""The adaptive span policy: per round the K (drafts to verify; 0 = the gated round) with the most expected
+committed tokens per ms of the batch, under hysteresis and probes (why each: docs/design/policy.md)."""
 
 from __future__ import annotations
 
@@ -28,23 +26,31 @@ PROBE_WAVE_LEFT = 4  # a probe in a wave needs this many of its spans (1 + K tok
 
 
 class Decision(NamedTuple):
-    """A round's K, the state it leaves (None: a forced gated round, no change), whether its wall teaches."""
+    """A round's K, the state it leaves (None: a forced gated round), whether its wall teaches."""
 
     k: int
     state: tuple | None = None
     teaches: bool = True
 
 
+def round_drafts(drafts_per_round: int, max_drafts: int) -> int:
+    """k: the drafts a speculative round verifies, uniform across the batch; max_drafts 0 = no trim."""
+    return min(drafts_per_round, max_drafts) if max_drafts else drafts_per_round
+
+
+def policy_spans(per_round: int) -> list[int]:
+    """Verify spans the policy can choose: 1 + K for K in the span variants and all drafts."""
+    return sorted({1 + k for k in (*SPAN_VARIANTS, per_round) if k <= per_round})
+
+
 def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[int]:
     """The variants up to the cap (MAX_DRAFTS, else all drafts) whose verify span 1 + K the table measured."""
-    cap = min(per_round, max_drafts) if max_drafts else per_round
-    spans = set(table.spans())
-    return sorted(k for k in {*SPAN_VARIANTS, cap} if k <= cap and 1 + k in spans)
+    measured = set(table.spans())
+    return [s - 1 for s in policy_spans(round_drafts(per_round, max_drafts)) if s in measured]
 
 
 def round_times(table: CostTable, batch: int, ks: Sequence[int], context: float | None = None) -> dict[int, float]:
-    """ms of a round of `batch` requests at mean `context` tokens per K (0: gated); the table's nearest end
-    for a batch outside its range."""
+    """ms per K (0: gated) of a round of `batch` requests (clamped into the table) at mean `context`."""
     lo, hi = table.batch_range([1 + k for k in ks])
     at = min(max(batch, lo), hi)
     return {k: table.round_ms(at, k, context) if k else table.gated_ms(at, context) for k in ks}
@@ -55,16 +61,9 @@ def context_bucket(context: float | None) -> int | None:
     return None if context is None else CONTEXT_STEP * round(context / CONTEXT_STEP)
 
 
-def choose_span(
-    table: CostTable, batch: int, conditional: Sequence[float], candidates: Sequence[int]
-) -> tuple[int, dict[int, float]]:
-    """`best_span` on the table's round times."""
-    return best_span(round_times(table, batch, candidates), batch, conditional)
-
-
 def best_span(times: dict[int, float], batch: int, conditional: Sequence[float]) -> tuple[int, dict[int, float]]:
-    """The K with the most expected committed tokens per ms (a speculative K's discounted by SPEC_DISCOUNT;
-    ties: the smaller K) and every K's value."""
+    """The K with the most expected committed tokens per ms (a speculative K's / (1 + SPEC_DISCOUNT); ties:
+    the smaller K) and every K's value."""
     committed = list(accumulate(accumulate(conditional, mul), initial=1.0))  # [K] = expected_committed(., K)
     values = {k: batch * committed[k] / ms / (1.0 + SPEC_DISCOUNT if k else 1.0) for k, ms in times.items()}
     return max(values, key=lambda k: (values[k], -k)), values
@@ -88,10 +87,9 @@ def _at_ceiling(k: int) -> float:
 
 class SpanPolicy:
     """K per round (`decide`, or `plan` then `apply`), learning from `observe`, `gated` and `observe_wall`.
-    ema: an estimate's weight per request-round; K moves once the best beat it by `margin` for `patience`
-    rounds, at once when ahead by `jump`; relax: a starved estimate's step toward `prior` per gated round;
-    host_relax: the speculative host term's step toward the gated one per gated round; learn_host off: the
-    table is the whole cost."""
+    ema: a request-round's weight; K moves once the best beat it by `margin` for `patience` rounds, or by
+    `jump`; relax / host_relax: a gated round's step of a starved estimate toward `prior` / of the
+    speculative host term toward the gated one; learn_host off: the table is the whole cost."""
 
     def __init__(
         self,
@@ -125,7 +123,7 @@ class SpanPolicy:
         self.waves = WaveValues(self._times, self.host.predict, SPEC_DISCOUNT)
 
     def decide(self, *args: Any, **kwargs: Any) -> int:
-        """K for the next round: `apply(plan(...))`."""
+        """`apply(plan(...))`."""
         return self.apply(self.plan(*args, **kwargs))
 
     def plan(
@@ -136,10 +134,9 @@ class SpanPolicy:
         useful: int | None = None,
         context: float | None = None,
     ) -> Decision:
-        """The next round's decision, changing no state (`apply` takes it). remaining: each request's tokens
-        left, given while the wave drains (K valued over the wave). useful: the most drafts any request may
-        still accept: below 1 the gated round, else K at most the smallest variant covering it. context:
-        the batch's mean tokens per request."""
+        """The next round's decision, changing no state. remaining: each request's tokens left while the wave
+        drains (K valued over it); useful: the most drafts any request may accept (below 1: gated; else K
+        at most the smallest variant covering it); context: the batch's mean tokens per request."""
         if useful is not None and useful < 1:  # forced: the K in force stays, the wall teaches nothing
             return Decision(0, None, False)
         context = context_bucket(context)
@@ -172,9 +169,8 @@ class SpanPolicy:
         self, batch: int, k_in_force: int, starved: bool, restart: bool, times: dict, values: dict, left: int | None
     ) -> tuple[int, tuple]:
         """This round's K and probe state ((batch bucket, K in force), [ms since a probe, spacing]): the best
-        larger K worth PROBE_FLOOR of the K in force's value once the ms since a probe reach the spacing times
-        its expected loss, else the K in force. None on a starved estimate, with fewer than PROBE_WAVE_LEFT
-        spans `left` to a draining request, or out of the gated round for a K that cannot beat it."""
+        larger K worth PROBE_FLOOR of the K in force's value once the ms since a probe reach the spacing
+        times its expected loss (none starved, `left` < PROBE_WAVE_LEFT spans, or it cannot beat K=0)."""
         key = (batch.bit_length(), k_in_force)
         since, spacing = (0.0, PROBE_FIRST) if restart else self._probes.get(key, (0.0, PROBE_FIRST))
         bar = (1.0 + self.margin) * (1.0 + SPEC_DISCOUNT) / times[0] if k_in_force == 0 else 0.0
@@ -190,13 +186,12 @@ class SpanPolicy:
         return k_in_force, (key, [since + times[k_in_force], spacing])
 
     def apply(self, decision: Decision) -> int:
-        """Take a decision `plan` made (the K in force, hysteresis and probe spacing move to it); its K."""
+        """Take a decision `plan` made; its K."""
         if decision.state is not None:
             self.k, self._streak, self._starved, restart, batch, (key, probe) = decision.state
             if restart:  # the estimate moved K at this batch: its bucket probes afresh
                 self._probes = {key: state for key, state in self._probes.items() if key[0] != batch.bit_length()}
-            self._probes[key] = probe
-            self._batch = batch
+            self._probes[key], self._batch = probe, batch
             if decision.k > self.k:  # above the K in force: a probe
                 self.probed[batch, decision.k] += 1
             if self.k == 0:
@@ -224,8 +219,7 @@ class SpanPolicy:
         return self._starved_memo[1]
 
     def observe(self, limits: Sequence[int], accepted: Sequence[int]) -> None:
-        """A speculative round's outcome: per request its draft limit and accepted drafts (position i was
-        tried when i < limit and drafts 1..i were accepted)."""
+        """Per request its draft limit and accepted drafts (position i tried: i < limit, 1..i accepted)."""
         tried, hits = [0] * self.per_round, [0] * self.per_round
         for (limit, n), count in Counter(zip(limits, accepted, strict=True)).items():
             for i in range(min(n + 1, limit)):

@@ -1,6 +1,5 @@
-"""Forwards on an idle engine before it serves: dummy requests outside the engine's request table (no
-counter, index or output changes; slots and KV handed back on exit), and `warm_graphs`, which captures
-every graph a round can replay there rather than inside a served round."""
+"""Forwards on an idle engine before it serves: dummy requests outside the engine's request table (slots
+and KV handed back on exit), and `warm_graphs`, which captures every graph a round can replay."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from engine.kernels.span_meta import ragged_spans
 from engine.kv_cache import BlockManager
 from engine.levers import Levers
 from engine.models.config import DFlashConfig, Qwen3Config
-from engine.policy.span import SPAN_VARIANTS
+from engine.policy.span import policy_spans
 from engine.prefill import prefill_shapes, warm_prefill
 from engine.ragged import ragged_verify
 from engine.request import Finish, Request
@@ -49,11 +48,6 @@ class EngineView(Protocol):
 
     @property
     def drafts_per_round(self) -> int: ...
-
-
-def policy_spans(per_round: int) -> list[int]:
-    """Verify spans the policy can choose: 1 + K for K in the span variants and all drafts."""
-    return sorted({1 + k for k in (*SPAN_VARIANTS, per_round) if k <= per_round})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +143,7 @@ def warm_graphs(
             sub = list(reqs[:b])
             if one_token:  # at each table width that holds their keys (a narrower one would read past it)
                 runner.stage(sub)
-                longest = max(r.num_kv for r in sub)
-                for width in [w for w in runner.decode_widths if w * runner.block_size > longest]:
+                for width in (w for w in runner.decode_widths if w * runner.block_size > max(r.num_kv for r in sub)):
                     runner.decode(sub, width)
             shapes = [[k] * b for k in ks] + [[s - 1] * (b - 1) + [s - 2] for s in ragged if b > 1]
             for spans in shapes:  # the verify takes the draft graph's own buffer, as rounds do
@@ -166,65 +159,53 @@ def warm_graphs(
     return runner.graphs.captures - before
 
 
-def _capture(engine: EngineView, accept: AcceptRule, ks: Sequence[int] | None, ragged: Sequence[int] = ()) -> tuple:
+def _capture(engine: EngineView, accept: AcceptRule, ks: Sequence[int] | None, ragged: Sequence[int] = ()) -> list[int]:
     """warm_graphs at every bucket the KV pool admits, on dummy requests, per K in ks (None: the policy's
-    spans): (graphs captured, buckets, seconds)."""
+    spans); the buckets."""
     how = plan_calibration(engine)
     ks = [s - 1 for s in how.spans if s > 1] if ks is None else ks
     buckets = [b for b in engine.runner.graphs.buckets if b <= max(how.batches)]
-    start = time.perf_counter()
     with dummy_requests(engine, max(buckets), how.context, max([1, *ks, *ragged]) + 1) as reqs:
-        captured = warm_graphs(engine.runner, accept, reqs, buckets, [k for k in ks if k > 0], ragged=ragged)
-    return captured, buckets, time.perf_counter() - start
+        warm_graphs(engine.runner, accept, reqs, buckets, [k for k in ks if k > 0], ragged=ragged)
+    return buckets
 
 
 def capture_serving_graphs(engine: EngineView, accept: AcceptRule, ks: Sequence[int]) -> dict:
-    """Before serving, on an idle engine with graphs: the one-token step at every table width and per K in
-    `ks` the drafter and the verify (the adaptive policy captures its variants itself; policy=budget:
-    every K up to the largest, and the ragged row buckets its spans reach), and every graphed prefill
-    shape; then the graphs freeze: a step without one runs eagerly. Returns {"graphs": captured here,
-    "prefill_graphs": prefill graphs held, "seconds", "bytes": CUDA memory reserved past what was
-    allocated before (the graph pools; 0 on CPU)}."""
-    runner, ragged, cuda = engine.runner, [], engine.device.type == "cuda"
-    if not runner.graphs.enabled:
+    """On an idle engine with graphs: the one-token step, per K in `ks` (policy=budget: every K up to the
+    largest, and the ragged buckets) the drafter and the verify, every prefill shape; then the graphs
+    freeze. {graphs, prefill_graphs (held), seconds, bytes (CUDA memory the graph pools reserved)}."""
+    graphs, ragged, cuda = engine.runner.graphs, [], engine.device.type == "cuda"
+    if not graphs.enabled:
         return {"graphs": 0, "prefill_graphs": 0, "seconds": 0.0, "bytes": 0}
     if engine.levers.policy == "budget" and ks and max(ks) > 0:
         spans = ragged_spans(engine.drafts_per_round)
         ragged, ks = [s for s in spans if s <= min(s for s in spans if s > max(ks))], range(1, max(ks) + 1)
     if cuda:  # cached free blocks would count as graph memory (or, released mid-way, as negative)
         torch.cuda.synchronize(engine.device), torch.cuda.empty_cache()
-    reserved, before, start = (
-        torch.cuda.memory_reserved(engine.device) if cuda else 0,
-        runner.graphs.captures,
-        time.perf_counter(),
-    )
-    _, buckets, _ = _capture(engine, accept, ks, ragged)
-    runner.graphs.frozen = False  # frozen again just below, whatever happens
+    reserved = torch.cuda.memory_reserved(engine.device) if cuda else 0
+    before, start = graphs.captures, time.perf_counter()
+    buckets = _capture(engine, accept, ks, ragged)
+    graphs.frozen = False  # frozen again just below, whatever happens
     try:
-        warm_prefill(runner, prefill_shapes(buckets, max(engine.config.max_num_batched_tokens, engine.max_model_len)))
+        tokens = max(engine.config.max_num_batched_tokens, engine.max_model_len)
+        warm_prefill(engine.runner, prefill_shapes(buckets, tokens))
     finally:
-        runner.graphs.frozen = True
-    grown = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
-    report = {
-        "graphs": runner.graphs.captures - before,
-        "prefill_graphs": sum(k[0] == "prefill" for k in runner.graphs.captured),
-    }
-    report |= {"seconds": time.perf_counter() - start, "bytes": grown}
-    log.info(
-        "serving graphs: %(graphs)d captured (%(prefill_graphs)d prefill) in %(seconds).2f s, "
-        "%(bytes)d bytes of graph pool",
-        report,
-    )
+        graphs.frozen = True
+    report = dict(graphs=graphs.captures - before, prefill_graphs=sum(k[0] == "prefill" for k in graphs.captured))
+    report.update(seconds=time.perf_counter() - start)
+    report["bytes"] = torch.cuda.memory_reserved(engine.device) - reserved if cuda else 0
+    log.info("serving graphs: %(graphs)d (%(prefill_graphs)d prefill) in %(seconds).2f s, %(bytes)d B of pool", report)
     return report
 
 
 def capture_policy_graphs(engine: EngineView, accept: AcceptRule) -> int:
     """Once, on an idle engine with graphs: every (bucket, variant) graph the adaptive policy's rounds can
     replay, up to the batch the KV pool admits. Returns the graphs captured (0: none, busy, or done)."""
-    runner = engine.runner
-    if not runner.graphs.enabled or runner.graphs.policy_captured or engine.scheduler.has_work():
+    graphs = engine.runner.graphs
+    if not graphs.enabled or graphs.policy_captured or engine.scheduler.has_work():
         return 0
-    captured, buckets, seconds = _capture(engine, accept, None)
-    runner.graphs.policy_captured = True
+    before, start = graphs.captures, time.perf_counter()
+    buckets = _capture(engine, accept, None)
+    graphs.policy_captured, captured, seconds = True, graphs.captures - before, time.perf_counter() - start
     log.info("policy graphs: %d captured over %d buckets in %.2f s", captured, len(buckets), seconds)
     return captured

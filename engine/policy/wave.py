@@ -30,17 +30,6 @@ def _normal_cdf(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.sign(z) * (1.0 - poly * np.exp(-x * x)))
 
 
-def running(remaining: np.ndarray, counts: np.ndarray, mean: float, var: float, rounds: np.ndarray) -> np.ndarray:
-    """Expected requests running at the start of each of `rounds` (0-based): sum of counts * P(S_t < r)."""
-    t = rounds[:, None]
-    if var == 0.0:
-        alive = (t * mean < remaining[None, :] - 0.5).astype(float)
-    else:
-        z = (remaining[None, :] - 0.5 - t * mean) / np.sqrt(np.maximum(t, 1e-9) * var)
-        alive = np.where(t == 0, 1.0, _normal_cdf(z))
-    return alive @ counts
-
-
 def wave(remaining: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """The distinct remaining token counts and how many requests have each (wave_ms's r, n)."""
     r, n = np.unique(np.asarray(remaining, dtype=float), return_counts=True)
@@ -48,24 +37,28 @@ def wave(remaining: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wave_ms(r: np.ndarray, n: np.ndarray, round_ms: np.ndarray, mean: float, var: float) -> float:
-    """Expected ms to finish the wave, a round of b requests costing round_ms[b] (b = 1 .. batch); rounds
-    past the expected end count by the chance they run."""
+    """Expected ms to finish the wave, a round of b requests costing round_ms[b] (b = 1 .. batch); a round t
+    runs sum(n * P(S_t < r)) requests, and past the expected end counts by the chance it runs."""
     top = float(r[-1])
     horizon = (top - 0.5) / mean + 4.0 * math.sqrt(var * top / mean) / mean + 1.0
     if horizon <= GRID:
         rounds, step = np.arange(math.ceil(horizon), dtype=float), 1.0
     else:
         rounds, step = np.linspace(0.0, horizon, GRID, endpoint=False), horizon / GRID
-    batch = running(r, n, mean, var, rounds)
+    t = rounds[:, None]
+    if var == 0.0:
+        alive = (t * mean < r[None, :] - 0.5).astype(float)
+    else:
+        alive = np.where(t == 0, 1.0, _normal_cdf((r[None, :] - 0.5 - t * mean) / np.sqrt(np.maximum(t, 1e-9) * var)))
+    batch = alive @ n
     at = np.clip(np.rint(batch), 1, len(round_ms) - 1).astype(int)
     return float(step * np.sum(round_ms[at] * np.minimum(batch, 1.0)))
 
 
 class WaveValues:
-    """Per candidate K: the wave's remaining tokens per expected ms to finish it (a speculative K's divided
-    by 1 + `discount`). round_times(batch, cap, context): the table's ms per candidate K; host_ms(bucket,
-    speculative): the host term. A call's values are reused REUSE times at one (batch, cap, context) until
-    `forget` (a speculative round's outcome)."""
+    """Per candidate K: the wave's remaining tokens per expected ms to finish it (a speculative K's / (1 +
+    `discount`)) from round_times(batch, cap, context) and host_ms(bucket, speculative); reused REUSE
+    times at one (batch, cap, context) until `forget`."""
 
     REUSE = 4
 

@@ -185,9 +185,6 @@ def replay_check(
             continue
         plans = Counter(plan for plan, _ in res.steps)
         total += 1
-        same += (plans[Plan.PREFILL.value], plans[Plan.SPECULATIVE.value], plans[Plan.GATED.value]) == (
-            r["prefill_steps"],
-            r["spec_steps"],
-            r["gated_steps"],
-        )
+        replayed = (plans[Plan.PREFILL.value], plans[Plan.SPECULATIVE.value], plans[Plan.GATED.value])
+        same += replayed == (r["prefill_steps"], r["spec_steps"], r["gated_steps"])
     return same, total

@@ -11,7 +11,8 @@ import torch
 
 from engine.bench.arms import Arm, arm_drafts
 from engine.engine import Engine
-from engine.policy.warmup import dummy_requests, policy_spans, warm_graphs
+from engine.policy.span import policy_spans
+from engine.policy.warmup import dummy_requests, warm_graphs
 
 log = logging.getLogger(__name__)
 

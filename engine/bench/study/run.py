@@ -51,7 +51,8 @@ from engine.fixture.known.modelled import ModelledDrafter, parse_profile
 from engine.fixture.known.target import echo_failures, known_pair
 from engine.models.config import DFlashConfig
 from engine.policy.costs import CostTable
-from engine.policy.warmup import dummy_requests, policy_spans
+from engine.policy.span import policy_spans
+from engine.policy.warmup import dummy_requests
 
 log = logging.getLogger(__name__)
 

@@ -142,9 +142,8 @@ def calibrate(
 def _row(kind: str, engine: str, plan: str, batch: int, drafts: int, wall: float, device: float | None) -> dict:
     """One calibration row; a prefill's wall is its whole cost (no table device time)."""
     host = None if device is None else wall - device
-    return dict(
-        kind=kind, engine=engine, plan=plan, batch=batch, drafts=drafts, wall_ms=wall, device_ms=device, host_ms=host
-    )
+    row = dict(kind=kind, engine=engine, plan=plan, batch=batch, drafts=drafts)
+    return row | dict(wall_ms=wall, device_ms=device, host_ms=host)
 
 
 def add_calibration_args(p: argparse.ArgumentParser) -> None:
