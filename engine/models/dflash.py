@@ -5,6 +5,8 @@ follow) is engine/fixture/dflash_model.py; both read the z-lab checkpoint layout
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
@@ -35,13 +37,10 @@ class DFlashDrafter:
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.target = cfg, g, ops, target
         tensors = {k: v for k, v in tensors.items() if not k.startswith(IGNORED_PREFIXES)}
-
-        def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where, device, dtype)
-
+        load = partial(take, tensors, where=where, device=device, dtype=dtype)
         self.fc = load("fc.weight", (g.hidden_size, cfg.feature_size))
         self.hidden_norm = load("hidden_norm.weight", (g.hidden_size,))
-        self.layers = [LayerWeights.take(tensors, f"layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)]
+        self.layers = [LayerWeights.take(load, f"layers.{i}.", g) for i in range(g.num_layers)]
         self.norm = load("norm.weight", (g.hidden_size,))
         # Every layer's k|v projection of the context rows in one GEMM.
         self.ctx_kv = torch.cat([w.qkv[g.q_size :] for w in self.layers]).contiguous()

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine.kernels import Ops
 from engine.kernels.split_sum import SplitSum
-from engine.loader import take
 from engine.models.config import Geometry
 
 
@@ -36,14 +36,13 @@ class LayerWeights:
     down: torch.Tensor
 
     @classmethod
-    def take(
-        cls, tensors: dict, prefix: str, g: Geometry, where: str, device: torch.device, dtype: torch.dtype
-    ) -> LayerWeights:
-        """One layer's weights on device/dtype, projections fused (q|k|v, gate|up), each tensor checked."""
+    def take(cls, load: Callable[[str, tuple[int, ...]], torch.Tensor], prefix: str, g: Geometry) -> LayerWeights:
+        """One layer's weights through `load(name, shape)` (loader.take bound to a checkpoint, device and
+        dtype), projections fused (q|k|v, gate|up)."""
         h, d = g.hidden_size, g.head_dim
 
         def t(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, prefix + name, shape, where, device, dtype)
+            return load(prefix + name, shape)
 
         return cls(
             input_norm=t("input_layernorm.weight", (h,)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +35,9 @@ class Qwen3ForCausalLM:
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.device, self.dtype = cfg, g, ops, device, dtype
         tensors = dict(tensors)
-
-        def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where, device, dtype)
-
+        load = partial(take, tensors, where=where, device=device, dtype=dtype)
         self.embed = load("model.embed_tokens.weight", (g.vocab_size, g.hidden_size))
-        self.layers = [
-            LayerWeights.take(tensors, f"model.layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)
-        ]
+        self.layers = [LayerWeights.take(load, f"model.layers.{i}.", g) for i in range(g.num_layers)]
         self.norm = load("model.norm.weight", (g.hidden_size,))
         if cfg.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
