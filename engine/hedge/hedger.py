@@ -6,6 +6,7 @@ rows canonical (docs/design/hedging.md, section 2).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -180,7 +181,4 @@ class Hedger:
     def tick(self, plan: list[tuple[int, int]], committed: int) -> None:
         """Book a speculating round to the controller: the chains each hedged request ran."""
         if self._auto:
-            per_request: dict[int, int] = {}
-            for i, _ in plan:
-                per_request[i] = per_request.get(i, 0) + 1
-            self._auto.tick(max(per_request.values(), default=0), committed)
+            self._auto.tick(max(Counter(i for i, _ in plan).values(), default=0), committed)

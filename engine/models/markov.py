@@ -18,15 +18,11 @@ import torch
 import torch.nn.functional as F
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w)
-
-
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def markov_bias(prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, linear: Callable = _linear) -> torch.Tensor:
+def markov_bias(prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, linear: Callable = F.linear) -> torch.Tensor:
     """Previous tokens [...] -> the head's bias W2 W1[prev] [..., V]."""
     return linear(F.embedding(prev, w1), w2)
 
@@ -37,7 +33,7 @@ def markov_walk(
     w1: torch.Tensor,
     w2: torch.Tensor,
     positions: Sequence[int] = (),
-    linear: Callable = _linear,
+    linear: Callable = F.linear,
     argmax: Callable = _argmax,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Greedy Markov walk for a batch, plus hedge chains.
