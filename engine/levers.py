@@ -41,10 +41,6 @@ class Levers:
         for f in dataclasses.fields(self):
             check_value(f.name, getattr(self, f.name))
 
-    def gates(self, batch: int) -> bool:
-        """The load gate: a decode-side round of `batch` draft-ready requests verifies one token."""
-        return gated(batch, self.max_batch)
-
     def replace(self, changes: Mapping[str, object]) -> Levers:
         """These levers with `changes` (field name -> value; None keeps the current value)."""
         unknown = sorted(set(changes) - set(lever_names()))
