@@ -1,10 +1,5 @@
-"""The prefill step: whole prompts (`prefill_ids`) through the target, and with a drafter their feature
-rows into its KV as context. Up to PREFILL_GRAPH_TOKENS tokens a prefill replays the graph of its (token
-bucket, longest-prompt bucket, power-of-two request bucket), its inputs staged in two persistent buffers,
-else runs eagerly; `prefill_shapes` lists every such key a server can meet, `warm_prefill` captures them.
-Padded tokens are token 0 at position 0 with slot -1 (no K/V written, in no sequence's span); padded
-requests sit on the null row with no tokens.
-"""
+"""The prefill step: whole prompts (`prefill_ids`) through the target, with a drafter their feature rows
+stored as its context; graphed up to PREFILL_GRAPH_TOKENS tokens, else eager (docs/design/engine.md)."""
 
 from __future__ import annotations
 
@@ -40,13 +35,13 @@ class ModelRunner(Protocol):
     def logits_buffer(self, rows: int) -> torch.Tensor: ...
 
 
-PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly: compute-bound, their launches a small share
+PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly
 TOKEN_FIELDS, REQUEST_FIELDS = 3, 4  # (id, position, slot) per token; (row, length, start, last) per request
 
 
 def prefill_bucket(tokens: int) -> int | None:
     """The token count a graphed prefill of `tokens` runs at (powers of two up to 256, then multiples
-    of 256, so no more than a quarter is padding where compute starts to count), None: eager."""
+    of 256); None: eager."""
     if tokens > PREFILL_GRAPH_TOKENS:
         return None
     return max(16, next_pow2(tokens)) if tokens <= 256 else -(-tokens // 256) * 256

@@ -59,8 +59,7 @@ class AutoHedge:
 
     def reanchor(self) -> None:
         """A step that is no verify round ran (prefill, plain decode): the next tick only re-anchors,
-        so that step's time is charged to no C; the window keeps its rounds (prefills interleave
-        all the time under load, and breaking the window on each would starve it)."""
+        so that step's time is charged to no C; the window keeps its rounds."""
         self._last = None
 
     def tick(self, executed: int, committed_tokens: int) -> None:

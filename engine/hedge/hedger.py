@@ -1,7 +1,5 @@
-"""Hedged verify, behind one hook of the round: plan the chains, draft them, verify them in the main spans'
-target forward (chains on scratch KV), pick each request's winner, and make the winner's KV and feature
-rows canonical (docs/design/hedging.md, section 2).
-"""
+"""Hedged verify, the round's one hook: plan, draft, verify chains beside the main spans (on scratch KV), pick
+each request's winner and make its KV and feature rows canonical (docs/design/hedging.md, section 2)."""
 
 from __future__ import annotations
 
