@@ -65,12 +65,9 @@ class DFlashDrafter:
         """Project target feature rows [C, n_taps * H] and write each layer's context K/V."""
         g, ops = self.g, self.ops
         ctx = ops.rms_norm(ops.linear(features, self.fc), self.hidden_norm, g.rms_norm_eps)
-        kv = ops.linear(ctx, self.ctx_kv)
-        rows, width = kv.shape[0], 2 * g.kv_size
-        for i, w in enumerate(self.layers):
-            k = kv[:, i * width : i * width + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
-            v = kv[:, i * width + g.kv_size : (i + 1) * width].view(rows, g.num_kv_heads, g.head_dim)
-            k_cache, v_cache = kv_caches[i]
+        kv = ops.linear(ctx, self.ctx_kv).unflatten(1, (len(self.layers), 2, g.num_kv_heads, g.head_dim))
+        for i, (w, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            k, v = kv[:, i, 0], kv[:, i, 1]
             ops.qk_norm_rope_store(
                 None, k, v, positions, slot_mapping, None, w.k_norm, self.cos_sin, k_cache, v_cache, g.rms_norm_eps
             )
@@ -85,9 +82,6 @@ class DFlashDrafter:
         """Block rows [N * B] -> final-normed hidden [N * B, H]; meta must be non-causal."""
         h = F.embedding(block_ids, self.target.embed)
         residual = None
-        for i, w in enumerate(self.layers):
-            k_cache, v_cache = kv_caches[i]
-            h, residual = decoder_layer(
-                self.ops, self.g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin
-            )
+        for w, (k, v) in zip(self.layers, kv_caches, strict=True):
+            h, residual = decoder_layer(self.ops, self.g, w, h, residual, positions, meta, k, v, self.cos_sin)
         return self.ops.add_rms_norm(h, residual, self.norm, self.g.rms_norm_eps)[0]
