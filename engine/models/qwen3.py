@@ -66,20 +66,16 @@ class Qwen3ForCausalLM:
         h = F.embedding(input_ids, self.embed)
         residual = None
         tap = {layer: j for j, layer in enumerate(capture_layers)}
-
-        def cols(layer: int) -> torch.Tensor:
-            j = tap[layer]
-            return features_out[: h.shape[0], j * g.hidden_size : (j + 1) * g.hidden_size]
-
+        cols = features_out[: h.shape[0]].unflatten(1, (len(tap), g.hidden_size)) if tap else None  # [T, taps, H]
         last = len(self.layers) - 1
         for i, w in enumerate(self.layers):
             k_cache, v_cache = kv_caches[i]
             h, residual = decoder_layer(self.ops, g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin)
             if i in tap and i != last:
-                torch.add(dense(h), residual, out=cols(i))
+                torch.add(dense(h), residual, out=cols[:, tap[i]])
         normed = self.ops.add_rms_norm(h, residual, self.norm, g.rms_norm_eps)[0]
         if last in tap:
-            cols(last).copy_(normed)
+            cols[:, tap[last]].copy_(normed)
         return normed
 
     def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
