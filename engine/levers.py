@@ -80,18 +80,12 @@ def _is_count(value: object) -> bool:
 
 
 def check_value(name: str, value: object) -> None:
-    kind = lever_kind(name)
-    if kind == "choice":
-        ok = value in CHOICES[name]
-        want = "one of " + "|".join(CHOICES[name])
-    elif kind == "flag":
-        ok = isinstance(value, bool)
-        want = "a bool"
-    elif kind == "counts":
-        ok = isinstance(value, tuple) and all(_is_count(p) for p in value)
-        want = "a sequence of ints >= 0"
-    else:
-        ok = _is_count(value)
-        want = "an int >= 0 (0 = off)"
+    choices = CHOICES.get(name, ())
+    ok, want = {
+        "choice": (value in choices, "one of " + "|".join(choices)),
+        "flag": (isinstance(value, bool), "a bool"),
+        "counts": (isinstance(value, tuple) and all(_is_count(p) for p in value), "a sequence of ints >= 0"),
+        "count": (_is_count(value), "an int >= 0 (0 = off)"),
+    }[lever_kind(name)]
     if not ok:
         raise LeverError(f"lever {name}={value!r}; expected {want}")
