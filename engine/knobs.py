@@ -1,10 +1,6 @@
-"""Every PEGAINFER_* and PEGASPEC_* environment variable: declared once, parsed and validated in one place.
-
-Read once, at the engine's one start path, before any weight is read. A malformed value refuses
-to start with an error naming the variable and showing the value; unset and `0` mean off. A
-variable is declared as a field of Knobs or GateKnobs: its name and parser in the metadata, its job
-in the comment above it.
-"""
+"""Every PEGAINFER_* and PEGASPEC_* environment variable, declared as a field of Knobs or GateKnobs (name and
+parser in its metadata) and read once, at the engine's one start path, before any weight is read. A malformed
+value refuses to start with an error naming the variable and showing the value; unset and `0` mean off."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The speculative path's load levers: one frozen type, declared once, validated once.
-
-Every source goes through it: the environment (engine/knobs.py parses PEGAINFER_SPEC_<FIELD> text),
-EngineConfig.levers (explicit overrides by field name), the CLI's flags (the same text parsers) and
-Engine.set_levers. A field's type decides its parser: an int is a count, a tuple a comma-separated
-list of counts, a bool a 0/1 flag, a str one of CHOICES[name]; 0 (and ()) mean off.
-"""
+"""The speculative path's load levers: one frozen type, declared once, validated once, whatever the source
+(docs/architecture.md, "Levers and knobs"). A field's type decides its text parser: an int a count, a tuple
+comma-separated counts, a bool a 0/1 flag, a str one of CHOICES[name]; 0 (and ()) mean off."""
 
 from __future__ import annotations
 

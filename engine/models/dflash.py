@@ -1,7 +1,5 @@
-"""The DFlash block drafter's inference side on an `Ops` backend (the engine's): the context rows'
-K/V stored once into the drafter's paged cache, the block run non-causally over them. The torch
-module the fixture trains and the reference loop drafts with (and the context-injection math both
-follow) is engine/fixture/dflash_model.py; both read the z-lab checkpoint layout."""
+"""The DFlash block drafter's inference side on an `Ops` backend: context rows' K/V stored once into its paged
+cache, the block run non-causally over them (the training module: engine/fixture/dflash_model.py)."""
 
 from __future__ import annotations
 
