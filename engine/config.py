@@ -175,8 +175,6 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             put("seed", _check_int(_SP, "seed", self.seed, 0, SEED_MAX))
-        for name in ("ignore_eos", "speculate"):
-            _check_bool(_SP, name, getattr(self, name))
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise ValueError(f"SamplingParams.stop_token_ids={ids!r}; expected a sequence of token ids")
@@ -205,7 +203,7 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
         put("n", _check_int(_SP, "n", self.n, 1, MAX_N))
-        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "speculate", "skip_special_tokens", "include_stop_str_in_output"):
             _check_bool(_SP, name, getattr(self, name))
 
     def validate_for(self, vocab_size: int) -> None:
