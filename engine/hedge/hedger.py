@@ -157,8 +157,7 @@ class Hedger:
         mine: dict[int, list[int]] = {}
         for g, (i, _) in enumerate(plan, start=n):
             mine.setdefault(i, []).append(g)
-        winners, keep, grown = [], [], []
-        lines = {}
+        winners, keep, lines = [], [], {}
         for i, r in enumerate(reqs):
             g = best[i]
             if i in mine:
@@ -168,11 +167,10 @@ class Hedger:
             rows = host[g][0] + 1  # [current, d1..dn] of the winning chain
             winners.append((g - n, r, kv_before[i], rows))
             keep += range(g * span, g * span + rows)
-            grown.append((r, rows))
         if winners:
             self.scratch.commit(winners)
             feats = res.features.index_select(0, self.runner.to_device(keep))
-            for (r, _), rows in zip(grown, feats.split([c for _, c in grown]), strict=True):
+            for (_, r, _, _), rows in zip(winners, feats.split([w[3] for w in winners]), strict=True):
                 r.context_pending(rows)
         return lines
 
