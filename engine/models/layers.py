@@ -112,7 +112,5 @@ def decoder_layer(
         meta.causal,
     )
     h = ops.linear_to_residual(o.view(rows, g.q_size), w.o)
-    # The MLP's kernels depend on the row count (kernels/mlp.py); the torch backend computes exactly
-    # add_rms_norm + linear, then linear(silu_and_mul(.)). o and down may come back as unsummed
-    # split-K partials (Ops.linear_to_residual).
+    # o and down may come back as unsummed split-K partials (docs/design/kernels.md, mlp_to_residual).
     return ops.mlp_to_residual(h, residual, w.post_norm, eps, w.gate_up, w.down)
