@@ -40,14 +40,8 @@ def _generate(args: argparse.Namespace) -> int:
     if (why := text_error(args.prompt)) is not None:  # e.g. bytes argv could not decode (surrogateescape)
         print(f"error: --prompt is not valid text: {why}", file=sys.stderr)
         return 2
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        ignore_eos=args.ignore_eos,
-    )
+    sampling = ("max_tokens", "temperature", "top_k", "top_p", "seed", "ignore_eos")  # flags named as the fields
+    params = SamplingParams(**{name: getattr(args, name) for name in sampling})
     engine = Engine(engine_config(args, max_num_seqs=1))
     if engine.tokenizer is None:
         print("error: this checkpoint has no tokenizer; the CLI takes text prompts", file=sys.stderr)

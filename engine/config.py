@@ -39,11 +39,12 @@ def text_error(text: str) -> str | None:
     return None
 
 
-def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None) -> int:
-    """An int (not a bool, not a float, not a string) in [low, high]; returns it as a Python int."""
+def _check_int(owner: str, name: str, value: object, low: int, high: int | None = None, note: str = "") -> int:
+    """An int (not a bool, not a float, not a string) in [low, high]; returns it as a Python int. `note`
+    follows the expected range in the error."""
     if not is_int(value) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{owner}.{name}={value!r}; expected an int {bound}")
+        raise ValueError(f"{owner}.{name}={value!r}; expected an int {bound}{note}")
     return int(value)
 
 
@@ -94,13 +95,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not (value is None and name == "draft_model" or isinstance(value, (str, os.PathLike, Checkpoint))):
                 raise ValueError(f"EngineConfig.{name}={value!r}; expected a path, a hub repo id or a Checkpoint")
-        for name, value, allowed in (
-            ("device", self.device, DEVICES),
-            ("dtype", self.dtype, DTYPES),
-            ("backend", self.backend, BACKENDS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"EngineConfig.{name}={value!r}; expected one of {allowed}")
+        for name, allowed in (("device", DEVICES), ("dtype", DTYPES), ("backend", BACKENDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"EngineConfig.{name}={getattr(self, name)!r}; expected one of {allowed}")
         for name in ("cuda_graphs", "decode_overlap", "batch_invariant"):
             _check_bool("EngineConfig", name, getattr(self, name))
         if self.trace is not None:
@@ -110,12 +107,8 @@ class EngineConfig:
         if self.max_model_len is not None:
             self.max_model_len = _check_int("EngineConfig", "max_model_len", self.max_model_len, 2)
         if self.num_kv_blocks is not None:
-            if not is_int(self.num_kv_blocks) or self.num_kv_blocks < 2:
-                raise ValueError(
-                    f"EngineConfig.num_kv_blocks={self.num_kv_blocks!r}; expected an int >= 2 (blocks in all: "
-                    "block 0 is reserved, so N blocks hold N - 1 usable, less any hedge scratch)"
-                )
-            self.num_kv_blocks = int(self.num_kv_blocks)
+            why = " (blocks in all: block 0 is reserved, so N blocks hold N - 1 usable, less any hedge scratch)"
+            self.num_kv_blocks = _check_int("EngineConfig", "num_kv_blocks", self.num_kv_blocks, 2, note=why)
         # Request streams are seeded with seed * 1_000_003 + request index, which must stay below 2**64.
         self.seed = _check_int("EngineConfig", "seed", self.seed, 0, 2**32 - 1)
         self.gpu_memory_utilization = _check_real("EngineConfig", "gpu_memory_utilization", self.gpu_memory_utilization)
@@ -182,8 +175,6 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.seed is not None:
             put("seed", _check_int(_SP, "seed", self.seed, 0, SEED_MAX))
-        for name in ("ignore_eos", "speculate"):
-            _check_bool(_SP, name, getattr(self, name))
         ids = self.stop_token_ids
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise ValueError(f"SamplingParams.stop_token_ids={ids!r}; expected a sequence of token ids")
@@ -212,7 +203,7 @@ class SamplingParams:
         if self.repetition_penalty <= 0:
             raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
         put("n", _check_int(_SP, "n", self.n, 1, MAX_N))
-        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "speculate", "skip_special_tokens", "include_stop_str_in_output"):
             _check_bool(_SP, name, getattr(self, name))
 
     def validate_for(self, vocab_size: int) -> None:

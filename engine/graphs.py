@@ -1,8 +1,6 @@
-"""CUDA graphs for uniform steps: one graph per (step kind, shape, batch bucket), replayed only for
-exactly the shape it was captured at. A step of n row groups is padded to the smallest bucket >= n with
-the values the caller gives (rows pointing at the null KV block); `shared` inputs are persistent
-bucket-sized buffers, captured as they are, never padded or copied.
-"""
+"""CUDA graphs for uniform steps: one per (step kind, shape, batch bucket), replayed only for exactly that
+shape; inputs padded to the bucket with the caller's values, `shared` ones captured as they are
+(docs/design/engine.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Every PEGAINFER_* and PEGASPEC_* environment variable: declared once, parsed and validated in one place.
-
-Read once, at the engine's one start path, before any weight is read. A malformed value refuses
-to start with an error naming the variable and showing the value; unset and `0` mean off. A
-variable is declared as a field of Knobs or GateKnobs: its name, parser and job in the metadata.
-"""
+"""Every PEGAINFER_* and PEGASPEC_* environment variable, declared as a field of Knobs or GateKnobs (name and
+parser in its metadata) and read once, at the engine's one start path, before any weight is read. A malformed
+value refuses to start with an error naming the variable and showing the value; unset and `0` mean off."""
 
 from __future__ import annotations
 
@@ -56,13 +53,6 @@ def parse_counts(name: str, raw: str) -> tuple[int, ...]:
     return tuple(parse_count(name, part) for part in text.split(","))
 
 
-def parse_choice(label: str, raw: str, allowed: tuple[str, ...]) -> str:
-    text = _text(label, raw).strip()
-    if text not in allowed:
-        raise KnobError(f"{label}={raw!r} is not one of {'|'.join(allowed)}; refusing to start")
-    return text
-
-
 def parse_path(name: str, raw: str) -> str | None:
     """A path or hub id: any UTF-8 text without NUL; blank means unset."""
     text = _text(name, raw)
@@ -73,15 +63,17 @@ def parse_path(name: str, raw: str) -> str | None:
 
 def parse_lever(name: str, raw: str, label: str | None = None) -> object:
     """A lever's text form (environment or CLI flag) -> its value; `label` names the source in errors."""
-    kind = lever_kind(name)
-    if kind == "choice":
-        return parse_choice(label or env_name(name), raw, CHOICES[name])
-    parse = {"count": parse_count, "counts": parse_counts, "flag": parse_flag}[kind]
-    return parse(label or env_name(name), raw)
+    kind, label = lever_kind(name), label or env_name(name)
+    if kind != "choice":
+        return {"count": parse_count, "counts": parse_counts, "flag": parse_flag}[kind](label, raw)
+    text = _text(label, raw).strip()
+    if text not in CHOICES[name]:
+        raise KnobError(f"{label}={raw!r} is not one of {'|'.join(CHOICES[name])}; refusing to start")
+    return text
 
 
-def _knob(var: str, parse: Callable[[str, str], object], doc: str, default: object = None):
-    return field(default=default, metadata={"var": var, "parse": parse, "doc": doc})
+def _knob(var: str, parse: Callable[[str, str], object], default: object = None):
+    return field(default=default, metadata={"var": var, "parse": parse})
 
 
 def _read(cls: type, environ: Mapping[str, str] | None, **given: object):
@@ -94,19 +86,16 @@ def _read(cls: type, environ: Mapping[str, str] | None, **given: object):
     return cls(**given)
 
 
-TEST_LOG = ("PEGAINFER_TEST_LOG", parse_flag, "per-round trace lines on stderr")  # read by the engine and gates
+TEST_LOG = ("PEGAINFER_TEST_LOG", parse_flag)  # per-round trace lines on stderr; read by the engine and gates
 
 
 @dataclass(frozen=True)
 class Knobs:
     levers: Levers = field(default_factory=Levers)  # PEGAINFER_SPEC_<LEVER>, engine/levers.py
     test_log: bool = _knob(*TEST_LOG, False)
-    cost_table: str | None = _knob(
-        "PEGAINFER_SPEC_COST_TABLE",
-        parse_path,
-        "the adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch); "
-        "unset: the engine calibrates one at start and caches it under PEGASPEC_CACHE",
-    )
+    # The adaptive policy's cost table: an `engine.bench profile` CSV (verify and draft ms per batch);
+    # unset: the engine calibrates one at start and caches it under PEGASPEC_CACHE.
+    cost_table: str | None = _knob("PEGAINFER_SPEC_COST_TABLE", parse_path)
 
 
 # Every PEGAINFER_SPEC_* variable: one per lever, plus the engine knobs with the prefix.
@@ -130,38 +119,21 @@ def read_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
 class GateKnobs:
     """The gate, test and path variables (gates/, engine/provenance.py, the fixture cache)."""
 
-    target: str | None = _knob(
-        "PEGAINFER_TEST_MODEL_PATH", parse_path, "gate target weights (default: the shipped fixture pair)"
-    )
-    drafter: str | None = _knob(
-        "PEGAINFER_DFLASH_TEST_MODEL_PATH", parse_path, "gate drafter weights (default: the shipped fixture pair)"
-    )
-    hedge_drafter: str | None = _knob(
-        "PEGAINFER_TEST_HEDGE_DRAFTER",
-        parse_path,
-        "a Markov-head (DSpark) drafter for the hedge gate case; the lossless children use it in place of "
-        "the pair's drafter (default for the fixture pair: its drafter-dspark)",
-    )
-    require_gate: bool = _knob("PEGAINFER_REQUIRE_SPEC_GATE", parse_flag, "turn every gate skip into a failure", False)
-    batch_invariant: bool = _knob(
-        "PEGAINFER_TEST_BATCH_INVARIANT",
-        parse_flag,
-        "gates run batch-invariant numerics and excuse no divergence",
-        False,
-    )
+    target: str | None = _knob("PEGAINFER_TEST_MODEL_PATH", parse_path)  # gate target weights (default: shipped pair)
+    drafter: str | None = _knob("PEGAINFER_DFLASH_TEST_MODEL_PATH", parse_path)  # gate drafter weights, likewise
+    # A Markov-head (DSpark) drafter for the hedge gate case; the lossless children use it in place of the
+    # pair's drafter (default for the fixture pair: its drafter-dspark).
+    hedge_drafter: str | None = _knob("PEGAINFER_TEST_HEDGE_DRAFTER", parse_path)
+    require_gate: bool = _knob("PEGAINFER_REQUIRE_SPEC_GATE", parse_flag, False)  # every gate skip fails instead
+    # Gates run batch-invariant numerics and excuse no divergence.
+    batch_invariant: bool = _knob("PEGAINFER_TEST_BATCH_INVARIANT", parse_flag, False)
     test_log: bool = _knob(*TEST_LOG, False)
-    run_record: str | None = _knob(
-        "PEGAINFER_RUN_RECORD", parse_path, "where the gate session writes its run-record table"
-    )
-    cache: str | None = _knob(
-        "PEGASPEC_CACHE",
-        parse_path,
-        "cache root: fixture builds (default ~/.cache/pegaspec/fixtures) and calibrated cost tables in "
-        "<root>/costs (default ~/.cache/pegaspec/costs)",
-    )
-    commit: str | None = _knob(
-        "PEGASPEC_COMMIT", parse_path, "the commit a device copy of the tree was shipped at (wins over git)"
-    )
+    run_record: str | None = _knob("PEGAINFER_RUN_RECORD", parse_path)  # where the gate session writes its record
+    # Cache root: fixture builds (default ~/.cache/pegaspec/fixtures) and calibrated cost tables in <root>/costs
+    # (default ~/.cache/pegaspec/costs).
+    cache: str | None = _knob("PEGASPEC_CACHE", parse_path)
+    # The commit a device copy of the tree was shipped at (wins over git).
+    commit: str | None = _knob("PEGASPEC_COMMIT", parse_path)
 
 
 def read_gate_knobs(environ: Mapping[str, str] | None = None) -> GateKnobs:

@@ -1,10 +1,6 @@
-"""The speculative path's load levers: one frozen type, declared once, validated once.
-
-Every source goes through it: the environment (engine/knobs.py parses PEGAINFER_SPEC_<FIELD> text),
-EngineConfig.levers (explicit overrides by field name), the CLI's flags (the same text parsers) and
-Engine.set_levers. A field's type decides its parser: an int is a count, a tuple a comma-separated
-list of counts, a bool a 0/1 flag, a str one of CHOICES[name]; 0 (and ()) mean off.
-"""
+"""The speculative path's load levers: one frozen type, declared once, validated once, whatever the source
+(docs/architecture.md, "Levers and knobs"). A field's type decides its text parser: an int a count, a tuple
+comma-separated counts, a bool a 0/1 flag, a str one of CHOICES[name]; 0 (and ()) mean off."""
 
 from __future__ import annotations
 
@@ -40,10 +36,6 @@ class Levers:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             check_value(f.name, getattr(self, f.name))
-
-    def gates(self, batch: int) -> bool:
-        """The load gate: a decode-side round of `batch` draft-ready requests verifies one token."""
-        return gated(batch, self.max_batch)
 
     def replace(self, changes: Mapping[str, object]) -> Levers:
         """These levers with `changes` (field name -> value; None keeps the current value)."""
@@ -84,18 +76,12 @@ def _is_count(value: object) -> bool:
 
 
 def check_value(name: str, value: object) -> None:
-    kind = lever_kind(name)
-    if kind == "choice":
-        ok = value in CHOICES[name]
-        want = "one of " + "|".join(CHOICES[name])
-    elif kind == "flag":
-        ok = isinstance(value, bool)
-        want = "a bool"
-    elif kind == "counts":
-        ok = isinstance(value, tuple) and all(_is_count(p) for p in value)
-        want = "a sequence of ints >= 0"
-    else:
-        ok = _is_count(value)
-        want = "an int >= 0 (0 = off)"
+    choices = CHOICES.get(name, ())
+    ok, want = {
+        "choice": (value in choices, "one of " + "|".join(choices)),
+        "flag": (isinstance(value, bool), "a bool"),
+        "counts": (isinstance(value, tuple) and all(_is_count(p) for p in value), "a sequence of ints >= 0"),
+        "count": (_is_count(value), "an int >= 0 (0 = off)"),
+    }[lever_kind(name)]
     if not ok:
         raise LeverError(f"lever {name}={value!r}; expected {want}")

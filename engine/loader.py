@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-log = logging.getLogger(__name__)
 
 
 def is_int(value: object) -> bool:

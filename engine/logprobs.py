@@ -23,11 +23,8 @@ def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], k: int) -> list[
     lp = torch.log_softmax(logits.float(), dim=-1)
     picked = lp.gather(1, torch.tensor(list(tokens), device=lp.device)[:, None])
     chosen, ranks = picked[:, 0].tolist(), (1 + (lp > picked).sum(dim=-1)).tolist()
-    if k:
-        values, ids = lp.topk(k, dim=-1)
-        tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
-    else:
-        tops = [()] * len(tokens)
+    values, ids = lp.topk(k, dim=-1)  # k = 0: an empty top per row
+    tops = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(), strict=True)]
     return [TokenLogprob(*entry) for entry in zip(tokens, chosen, tops, ranks, strict=True)]
 
 

@@ -1,10 +1,5 @@
-"""The prefill step: whole prompts (`prefill_ids`) through the target, and with a drafter their feature
-rows into its KV as context. Up to PREFILL_GRAPH_TOKENS tokens a prefill replays the graph of its (token
-bucket, longest-prompt bucket, power-of-two request bucket), its inputs staged in two persistent buffers,
-else runs eagerly; `prefill_shapes` lists every such key a server can meet, `warm_prefill` captures them.
-Padded tokens are token 0 at position 0 with slot -1 (no K/V written, in no sequence's span); padded
-requests sit on the null row with no tokens.
-"""
+"""The prefill step: whole prompts (`prefill_ids`) through the target, with a drafter their feature rows
+stored as its context; graphed up to PREFILL_GRAPH_TOKENS tokens, else eager (docs/design/engine.md)."""
 
 from __future__ import annotations
 
@@ -40,13 +35,13 @@ class ModelRunner(Protocol):
     def logits_buffer(self, rows: int) -> torch.Tensor: ...
 
 
-PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly: compute-bound, their launches a small share
+PREFILL_GRAPH_TOKENS = 2048  # longer prefills run eagerly
 TOKEN_FIELDS, REQUEST_FIELDS = 3, 4  # (id, position, slot) per token; (row, length, start, last) per request
 
 
 def prefill_bucket(tokens: int) -> int | None:
     """The token count a graphed prefill of `tokens` runs at (powers of two up to 256, then multiples
-    of 256, so no more than a quarter is padding where compute starts to count), None: eager."""
+    of 256); None: eager."""
     if tokens > PREFILL_GRAPH_TOKENS:
         return None
     return max(16, next_pow2(tokens)) if tokens <= 256 else -(-tokens // 256) * 256
@@ -93,24 +88,17 @@ def staged_buffers(width: int, device: torch.device) -> tuple[torch.Tensor, torc
 
 def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and argmax at each request's last prefill row; the K/V (and drafter context) of every
-    row written. Graphed when the runner has staged buffers and the tokens fit a bucket."""
+    row written. Graphed when the runner has staged buffers and the tokens fit a bucket, else eager on
+    the same inputs unpadded."""
     prompts = [r.prefill_ids for r in reqs]  # a property that builds its list: once a request
     lens = [len(p) for p in prompts]
-    ids = [t for p in prompts for t in p]
-    positions = [i for length in lens for i in range(length)]
     slots = [s for r, length in zip(reqs, lens, strict=True) for s in runner.slots(r, range(length))]
     starts = list(accumulate(lens, initial=0))
     total, n = starts[-1], len(reqs)
     t = prefill_bucket(total) if runner.prefill_staged is not None else None
-    if t is None:
-        slot_mapping, position_ids = runner.to_device(slots), runner.to_device(positions)
-        tables = runner.block_tables.index_select(0, runner.to_device([r.slot for r in reqs]))
-        lengths, qsl = runner.to_device(lens, torch.int32), runner.to_device(starts, torch.int32)
-        meta = AttnMeta(slot_mapping, tables, lengths, qsl, max(lens), causal=True)
-        last = runner.to_device(starts[1:]) - 1
-        return _forward(runner, runner.to_device(ids), position_ids, meta, last)
-    m, q = request_bucket(runner.graphs.buckets, n), query_bucket(max(lens), t)
-    pad, extra = t - total, m - n
+    m, q = (n, max(lens)) if t is None else (request_bucket(runner.graphs.buckets, n), query_bucket(max(lens), t))
+    pad, extra = (t or total) - total, m - n
+    ids, positions = [token for p in prompts for token in p], [i for length in lens for i in range(length)]
     token_rows = [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad]
     request_rows = [
         [r.slot for r in reqs] + [runner.null_row] * (extra + 1),
@@ -118,6 +106,10 @@ def prefill(runner: ModelRunner, reqs: list[Request]) -> tuple[torch.Tensor, tor
         starts + [total] * extra,
         [s - 1 for s in starts[1:]] + [0] * (extra + 1),
     ]
+    if t is None:
+        tokens = runner.to_device([v for row in token_rows for v in row]).view(TOKEN_FIELDS, total)
+        requests = runner.to_device([v for row in request_rows for v in row]).view(REQUEST_FIELDS, n + 1)
+        return _forward(runner, tokens, requests, n, q)
     tokens, requests = runner.prefill_staged
     pinned = tokens.is_cuda
     tokens[:, :t].copy_(torch.tensor(token_rows, dtype=torch.int64, pin_memory=pinned), non_blocking=True)
@@ -142,17 +134,19 @@ def warm_prefill(runner: ModelRunner, shapes: Sequence[tuple[int, int, int]]) ->
 def _staged(runner: ModelRunner, t: int, m: int, q: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The graphed body: the staged buffers' first t tokens and m requests (+ the end of the spans)."""
     tokens, requests = runner.prefill_staged
-    ids, positions, slots = tokens[:, :t]
-    rows, lens, starts, last = requests[:, : m + 1]
+    return _forward(runner, tokens[:, :t], requests[:, : m + 1], m, q, out=runner.logits_buffer(m))
+
+
+def _forward(runner: ModelRunner, tokens: torch.Tensor, requests: torch.Tensor, m: int, q: int, out=None) -> tuple:
+    """tokens [3, T] (id, position, slot), requests [4, m + 1] (table row, length, start, last row; the
+    last start ends the spans); q: the attention's span."""
+    ids, positions, slots = tokens
+    rows, lens, starts, last = requests
     tables = runner.block_tables.index_select(0, rows[:m])
     meta = AttnMeta(slots, tables, lens[:m].to(torch.int32), starts.to(torch.int32), q, causal=True)
-    return _forward(runner, ids, positions, meta, last[:m], out=runner.logits_buffer(m))
-
-
-def _forward(runner: ModelRunner, ids, positions, meta: AttnMeta, last, out=None) -> tuple[torch.Tensor, torch.Tensor]:
     features = runner.features(ids.shape[0])
     hidden = runner.target.forward(ids, positions, meta, runner.kv, runner.taps, features)
     if features is not None:
-        runner.drafter.store_context(features, positions, meta.slot_mapping, runner.draft_kv)
-    logits = runner.target.logits(hidden.index_select(0, last), out=out)
+        runner.drafter.store_context(features, positions, slots, runner.draft_kv)
+    logits = runner.target.logits(hidden.index_select(0, last[:m]), out=out)
     return logits, runner.ops.argmax(logits)

@@ -75,13 +75,10 @@ def sample_rows(
     out = greedy_tokens.clone()
     rows = [i for i, p in enumerate(row_params) if not p.greedy]
     x = logits[rows]
-    penalized = [j for j, i in enumerate(rows) if row_params[i].penalized]
-    if penalized:
+    if any(row_params[i].penalized for i in rows):
         if row_priors is None:
             raise ValueError("penalized rows need their prior tokens")
-        picked = [rows[j] for j in penalized]
-        x = x.float().clone()
-        x[penalized] = penalized_logits(x[penalized], [row_priors[i] for i in picked], [row_params[i] for i in picked])
+        x = penalized_logits(x, [row_priors[i] for i in rows], [row_params[i] for i in rows])
     drawn = [j for j, i in enumerate(rows) if row_params[i].temperature > 0]
     for j, i in enumerate(rows):
         if row_params[i].temperature == 0:

@@ -3,7 +3,6 @@ cache and the runner."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +19,6 @@ from engine.models.dflash import DFlashDrafter
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.runner import ModelRunner
 from engine.tokenizing import eos_ids, load_tokenizer
-
-log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEFAULT_MAX_MODEL_LEN = 4096

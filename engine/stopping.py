@@ -1,6 +1,5 @@
-"""Stop strings, checked token by token on the decoded output, so a speculative round that commits
-several tokens at once stops exactly where plain decode (one token a step) would. The output is
-decoded incrementally (constant work per token), never whole after each token."""
+"""Stop strings, checked token by token on the incrementally decoded output, so a speculative round stops
+exactly where plain decode would (docs/design/engine.md, "Stop strings")."""
 
 from __future__ import annotations
 
@@ -8,12 +7,9 @@ from collections.abc import Callable, Sequence
 
 
 class Detokenizer:
-    """decode(ids) kept up to date for a token list that only grows. Text up to a token boundary
-    where it ends on a whole character is final (`done` characters: all in `text`, the last `keep` in `window`);
-    each feed decodes only the tokens after the latest such boundary, in the context of the ones
-    since the boundary before (vLLM's prefix/read offsets), so tokenizers that strip a leading space
-    decode alike. A boundary that ends on a whole character is one no later token changes, so for
-    byte-level BPE (Qwen's, the fixture's) final text + tail is exactly decode(ids)."""
+    """decode(ids) kept up to date for a token list that only grows, with vLLM's prefix / read offsets:
+    text up to a token boundary ending on a whole character is final (`done` characters: all in `text`,
+    the last `keep` in `window`); each feed decodes only the tokens after it."""
 
     def __init__(self, decode: Callable[[list[int]], str], keep: int):
         self.decode = decode
@@ -29,9 +25,7 @@ class Detokenizer:
 
     def feed(self, ids: list[int]) -> None:
         """Take the output so far (the previous ids plus new ones): the previous tail becomes final if
-        it ended on a whole character, then the text after the final part is decoded. The window
-        grows only while every token ends inside a character or on a byte that is not UTF-8 (the
-        text then ends in U+FFFD), and shrinks at the first token that ends on a whole one."""
+        it ended on a whole character, then the text after the final part is decoded."""
         if self.fed > self.read and not self.tail.endswith("\ufffd"):
             self._settle(ids, self.fed, self.tail)
         self.tail = self.decode(ids[self.prefix :])[len(self.prefix_text) :]
@@ -58,12 +52,9 @@ class Detokenizer:
 
 
 class StopStrings:
-    """Finds the first stop string that the newest output token completes.
-
-    `find(ids)` is called after each committed token with the whole output so far; it searches only
-    text a new token can have changed (from `longest - 1` characters before the previous end), so an
-    occurrence is reported once, at the token that completes it, and the work per token does not
-    grow with the output. `matched` is the stop string found."""
+    """The first stop string that the newest output token completes: `find(ids)` after each committed
+    token, with the whole output so far, reports an occurrence once, at the token that completes it;
+    `matched` is the stop string found."""
 
     def __init__(self, stops: Sequence[str], decode: Callable[[list[int]], str]):
         if not stops or not all(isinstance(s, str) and s for s in stops):

@@ -16,6 +16,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _stamp(cuda: bool) -> torch.cuda.Event | float:
+    """A CUDA event recorded now (on the GPU), else the host clock."""
+    if not cuda:
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _ms(begin: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
+    return (end - begin) * 1e3 if isinstance(begin, float) else begin.elapsed_time(end)
+
+
 def time_ms(
     fn: Callable[[], object], device: torch.device, repeats: int, iters: int = 1, warmup: int = 1
 ) -> list[float]:
@@ -26,19 +39,13 @@ def time_ms(
     sync(device)
     samples = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
+        start = _stamp(device.type == "cuda")
+        for _ in range(iters):
+            fn()
+        end = _stamp(device.type == "cuda")
+        if not isinstance(end, float):
             end.synchronize()
-            samples.append(start.elapsed_time(end) / iters)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples.append((time.perf_counter() - t0) * 1e3 / iters)
+        samples.append(_ms(start, end) / iters)
     return samples
 
 
@@ -60,16 +67,9 @@ class PhaseTimer:
         self._spans: list[tuple[str, object, object]] = []
         self._wall = 0.0
 
-    def _stamp(self):
-        if not self.cuda:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
     def start(self) -> None:
-        self._marks = [("start", self._stamp())]
-        self._spans: list[tuple[str, object, object]] = []
+        self._marks = [("start", _stamp(self.cuda))]
+        self._spans = []
         self._wall = time.perf_counter()
 
     def span(self, phase: str, begin: torch.cuda.Event | None, end: torch.cuda.Event | None) -> None:
@@ -79,17 +79,16 @@ class PhaseTimer:
             self._spans.append((phase, begin, end))
 
     def mark(self, phase: str) -> None:
-        self._marks.append((phase, self._stamp()))
+        self._marks.append((phase, _stamp(self.cuda)))
 
     def finish(self, plan: str, batch: int) -> StepTiming:
         if self.cuda:
             self._marks[-1][1].synchronize()
         timing = StepTiming(plan, batch, total=(time.perf_counter() - self._wall) * 1e3)
-        for (_, before), (phase, after) in zip(self._marks, self._marks[1:], strict=False):
-            ms = before.elapsed_time(after) if self.cuda else (after - before) * 1e3
-            timing.phases[phase] = timing.phases.get(phase, 0.0) + ms
-        for phase, begin, end in self._spans:
-            end.synchronize()
-            timing.phases[phase] = timing.phases.get(phase, 0.0) + begin.elapsed_time(end)
+        marked = [(phase, begin, end) for (_, begin), (phase, end) in zip(self._marks, self._marks[1:], strict=False)]
+        for phase, begin, end in marked + self._spans:
+            if self.cuda:
+                end.synchronize()
+            timing.phases[phase] = timing.phases.get(phase, 0.0) + _ms(begin, end)
         self.records.append(timing)
         return timing

@@ -6,6 +6,12 @@ import logging
 import sys
 
 TRACE = logging.getLogger("engine.trace")
+# The lines trace_tools parses (docs/trace-tools.md).
+ROUND_LINE = (
+    "DFlash round request=%s gated=%d verified_draft=%d accepted_draft=%d committed_tokens=%d draft_ctx=%d "
+    "span_limit=%d"
+)
+HEDGE_LINE = "DFlash hedge request=%s chains=%d winner=%d main_accepted=%d best_accepted=%d"
 
 
 class _StderrHandler(logging.Handler):
@@ -40,26 +46,11 @@ def log_round(
     """One verify round of one request. draft_ctx: the drafter context rows it holds after the round
     (0 once it finished); span_limit: the drafts the round allowed (0 in a gated round)."""
     TRACE.debug(
-        "DFlash round request=%s gated=%d verified_draft=%d accepted_draft=%d committed_tokens=%d draft_ctx=%d "
-        "span_limit=%d",
-        request_id,
-        int(gated),
-        verified_draft,
-        accepted_draft,
-        committed_tokens,
-        draft_ctx,
-        span_limit,
+        ROUND_LINE, request_id, int(gated), verified_draft, accepted_draft, committed_tokens, draft_ctx, span_limit
     )
 
 
 def log_hedge(request_id: str, chains: int, winner: int, main_accepted: int, best_accepted: int) -> None:
     """One line per hedged request per round: chains verified besides the main one, the winner
     (0 = main, i = its i-th chain), and the main and winning chains' accepted drafts."""
-    TRACE.debug(
-        "DFlash hedge request=%s chains=%d winner=%d main_accepted=%d best_accepted=%d",
-        request_id,
-        chains,
-        winner,
-        main_accepted,
-        best_accepted,
-    )
+    TRACE.debug(HEDGE_LINE, request_id, chains, winner, main_accepted, best_accepted)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.levers import Levers
+from engine.levers import Levers, gated
 from engine.policy.costs import expected_committed, read_cost_table
 from engine.policy.span import (
     PROBE_FIRST,
@@ -78,8 +78,8 @@ def test_low_acceptance_picks_a_short_span():
 def test_max_drafts_caps_and_the_gate_is_the_levers_rule():
     policy = SpanPolicy(free_rows(), PER_ROUND)
     assert policy.decide(8, max_drafts=2) == 2
-    # MAX_BATCH is the scheduler's (Levers.gates): the policy never sees a gated batch's round
-    assert Levers(max_batch=8).gates(8) and not Levers(max_batch=8).gates(7) and not Levers().gates(10**6)
+    # MAX_BATCH is the scheduler's (levers.gated): the policy never sees a gated batch's round
+    assert gated(8, Levers(max_batch=8).max_batch) and not gated(7, 8) and not gated(10**6, Levers().max_batch)
     assert policy.decide(64) == PER_ROUND  # the cap lifted: all drafts, 5x the value, taken at once
 
 

@@ -33,13 +33,12 @@ class AutoHedge:
         if max_chains < 0 or window < 1 or rewindow < 1 or keep < 1 or cycles < 1 or hold < 1:
             raise ValueError("AutoHedge: max_chains >= 0 and positive window/rewindow/keep/cycles/hold")
         self.max_chains, self.clock = max_chains, clock
-        self.window_len, self.rewindow, self.cycles, self.margin = window, rewindow, cycles, margin
-        self.hold, self.gap_s, self.keep = hold, gap_s, keep
+        self.window, self.rewindow, self.cycles, self.margin = window, rewindow, cycles, margin
+        self.hold, self.gap_s = hold, gap_s
         self.rates: dict[int, deque[float]] = {c: deque(maxlen=keep) for c in range(max_chains + 1)}
         self.committed: int | None = None  # None while exploring
         self.held = 0
         self._explore_at, self._cycles_done = 0, 0
-        self._rewindowed = False  # re-exploration uses the shorter window
         self._last: float | None = None
         self._reset_window()
         log.info("spec hedge auto: controller on (C in 0..%d)", max_chains)
@@ -60,8 +59,7 @@ class AutoHedge:
 
     def reanchor(self) -> None:
         """A step that is no verify round ran (prefill, plain decode): the next tick only re-anchors,
-        so that step's time is charged to no C; the window keeps its rounds (prefills interleave
-        all the time under load, and breaking the window on each would starve it)."""
+        so that step's time is charged to no C; the window keeps its rounds."""
         self._last = None
 
     def tick(self, executed: int, committed_tokens: int) -> None:
@@ -82,21 +80,18 @@ class AutoHedge:
         self._win_tokens += committed_tokens
         self._win_seconds += gap
         holding = self.committed is not None
-        if self._win_rounds >= self._current_window():
+        if self._win_rounds >= self.window:
             self._book()
         if holding:
             self.held += 1
             if self.held >= self.hold:
                 log.info("spec hedge auto: re-exploring (held C=%d)", self.committed)
-                self._explore(rewindow=True)
+                self._explore()
 
-    def _current_window(self) -> int:
-        return self.rewindow if self._rewindowed else self.window_len
-
-    def _explore(self, rewindow: bool) -> None:
-        self.committed, self.held = None, 0
+    def _explore(self) -> None:
+        """Re-explore from C = 0 on fresh, shorter (`rewindow`-round) windows."""
+        self.committed, self.held, self.window = None, 0, self.rewindow
         self._explore_at, self._cycles_done = 0, 0
-        self._rewindowed = rewindow
         for rates in self.rates.values():
             rates.clear()  # the load may have changed: decide on fresh windows only
         self._reset_window()

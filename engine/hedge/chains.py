@@ -28,13 +28,10 @@ def plan_chains(
     knee: int,
     slots: int,
 ) -> list[tuple[int, int]]:
-    """(request index, position index) of every chain to verify this round, request-major.
-
-    positions: the branch positions in use this round (a prefix of the effective ones, all < the
-    round's k). A chain at p is worth verifying only when p < the request's limit (its acceptance
-    cannot exceed the limit otherwise). First come, first served among greedy requests, at most
-    `cap` requests; `knee` > 0 caps the round's total verify rows (main + chains) x span; `slots`
-    is how many chains the reserved scratch KV can hold."""
+    """(request index, position index) of every chain to verify this round, request-major: a chain at
+    each of `positions` (this round's, all < its k) below the request's limit, first come, first served
+    among greedy requests, at most `cap` of them; `knee` > 0 caps the round's verify rows (main +
+    chains) x span, `slots` the chains (what the scratch KV holds) (docs/design/hedging.md)."""
     if not positions or cap <= 0 or span < 2:
         return []
     budget = slots

@@ -1,11 +1,10 @@
-"""Hedged verify, behind one hook of the round: plan the chains, draft them, verify them in the main spans'
-target forward (chains on scratch KV), pick each request's winner, and make the winner's KV and feature
-rows canonical (docs/design/hedging.md, section 2).
-"""
+"""Hedged verify, the round's one hook: plan, draft, verify chains beside the main spans (on scratch KV), pick
+each request's winner and make its KV and feature rows canonical (docs/design/hedging.md, section 2)."""
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -158,8 +157,7 @@ class Hedger:
         mine: dict[int, list[int]] = {}
         for g, (i, _) in enumerate(plan, start=n):
             mine.setdefault(i, []).append(g)
-        winners, keep, grown = [], [], []
-        lines = {}
+        winners, keep, lines = [], [], {}
         for i, r in enumerate(reqs):
             g = best[i]
             if i in mine:
@@ -169,18 +167,14 @@ class Hedger:
             rows = host[g][0] + 1  # [current, d1..dn] of the winning chain
             winners.append((g - n, r, kv_before[i], rows))
             keep += range(g * span, g * span + rows)
-            grown.append((r, rows))
         if winners:
             self.scratch.commit(winners)
             feats = res.features.index_select(0, self.runner.to_device(keep))
-            for (r, _), rows in zip(grown, feats.split([c for _, c in grown]), strict=True):
+            for (_, r, _, _), rows in zip(winners, feats.split([w[3] for w in winners]), strict=True):
                 r.context_pending(rows)
         return lines
 
     def tick(self, plan: list[tuple[int, int]], committed: int) -> None:
         """Book a speculating round to the controller: the chains each hedged request ran."""
         if self._auto:
-            per_request: dict[int, int] = {}
-            for i, _ in plan:
-                per_request[i] = per_request.get(i, 0) + 1
-            self._auto.tick(max(per_request.values(), default=0), committed)
+            self._auto.tick(max(Counter(i for i, _ in plan).values(), default=0), committed)

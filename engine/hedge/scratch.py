@@ -1,8 +1,5 @@
-"""Scratch KV for hedge chains: blocks reserved at engine start outside the block pool. A chain's table
-row is its request's committed blocks, then scratch blocks (the partial block at num_kv copied into the
-first), so it sees every committed row and writes its span into scratch only; a winner's scratch blocks
-are copied over the request's blocks for the accepted rows.
-"""
+"""Scratch KV for hedge chains: blocks reserved at engine start outside the pool, a chain's table row its
+request's committed blocks then scratch ones (docs/design/hedging.md, "Scratch KV")."""
 
 from __future__ import annotations
 

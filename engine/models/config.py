@@ -20,26 +20,21 @@ def rope_theta(d: dict, where: str) -> float:
     theta = d.get("rope_theta", params.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{where}: config has neither rope_theta nor rope_parameters.rope_theta")
-    return read_positive(d, "rope_theta", where, theta)
-
-
-def need(d: dict, key: str, where: str):
-    if key not in d:
-        raise CheckpointError(f"{where}: config.json lacks {key!r}")
-    return d[key]
+    return read_positive("rope_theta", where, theta)
 
 
 def read_int(d: dict, key: str, where: str, default: int | None = None, low: int = 1) -> int:
     """An integer config entry (JSON 64, not 64.5, "64" or true), at least `low`; a missing or null
     entry takes the default, or is an error without one."""
-    value = need(d, key, where) if default is None else d.get(key)
-    value = default if value is None else value
+    if default is None and key not in d:
+        raise CheckpointError(f"{where}: config.json lacks {key!r}")
+    value = default if d.get(key) is None else d[key]
     if not is_int(value) or value < low:
         raise CheckpointError(f"{where}: config {key}={value!r}; expected an int >= {low}")
     return value
 
 
-def read_positive(d: dict, key: str, where: str, value) -> float:
+def read_positive(key: str, where: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise CheckpointError(f"{where}: config {key}={value!r}; expected a finite number > 0")
     return float(value)
@@ -105,7 +100,7 @@ class Geometry:
             num_heads=heads,
             num_kv_heads=read_int(d, "num_key_value_heads", where, heads),
             head_dim=read_int(d, "head_dim", where, hidden // heads),
-            rms_norm_eps=read_positive(d, "rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=read_positive("rms_norm_eps", where, d.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta(d, where),
             max_position_embeddings=read_int(d, "max_position_embeddings", where, 32768, low=2),
         )
@@ -184,30 +179,21 @@ class DFlashConfig:
             layout, src = DEEPSPEC, d  # DeepSpec's flat keys: anchor-first
         else:
             raise CheckpointError(f"{where}: not a DFlash drafter config (no dflash_config, no target_layer_ids)")
-        for key in ("block_size", "mask_token_id", "target_layer_ids"):
-            if src.get(key) is None:
-                raise CheckpointError(f"{where}: drafter config lacks {key}")
-        block = read_int(src, "block_size", where, low=2)
-        mask = read_int(src, "mask_token_id", where, low=0)
-        layers, rank = src["target_layer_ids"], src.get("markov_rank")
+        layers = src.get("target_layer_ids")
         if not isinstance(layers, (list, tuple)) or not all(is_int(i) for i in layers):
             raise CheckpointError(f"{where}: config target_layer_ids={layers!r}; expected a list of layer indices")
-        num_target = d.get("num_target_layers")
-        if num_target is not None:
-            num_target = read_int(d, "num_target_layers", where)
-        if isinstance(rank, bool) or not isinstance(rank, (int, type(None))) or (rank or 0) < 0:
-            raise CheckpointError(f"{where}: markov_rank must be an int >= 0, got {rank!r}")
+        rank = read_int(src, "markov_rank", where, 0, low=0)
         head_type = src.get("markov_head_type")
-        if (rank or 0) > 0 and head_type not in (None, "vanilla"):
+        if rank > 0 and head_type not in (None, "vanilla"):
             raise CheckpointError(f"{where}: markov_head_type {head_type!r} is not supported (only 'vanilla')")
         return cls(
             geometry=Geometry.from_dict(d, where),
-            block_size=block,
-            mask_token_id=mask,
+            block_size=read_int(src, "block_size", where, low=2),
+            mask_token_id=read_int(src, "mask_token_id", where, low=0),
             target_layer_ids=tuple(layers),
             layout=layout,
-            markov_rank=int(rank or 0),
-            num_target_layers=num_target,
+            markov_rank=rank,
+            num_target_layers=None if d.get("num_target_layers") is None else read_int(d, "num_target_layers", where),
         )
 
     def check_fits(self, target: Qwen3Config) -> None:

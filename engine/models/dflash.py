@@ -1,9 +1,9 @@
-"""The DFlash block drafter's inference side on an `Ops` backend (the engine's): the context rows'
-K/V stored once into the drafter's paged cache, the block run non-causally over them. The torch
-module the fixture trains and the reference loop drafts with (and the context-injection math both
-follow) is engine/fixture/dflash_model.py; both read the z-lab checkpoint layout."""
+"""The DFlash block drafter's inference side on an `Ops` backend: context rows' K/V stored once into its paged
+cache, the block run non-causally over them (the training module: engine/fixture/dflash_model.py)."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -35,13 +35,10 @@ class DFlashDrafter:
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.target = cfg, g, ops, target
         tensors = {k: v for k, v in tensors.items() if not k.startswith(IGNORED_PREFIXES)}
-
-        def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where, device, dtype)
-
+        load = partial(take, tensors, where=where, device=device, dtype=dtype)
         self.fc = load("fc.weight", (g.hidden_size, cfg.feature_size))
         self.hidden_norm = load("hidden_norm.weight", (g.hidden_size,))
-        self.layers = [LayerWeights.take(tensors, f"layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)]
+        self.layers = [LayerWeights.take(load, f"layers.{i}.", g) for i in range(g.num_layers)]
         self.norm = load("norm.weight", (g.hidden_size,))
         # Every layer's k|v projection of the context rows in one GEMM.
         self.ctx_kv = torch.cat([w.qkv[g.q_size :] for w in self.layers]).contiguous()
@@ -66,12 +63,9 @@ class DFlashDrafter:
         """Project target feature rows [C, n_taps * H] and write each layer's context K/V."""
         g, ops = self.g, self.ops
         ctx = ops.rms_norm(ops.linear(features, self.fc), self.hidden_norm, g.rms_norm_eps)
-        kv = ops.linear(ctx, self.ctx_kv)
-        rows, width = kv.shape[0], 2 * g.kv_size
-        for i, w in enumerate(self.layers):
-            k = kv[:, i * width : i * width + g.kv_size].view(rows, g.num_kv_heads, g.head_dim)
-            v = kv[:, i * width + g.kv_size : (i + 1) * width].view(rows, g.num_kv_heads, g.head_dim)
-            k_cache, v_cache = kv_caches[i]
+        kv = ops.linear(ctx, self.ctx_kv).unflatten(1, (len(self.layers), 2, g.num_kv_heads, g.head_dim))
+        for i, (w, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            k, v = kv[:, i, 0], kv[:, i, 1]
             ops.qk_norm_rope_store(
                 None, k, v, positions, slot_mapping, None, w.k_norm, self.cos_sin, k_cache, v_cache, g.rms_norm_eps
             )
@@ -86,9 +80,6 @@ class DFlashDrafter:
         """Block rows [N * B] -> final-normed hidden [N * B, H]; meta must be non-causal."""
         h = F.embedding(block_ids, self.target.embed)
         residual = None
-        for i, w in enumerate(self.layers):
-            k_cache, v_cache = kv_caches[i]
-            h, residual = decoder_layer(
-                self.ops, self.g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin
-            )
+        for w, (k, v) in zip(self.layers, kv_caches, strict=True):
+            h, residual = decoder_layer(self.ops, self.g, w, h, residual, positions, meta, k, v, self.cos_sin)
         return self.ops.add_rms_norm(h, residual, self.norm, self.g.rms_norm_eps)[0]

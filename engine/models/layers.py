@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from engine.kernels import Ops
 from engine.kernels.split_sum import SplitSum
-from engine.loader import take
 from engine.models.config import Geometry
 
 
@@ -36,14 +36,13 @@ class LayerWeights:
     down: torch.Tensor
 
     @classmethod
-    def take(
-        cls, tensors: dict, prefix: str, g: Geometry, where: str, device: torch.device, dtype: torch.dtype
-    ) -> LayerWeights:
-        """One layer's weights on device/dtype, projections fused (q|k|v, gate|up), each tensor checked."""
+    def take(cls, load: Callable[[str, tuple[int, ...]], torch.Tensor], prefix: str, g: Geometry) -> LayerWeights:
+        """One layer's weights through `load(name, shape)` (loader.take bound to a checkpoint, device and
+        dtype), projections fused (q|k|v, gate|up)."""
         h, d = g.hidden_size, g.head_dim
 
         def t(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, prefix + name, shape, where, device, dtype)
+            return load(prefix + name, shape)
 
         return cls(
             input_norm=t("input_layernorm.weight", (h,)),
@@ -113,7 +112,5 @@ def decoder_layer(
         meta.causal,
     )
     h = ops.linear_to_residual(o.view(rows, g.q_size), w.o)
-    # The MLP's kernels depend on the row count (kernels/mlp.py); the torch backend computes exactly
-    # add_rms_norm + linear, then linear(silu_and_mul(.)). o and down may come back as unsummed
-    # split-K partials (Ops.linear_to_residual).
+    # o and down may come back as unsummed split-K partials (docs/design/kernels.md, mlp_to_residual).
     return ops.mlp_to_residual(h, residual, w.post_norm, eps, w.gate_up, w.down)

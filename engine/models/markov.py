@@ -1,14 +1,5 @@
-"""The DSpark Markov head: a rank-r bias from the previous draft token, walked left to right.
-
-For draft row k (0-based over the draft rows): logits_k = U_k + W2 W1[x_{k-1}], x_{-1} = the anchor,
-x_k = argmax logits_k. U_k are the backbone's logits for that row (through the target's LM head);
-W1 [V, r] is an embedding, W2 [V, r] a Linear r -> V (checkpoint tensors markov_head.markov_w1.weight
-and markov_head.markov_w2.weight).
-
-Hedge chain j copies the main walk up to positions[j] - 1, takes the runner-up of the main walk's
-logits at positions[j], then walks on from that token. `markov_walk` is graph-capturable (static shapes,
-no host reads); its one-request references live in engine/fixture/dflash_model.py.
-"""
+"""The DSpark Markov head, walked left to right over the draft rows: x_k = argmax(U_k + W2 W1[x_{k-1}]),
+x_{-1} the anchor, U_k the backbone's logits, W1 and W2 [V, r] (docs/design/hedging.md, section 1)."""
 
 from __future__ import annotations
 
@@ -18,15 +9,11 @@ import torch
 import torch.nn.functional as F
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w)
-
-
 def _argmax(x: torch.Tensor) -> torch.Tensor:
     return x.argmax(dim=-1)
 
 
-def markov_bias(prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, linear: Callable = _linear) -> torch.Tensor:
+def markov_bias(prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, linear: Callable = F.linear) -> torch.Tensor:
     """Previous tokens [...] -> the head's bias W2 W1[prev] [..., V]."""
     return linear(F.embedding(prev, w1), w2)
 
@@ -37,10 +24,11 @@ def markov_walk(
     w1: torch.Tensor,
     w2: torch.Tensor,
     positions: Sequence[int] = (),
-    linear: Callable = _linear,
+    linear: Callable = F.linear,
     argmax: Callable = _argmax,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Greedy Markov walk for a batch, plus hedge chains.
+    """Greedy Markov walk for a batch, plus hedge chains: chain j follows the main walk before
+    positions[j], takes the main walk's runner-up there, then walks on. Graph-capturable.
 
     logits: [N, D, V] backbone logits of the D draft rows; anchors: [N] int64.
     positions: branch positions (Python ints < D; part of the captured shape).

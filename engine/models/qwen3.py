@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +35,9 @@ class Qwen3ForCausalLM:
         g = cfg.geometry
         self.cfg, self.g, self.ops, self.device, self.dtype = cfg, g, ops, device, dtype
         tensors = dict(tensors)
-
-        def load(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-            return take(tensors, name, shape, where, device, dtype)
-
+        load = partial(take, tensors, where=where, device=device, dtype=dtype)
         self.embed = load("model.embed_tokens.weight", (g.vocab_size, g.hidden_size))
-        self.layers = [
-            LayerWeights.take(tensors, f"model.layers.{i}.", g, where, device, dtype) for i in range(g.num_layers)
-        ]
+        self.layers = [LayerWeights.take(load, f"model.layers.{i}.", g) for i in range(g.num_layers)]
         self.norm = load("model.norm.weight", (g.hidden_size,))
         if cfg.tie_word_embeddings:
             tensors.pop("lm_head.weight", None)
@@ -70,20 +66,16 @@ class Qwen3ForCausalLM:
         h = F.embedding(input_ids, self.embed)
         residual = None
         tap = {layer: j for j, layer in enumerate(capture_layers)}
-
-        def cols(layer: int) -> torch.Tensor:
-            j = tap[layer]
-            return features_out[: h.shape[0], j * g.hidden_size : (j + 1) * g.hidden_size]
-
+        cols = features_out[: h.shape[0]].unflatten(1, (len(tap), g.hidden_size)) if tap else None  # [T, taps, H]
         last = len(self.layers) - 1
         for i, w in enumerate(self.layers):
             k_cache, v_cache = kv_caches[i]
             h, residual = decoder_layer(self.ops, g, w, h, residual, positions, meta, k_cache, v_cache, self.cos_sin)
             if i in tap and i != last:
-                torch.add(dense(h), residual, out=cols(i))
+                torch.add(dense(h), residual, out=cols[:, tap[i]])
         normed = self.ops.add_rms_norm(h, residual, self.norm, g.rms_norm_eps)[0]
         if last in tap:
-            cols(last).copy_(normed)
+            cols[:, tap[last]].copy_(normed)
         return normed
 
     def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
