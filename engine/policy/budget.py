@@ -17,7 +17,6 @@ between multiples of N).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -121,10 +120,10 @@ class RequestAcceptance:
 
     def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
         """[N] the requests' rows; a request new to its row is seeded from `pooled`. The same requests
-        (by identity) in the same slots as the last call: its answer (their rows are theirs already)."""
+        (equal: a Request is itself only) in the same slots as the last call: its answer (the rows are theirs)."""
         listed = [r.slot for r in reqs]
         last_reqs, last_slots, last = self._last
-        if listed == last_slots and all(map(operator.is_, reqs, last_reqs)):
+        if listed == last_slots and reqs == last_reqs:
             return last
         slots, index = np.array(listed, dtype=np.int64), np.array([r.index for r in reqs], dtype=np.int64)
         if slots.size and slots.max() >= self.owner.size:
