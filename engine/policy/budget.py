@@ -153,13 +153,16 @@ class RequestAcceptance:
         Position j was tried when j < limit and drafts 1..j were accepted: it moves `ema` toward 1 or 0,
         an untried one `relax` toward `pooled`. Returns the request-rounds that tried and accepted each
         position (the pooled estimate's update)."""
-        p, n = self.per_round, np.array(accepted, dtype=np.int64)
+        p, cols = self.per_round, self.cols.take(slots, axis=1)
+        if not any(limits):  # a gated round: every position relaxes, none is counted
+            self.cols[:, slots] = cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax
+            return [0] * p, [0] * p
+        n = np.array(accepted, dtype=np.int64)
         m = np.minimum(n + 1, limits)  # positions tried; those hit: min(n, m), m or m - 1
         code = np.minimum(n, m)
         code += m
         np.minimum(code, 2 * p, out=code)
         tried, hit, weight, count = self._codes
-        cols = self.cols.take(slots, axis=1)
         goal = np.where(tried, hit, np.asarray(pooled, dtype=np.float64)[:, None]).take(code, axis=1)
         goal -= cols
         goal *= weight.take(code, axis=1)
