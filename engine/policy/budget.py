@@ -78,9 +78,9 @@ def budget_spans(
     enter[0], enter[-1], enter[1:-1] = 0, total + 1, size - below
     tied = np.flatnonzero(asc.searchsorted(best_of, side="right") - below > 1)  # ties at a position's best
     if tied.size:  # it enters ahead of those in its column and in later ones of the same best (a run)
-        eq, best, run = (slots[tied] == best_of[tied, None]).sum(axis=1).tolist(), best_of.tolist(), 0
+        eq, bests, run = (slots[tied] == best_of[tied, None]).sum(axis=1).tolist(), best_of.tolist(), 0
         for k, j in reversed(list(enumerate(tied.tolist()))):
-            run = eq[k] + (run if j + 1 < p and best[j + 1] == best[j] else 0)
+            run = eq[k] + (run if j + 1 < p and bests[j + 1] == bests[j] else 0)
             enter[j + 1] -= run - 1
     np.minimum(enter, total + 1, out=enter)
     value = np.empty(total + 1)
