@@ -160,8 +160,8 @@ class RequestAcceptance:
         if not any(limits):  # a gated round: every position relaxes, none is counted
             self.cols[:, slots] = cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax
             return [0] * p, [0] * p
-        n = np.array(accepted, dtype=np.int64)
-        m = np.minimum(n + 1, limits)  # positions tried; those hit: min(n, m), m or m - 1
+        n = np.fromiter(accepted, np.int64, len(slots))
+        m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried; hit: min(n, m)
         code = np.minimum(n, m)
         code += m
         np.minimum(code, 2 * p, out=code)
