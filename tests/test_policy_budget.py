@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import itertools
 from operator import mul
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps
-from engine.policy.span import SPEC_DISCOUNT
+from engine.policy.span import SPEC_DISCOUNT, SpanPolicy
 from tests.policy_tables import table
 from trace_tools import hedge_trace_rows, levers_trace_rows, summarize_hedge
 
@@ -118,7 +119,7 @@ def test_the_estimator_learns_each_request_apart_from_the_pool():
     slots = est.slots([a, b], pooled)
     assert np.allclose(est.rows[slots], [pooled, pooled])  # seeded from the pool
     tried, hits = est.observe(slots, limits=[4, 2], accepted=[1, 2], pooled=pooled)
-    assert tried.tolist() == [2, 2, 0, 0] and hits.tolist() == [2, 1, 0, 0]  # the pooled estimate's counts
+    assert tried == [2, 2, 0, 0] and hits == [2, 1, 0, 0]  # the pooled estimate's counts
     row_a, row_b = est.rows[est.slots([a, b], pooled)]
     # a: position 1 accepted, 2 rejected (tried), 3 and 4 untried: relaxed toward the pool (no move)
     assert row_a.tolist() == pytest.approx([0.9, 0.3, 0.4, 0.2])
@@ -129,6 +130,22 @@ def test_the_estimator_learns_each_request_apart_from_the_pool():
     assert est.survival(est.slots([a], pooled))[0].tolist() == pytest.approx(list(itertools.accumulate(relaxed, mul)))
     c = R(2, 0)  # a new request in a's slot starts from the pool
     assert est.rows[est.slots([c], pooled)][0].tolist() == pooled
+
+
+def test_the_pooled_estimate_learns_alike_under_budget_and_adaptive():
+    """The estimator's counts are Python ints, as `SpanPolicy.observe` counts them: the pooled estimate
+    moves to the same bits from either policy's view of the same rounds."""
+    rng = np.random.default_rng(5)
+    budget, adaptive = SpanPolicy(linear(0.3), 7), SpanPolicy(linear(0.3), 7)
+    est = RequestAcceptance(7)
+    reqs = [SimpleNamespace(slot=i, index=i) for i in range(128)]
+    for _ in range(100):
+        limits = rng.integers(0, 8, size=len(reqs)).tolist()
+        accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
+        slots = est.slots(reqs, budget.conditional)
+        budget.observe_counts(*est.observe(slots, limits, accepted, budget.conditional))
+        adaptive.observe(limits, accepted)
+        assert budget.conditional == adaptive.conditional
 
 
 PROMPTS = ["def main():\n", "import os\n", "class Config:\n", "# Copyright", "for i in range(10):\n", "x = "]

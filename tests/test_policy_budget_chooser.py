@@ -1,14 +1,17 @@
 """The threshold chooser (engine/policy/budget.py `budget_spans`) against the sorting chooser it replaced
 (kept here as the reference: a stable argsort of every slot, position-major): the same K_i and device ms
-on random cost arrays and survival, with ties, caps of 0, a gated batch and equal estimates."""
+on random cost arrays and survival, with ties, caps of 0, a gated batch and equal estimates. The
+estimator (`RequestAcceptance`) against the row-per-request update it replaced: the same bits."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from engine.levers import gated
-from engine.policy.budget import budget_spans
+from engine.policy.budget import REQUEST_EMA, REQUEST_RELAX, RequestAcceptance, budget_spans
 from engine.policy.span import SPEC_DISCOUNT
 
 
@@ -72,6 +75,8 @@ def test_the_threshold_chooser_matches_the_sorting_chooser(seed):
         host = (rng.uniform(0, 2), rng.uniform(0, 4)) if rng.random() < 0.5 else (0.0, 0.0)
         max_batch = int(rng.choice([0, 0, 0, n, n + 1]))
         want = reference(s, caps, *c[:3], host, max_batch)
+        if rng.random() < 0.5:  # the estimator's layout: the transpose of a C-contiguous [P, N]
+            s = np.ascontiguousarray(s.T).T
         got = budget_spans(None, s, caps, host=host, max_batch=max_batch, costs=c)
         assert got == want, (seed, n, p)
         mixed += len(set(got[0])) > 1
@@ -85,3 +90,58 @@ def test_equal_estimates_and_all_ones_tie_alike():
         for s in (np.ones((n, 15)), np.tile(np.cumprod(np.full(15, 0.8)), (n, 1))):
             caps = np.full(n, 15)
             assert budget_spans(None, s, caps, costs=c) == reference(s, caps, *c[:3])
+
+
+class ReferenceAcceptance:
+    """The estimator as first written: a row per slot, every position's step from where(tried, ...)."""
+
+    def __init__(self, per_round: int):
+        self.per_round, self.rows, self.owner = per_round, np.ones((0, per_round)), np.zeros(0, dtype=np.int64)
+
+    def slots(self, reqs, pooled) -> np.ndarray:
+        slots, index = np.array([r.slot for r in reqs], dtype=np.int64), np.array([r.index for r in reqs])
+        if slots.size and slots.max() >= len(self.owner):
+            grow = int(slots.max()) + 1 - len(self.owner)
+            self.rows = np.vstack([self.rows, np.ones((grow, self.per_round))])
+            self.owner = np.concatenate([self.owner, np.full(grow, -1)])
+        fresh = self.owner[slots] != index
+        self.rows[slots[fresh]] = np.asarray(pooled, dtype=np.float64)
+        self.owner[slots] = index
+        return slots
+
+    def observe(self, slots, limits, accepted, pooled) -> tuple[list[int], list[int]]:
+        j, n = np.arange(self.per_round)[None, :], np.asarray(accepted, dtype=np.int64)[:, None]
+        tried = j < np.minimum(n + 1, np.asarray(limits, dtype=np.int64)[:, None])
+        rows = self.rows[slots]
+        step = np.where(tried, REQUEST_EMA * ((j < n) - rows), REQUEST_RELAX * (np.asarray(pooled)[None, :] - rows))
+        self.rows[slots] = rows + step
+        return tried.sum(0).tolist(), (tried & (j < n)).sum(0).tolist()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_estimator_matches_the_row_per_request_update(seed):
+    """Batches drawn from 40 slots and a stream of request indices (a slot's new owner starts from the
+    pool), limits 0..P+1 (gated rounds: all 0), accepted 0..limit, a moving
+    pool: the same rows, counts and survival, bit for bit; the same requests twice reuse the slots."""
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(1, 16))
+    got, want = RequestAcceptance(p), ReferenceAcceptance(p)
+    owners = {}  # slot -> request index
+    reqs = []
+    for _ in range(300):
+        if not reqs or rng.random() < 0.3:  # a new batch: some slots change hands
+            for slot in rng.choice(40, size=int(rng.integers(1, 41)), replace=False).tolist():
+                if slot not in owners or rng.random() < 0.2:
+                    owners[slot] = len(owners) + 1000 * seed + int(rng.integers(1 << 20))
+            chosen = rng.choice(sorted(owners), size=int(rng.integers(1, len(owners) + 1)), replace=False)
+            reqs = [SimpleNamespace(slot=int(s), index=owners[int(s)]) for s in chosen]
+        pooled = rng.uniform(0.0, 1.0, size=p).tolist()
+        slots = got.slots(reqs, pooled)
+        assert slots.tolist() == want.slots(reqs, pooled).tolist()
+        assert got.slots(reqs, pooled) is slots  # the same requests in the same slots: the last answer
+        survival = got.survival(slots)
+        assert np.array_equal(survival, np.cumprod(want.rows[slots], axis=1))
+        limits = [0] * len(reqs) if rng.random() < 0.2 else rng.integers(0, p + 2, size=len(reqs)).tolist()
+        accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
+        assert got.observe(slots, limits, accepted, pooled) == want.observe(slots, limits, accepted, pooled)
+        assert np.array_equal(got.rows, want.rows)

@@ -32,7 +32,10 @@ REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled 
 def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> np.ndarray:
     """[N] the most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens
     left minus the bonus."""
-    return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, min(max_drafts or per_round, per_round))
+    cap = min(max_drafts or per_round, per_round)
+    if len(remaining) and min(remaining) > cap:  # none near its end: one Python pass, no conversion
+        return np.full(len(remaining), cap)
+    return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, cap)
 
 
 def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
@@ -57,88 +60,115 @@ def budget_spans(
     costs: tuple | None = None,
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
-    in j), caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of
-    this batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the
-    ties at it taken position-major; B's drafter heads step where each position's best slot enters."""
+    in j; fastest as the transpose of a C-contiguous [P, N], as `RequestAcceptance.survival` gives it),
+    caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of this
+    batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at
+    it taken position-major; B's drafter heads step where each position's best slot enters."""
     n, p = survival.shape
     spans, verify, draft, base = costs or span_costs(table, n, p, context)
-    cap = np.minimum(np.asarray(caps, dtype=np.int64), int(spans[-1]) - 1)
-    total = int(cap.sum())
+    cap = np.minimum(caps, int(spans[-1]) - 1)
+    total, size = int(cap.sum()), n * p
     if gated(n, max_batch) or total == 0:
         return [0] * n, float(verify[0])
-    slots = survival.T if total == n * p else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
+    slots = survival.T if total == size else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
     asc = np.sort(slots, axis=None)
-    best_of = slots.max(axis=1)  # each position's best slot, ranked after the slots >= it in columns < j
-    rank = n * p - np.searchsorted(asc, best_of)
-    if (np.searchsorted(asc, best_of, side="right") + rank > n * p + 1).any():  # ties at a position's best
-        later = np.concatenate((np.cumsum((slots == best_of[:, None]).sum(axis=1)[::-1])[::-1], [0]))
-        rank -= later[:p] - later[np.searchsorted(-best_of, -best_of, side="right")]
-    else:
-        rank -= 1
-    steps = np.diff(np.concatenate(([0], np.minimum(rank + 1, total + 1), [total + 1])))
+    best_of = slots.max(axis=1)  # each position's best slot enters after the slots >= it in columns < j
+    below = asc.searchsorted(best_of)
+    enter = np.empty(p + 2, dtype=np.int64)
+    enter[0], enter[-1], enter[1:-1] = 0, total + 1, size - below
+    tied = np.flatnonzero(asc.searchsorted(best_of, side="right") - below > 1)  # ties at a position's best
+    if tied.size:  # it enters ahead of those in its column and in later ones of the same best (a run)
+        eq, bests, run = (slots[tied] == best_of[tied, None]).sum(axis=1).tolist(), best_of.tolist(), 0
+        for k, j in reversed(list(enumerate(tied.tolist()))):
+            run = eq[k] + (run if j + 1 < p and bests[j + 1] == bests[j] else 0)
+            enter[j + 1] -= run - 1
+    np.minimum(enter, total + 1, out=enter)
     value = np.empty(total + 1)
-    value[0] = 0.0
+    value[0] = n / (verify[0] + host[0])
     np.cumsum(asc[::-1][:total], out=value[1:])
-    value += n
-    value[0] /= verify[0] + host[0]
-    device = np.repeat(draft[: p + 1], steps) + base[: total + 1]
-    value[1:] /= device[1:] + host[1]
+    value[1:] += n
+    device = np.repeat(draft[: p + 1], np.diff(enter))
+    device += base[: total + 1]
+    value[1:] /= device[1:] + host[1] if host[1] else device[1:]
     value[1:] /= 1.0 + SPEC_DISCOUNT
-    best = int(np.argmax(value))
+    best = int(value.argmax())
     if best == 0:
         return [0] * n, float(verify[0])
     t = asc[-best]
     taken = slots >= t
-    excess = int(taken.sum()) - best
+    excess = size - int(asc.searchsorted(t)) - best
     if excess:  # the ties at t past the budget, the last position-major
         taken, tied = np.ascontiguousarray(taken), (slots == t).reshape(-1)
         taken.reshape(-1)[tied] = np.arange(int(tied.sum()))[::-1] >= excess
-    return taken.sum(axis=0).tolist(), float(device[best])
+    return taken.sum(axis=0, dtype=np.uint8 if p < 256 else np.int64).tolist(), float(device[best])
 
 
 class RequestAcceptance:
     """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
-    last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate)."""
+    last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate).
+    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]."""
 
     def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
         self.per_round, self.ema, self.relax = per_round, ema, relax
-        self.rows = np.ones((0, per_round))
+        self.cols = np.ones((per_round, 0))
         self.owner = np.zeros(0, dtype=np.int64)
+        c, j = np.arange(2 * per_round + 1), np.arange(per_round)[:, None]  # a request-round's code: hit + tried
+        tried, hit = j < (c + 1) // 2, j < c // 2
+        self._codes = tried, hit, np.where(tried, ema, relax), np.vstack([tried, hit]).astype(np.int64)
+        self._last: tuple[list, list[int], np.ndarray] = ([], [], np.zeros(0, dtype=np.int64))  # reqs, slots
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self.cols.T
 
     def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
-        """[N] the requests' rows; a request new to its row is seeded from `pooled`."""
-        slots = np.fromiter([r.slot for r in reqs], np.int64, len(reqs))
-        index = np.fromiter([r.index for r in reqs], np.int64, len(reqs))
-        if slots.size and slots.max() >= len(self.owner):
-            grow = int(slots.max()) + 1 - len(self.owner)
-            self.rows = np.vstack([self.rows, np.ones((grow, self.per_round))])
+        """[N] the requests' rows; a request new to its row is seeded from `pooled`. The same requests
+        (equal: a Request is itself only) in the same slots as the last call: its answer (the rows are theirs)."""
+        listed = [r.slot for r in reqs]
+        last_reqs, last_slots, last = self._last
+        if listed == last_slots and reqs == last_reqs:
+            return last
+        slots, index = np.array(listed, dtype=np.int64), np.array([r.index for r in reqs], dtype=np.int64)
+        if slots.size and slots.max() >= self.owner.size:
+            grow = int(slots.max()) + 1 - self.owner.size
+            self.cols = np.hstack([self.cols, np.ones((self.per_round, grow))])
             self.owner = np.concatenate([self.owner, np.full(grow, -1)])
         fresh = self.owner[slots] != index
         if fresh.any():
-            self.rows[slots[fresh]] = np.asarray(pooled, dtype=np.float64)
+            self.cols[:, slots[fresh]] = np.asarray(pooled, dtype=np.float64)[:, None]
             self.owner[slots] = index
+        self._last = (list(reqs), listed, slots)
         return slots
 
     def survival(self, slots: np.ndarray) -> np.ndarray:
-        """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots`."""
-        return np.cumprod(self.rows[slots], axis=1)
+        """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots` (the transpose of a [P, N])."""
+        s = self.cols.take(slots, axis=1)
+        if len(slots) < 128:  # one call per position pays only on wide batches
+            return np.cumprod(s, axis=0).T
+        for j in range(1, self.per_round):
+            np.multiply(s[j - 1], s[j], out=s[j])
+        return s.T
 
     def observe(
         self, slots: np.ndarray, limits: Sequence[int], accepted: Sequence[int], pooled: Sequence[float]
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[list[int], list[int]]:
         """A round's outcome per request (its draft limit, its accepted drafts; all 0 in a gated round).
-        Position j was tried when j < limit and drafts 1..j were accepted. Returns the request-rounds
-        that tried and accepted each position (the pooled estimate's update)."""
-        p, n = self.per_round, np.fromiter(accepted, np.int64, len(slots))
-        m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried
-        j = np.arange(p)
-        tried, hit = j < m[:, None], j < n[:, None]
-        rows = self.rows[slots]
-        step = np.where(tried, self.ema * (hit - rows), self.relax * (np.asarray(pooled)[None, :] - rows))
-        self.rows[slots] = rows + step
-        return _beyond(m, p), _beyond(np.minimum(n, m), p)
-
-
-def _beyond(x: np.ndarray, p: int) -> np.ndarray:
-    """[P] how many of x exceed each of 0..P-1."""
-    return np.cumsum(np.bincount(np.minimum(x, p), minlength=p + 1)[::-1])[::-1][1:]
+        Position j was tried when j < limit and drafts 1..j were accepted: it moves `ema` toward 1 or 0,
+        an untried one `relax` toward `pooled`. Returns the request-rounds that tried and accepted each
+        position (the pooled estimate's update)."""
+        p, cols = self.per_round, self.cols.take(slots, axis=1)
+        if not any(limits):  # a gated round: every position relaxes, none is counted
+            self.cols[:, slots] = cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax
+            return [0] * p, [0] * p
+        n = np.fromiter(accepted, np.int64, len(slots))
+        m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried; hit: min(n, m)
+        code = np.minimum(n, m)
+        code += m
+        np.minimum(code, 2 * p, out=code)
+        tried, hit, weight, count = self._codes
+        goal = np.where(tried, hit, np.asarray(pooled, dtype=np.float64)[:, None]).take(code, axis=1)
+        goal -= cols
+        goal *= weight.take(code, axis=1)
+        self.cols[:, slots] = cols + goal
+        both = (count @ np.bincount(code, minlength=2 * p + 1)).tolist()  # Python ints: the pool's loop is scalar
+        return both[:p], both[p:]
