@@ -156,7 +156,6 @@ def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float,
             f"{agree['logits_rel_err']:.2e}; greedy tokens agree {agree['agree_prefix']}/{agree['tokens']}\n"
         )
     table = decode_markdown(summary)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "decode_runs.csv", raw)
     write_csv(args.out / "decode_summary.csv", summary)
     (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")

@@ -107,11 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     meta = run_meta("steps", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), concurrency=args.concurrency, new_tokens=args.new_tokens)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = steps_markdown(results)
-    (args.out / "steps.md").write_text(f"# Where a step's time goes\n\n{meta_lines(meta)}\n{table}")
     ops = [{"arm": a, "kind": k, **o} for a, r in results.items() for k in ("kernels", "host") for o in r[k]]
     write_csv(args.out / "steps.csv", ops)
+    table = steps_markdown(results)
+    (args.out / "steps.md").write_text(f"# Where a step's time goes\n\n{meta_lines(meta)}\n{table}")
     write_json(args.out / "steps.json", {**meta, "results": results})
     print(table)
     return 0

@@ -202,7 +202,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trimmed: dict, bar: float) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, arms, bar)
     write_csv(out / "sweep.csv", rows)
     write_csv(out / "sweep_summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summary])

@@ -116,7 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         raise SystemExit(f"tau-context: {err}") from None
     summary, meta = summarize(rows), run_meta("tau-context", device, None if argv is None else list(argv))
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "tau_context.csv", rows)
     write_csv(args.out / "tau_context_summary.csv", summary)
     write_json(args.out / "meta.json", meta | {"pair": str(args.pair), "new_tokens": args.new_tokens})
