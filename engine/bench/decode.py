@@ -115,9 +115,8 @@ def agreement(engine, model, prompt: Sequence[int], tokens: int, device: torch.d
     with torch.inference_mode():
         theirs_logits = model(input_ids=ids).logits[0, -1].float()
     rel = ((ours_logits - theirs_logits).norm() / theirs_logits.norm()).item()
-    ours = engine.generate([list(prompt)], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[
-        0
-    ].token_ids
+    greedy = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    ours = engine.generate([list(prompt)], greedy)[0].token_ids
     theirs = hf_generate(model, ids, tokens, "eager")[0].tolist()  # eager: no compile for this shape
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
     return {"logits_rel_err": rel, "tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
