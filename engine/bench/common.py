@@ -39,7 +39,8 @@ def add_weight_args(p: argparse.ArgumentParser, drafter_help: str = "the drafter
     p.add_argument("--prompts", type=Path, help="JSONL prompt set (default: the pair's prompts.jsonl)")
 
 
-def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Path]:
+def weights_of(args: argparse.Namespace, device, arms: Sequence = ()) -> tuple[Path, Path | None, Path]:
+    """(target, drafter, prompt set); a SystemExit where one is missing or a spec arm of `arms` needs a drafter."""
     if args.recipe:
         if args.target or args.drafter:
             raise SystemExit("give --recipe or --target/--drafter, not both")
@@ -53,6 +54,8 @@ def weights_of(args: argparse.Namespace, device) -> tuple[Path, Path | None, Pat
     prompts = args.prompts or Path(target).parent / "prompts.jsonl"
     if not prompts.is_file():
         raise SystemExit(f"no prompt set: {prompts} does not exist (pass --prompts JSONL)")
+    if drafter is None and any(not a.is_plain for a in arms):
+        raise SystemExit("spec arms need --drafter (or --recipe)")
     return Path(target), None if drafter is None else Path(drafter), prompts
 
 

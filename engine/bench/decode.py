@@ -115,9 +115,8 @@ def agreement(engine, model, prompt: Sequence[int], tokens: int, device: torch.d
     with torch.inference_mode():
         theirs_logits = model(input_ids=ids).logits[0, -1].float()
     rel = ((ours_logits - theirs_logits).norm() / theirs_logits.norm()).item()
-    ours = engine.generate([list(prompt)], SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))[
-        0
-    ].token_ids
+    greedy = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    ours = engine.generate([list(prompt)], greedy)[0].token_ids
     theirs = hf_generate(model, ids, tokens, "eager")[0].tolist()  # eager: no compile for this shape
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
     return {"logits_rel_err": rel, "tokens": tokens, "agree_prefix": same, "engine": ours, "peer": theirs}
@@ -156,7 +155,6 @@ def write_report(args, argv, config: dict, device, dtype, ceilings: tuple[float,
             f"{agree['logits_rel_err']:.2e}; greedy tokens agree {agree['agree_prefix']}/{agree['tokens']}\n"
         )
     table = decode_markdown(summary)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "decode_runs.csv", raw)
     write_csv(args.out / "decode_summary.csv", summary)
     (args.out / "decode.md").write_text(f"# Decode bench: {args.geometry}\n\n{meta_lines(meta)}{notes}\n{table}")

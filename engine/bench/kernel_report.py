@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from itertools import takewhile
 
 import torch
 
@@ -48,12 +49,8 @@ def linear_report(best: dict, ms: list[int], peak: float, state: dict | None = N
                 sum(weight(s) * best[(*s, m)][0] for s in cases.SHAPES),
                 sum(weight(s) * best[(*s, m)][1][2] for s in cases.SHAPES),
             )
-    m_max = 0
-    for m in ms:
-        if m in step and step[m][1] < step[m][0]:
-            m_max = m
-        else:
-            break
+    wins = list(takewhile(lambda m: m in step and step[m][1] < step[m][0], ms))  # triton's leading run of M
+    m_max = wins[-1] if wins else 0
     out.append(
         "\nQwen3-4B decode-step projection time (36 layers + lm_head), cuBLAS vs triton (us): "
         + ", ".join(f"M={m}: {c:.0f} vs {t:.0f}" for m, (c, t) in step.items())

@@ -27,8 +27,8 @@ def device_name(device: torch.device) -> str:
 
 
 def run_meta(bench: str, device: torch.device, argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else argv
     """The record every bench writes: `bench` is its subcommand (python -m engine.bench BENCH ARGV)."""
+    argv = sys.argv[1:] if argv is None else argv
     meta = dict(bench=bench, command=f"python -m engine.bench {bench} " + " ".join(shlex.quote(a) for a in argv))
     meta.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), commit=git_commit())
     meta.update(device=device_name(device), host=platform.node(), python=platform.python_version())

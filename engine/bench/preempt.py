@@ -127,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = summarize(rows)
     meta = run_meta("preempt", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), pool_blocks=engine.scheduler.blocks.capacity)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "preempt.csv", rows)
     write_csv(args.out / "preempt_summary.csv", summary)
     write_json(args.out / "preempt.json", {**meta, "summary": summary})

@@ -141,7 +141,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = run_meta("profile", device, list(argv) if argv is not None else None)
     meta.update(geometry=args.geometry, context=args.context, threshold=args.threshold)
     meta.update(target=getattr(target, "name", str(target)), drafter=getattr(drafter, "name", str(drafter)))
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "profile.csv", rows)
     table = profile_markdown(rows, args.threshold)
     (args.out / "profile.md").write_text(f"# Cost profile: {args.geometry}\n\n{meta_lines(meta)}\n{table}")

@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
     """Columns are the union of the rows' keys in first-seen order (rows may differ by arm kind)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fields: list[str] = []
     for row in rows:
         fields += [k for k in row if k not in fields]
@@ -28,6 +29,7 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 

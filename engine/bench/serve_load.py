@@ -133,8 +133,7 @@ def run_load(
             for s in [*servers[first:], *servers[:first]]:
                 before = s.counters()
                 records, wall = run_open_loop(s.url, "bench", prompts, offsets, args.max_tokens)
-                after = s.counters()
-                spec = {k: after[k] - before[k] for k in after}
+                spec = {k: v - before[k] for k, v in s.counters().items()}
                 rows.append(run_row(rate, repeat, s.arm.label, records, wall, spec))
                 r = rows[-1]
                 tok_s, label = r["output_tok_s"] or 0, s.arm.label

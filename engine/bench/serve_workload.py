@@ -60,9 +60,7 @@ def known_workload(args: argparse.Namespace) -> Workload:
 
 def file_workload(args: argparse.Namespace, arms: Sequence[Arm]) -> Workload:
     """A target/drafter pair of directories (or a recipe) served by `python -m engine serve`."""
-    target, drafter, prompt_path = weights_of(args, resolve_device(args.device))
-    if drafter is None and any(not a.is_plain for a in arms):
-        raise SystemExit("spec arms need --drafter (or --recipe)")
+    target, drafter, prompt_path = weights_of(args, resolve_device(args.device), arms)
     prompts = load_prompts(prompt_path, target, args.max_prompt_len)
     headroom = drafter_block(drafter) if drafter is not None else 0
     meta = dict(target=str(target), drafter=str(drafter), prompts=str(prompt_path))

@@ -79,7 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not rows:
         raise SystemExit("no build could be read")
     summary = summarize(rows)
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "spread.csv", rows)
     write_csv(args.out / "spread_summary.csv", summary)
     cols = ["figure", "n", "median", "min", "max"]

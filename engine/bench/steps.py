@@ -90,16 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.verbose)
     if args.concurrency < 1 or args.new_tokens < 1:
         raise SystemExit("--concurrency and --new-tokens must be >= 1")
-    device = resolve_device(args.device)
-    target, drafter, prompt_path = weights_of(args, device)
-    prompts = load_prompts(prompt_path, target)
-    seq_tokens = max(len(p) for p in prompts) + args.new_tokens
     try:
         arms = parse_arms(args.arms)
     except ValueError as err:
         raise SystemExit(f"--arms: {err}") from None
-    if drafter is None and any(not a.is_plain for a in arms):
-        raise SystemExit("spec arms need --drafter (or --recipe)")
+    device = resolve_device(args.device)
+    target, drafter, prompt_path = weights_of(args, device, arms)
+    prompts = load_prompts(prompt_path, target)
+    seq_tokens = max(len(p) for p in prompts) + args.new_tokens
     engines = engine_pair(target, drafter, args, device, max_num_seqs=args.concurrency, seq_tokens=seq_tokens)
     results = {
         arm.label: profile_arm(engine_for(arm, engines), prompts, args.concurrency, args.new_tokens, args.top)
@@ -107,11 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     meta = run_meta("steps", device, list(argv) if argv is not None else None)
     meta.update(target=str(target), drafter=str(drafter), concurrency=args.concurrency, new_tokens=args.new_tokens)
-    args.out.mkdir(parents=True, exist_ok=True)
-    table = steps_markdown(results)
-    (args.out / "steps.md").write_text(f"# Where a step's time goes\n\n{meta_lines(meta)}\n{table}")
     ops = [{"arm": a, "kind": k, **o} for a, r in results.items() for k in ("kernels", "host") for o in r[k]]
     write_csv(args.out / "steps.csv", ops)
+    table = steps_markdown(results)
+    (args.out / "steps.md").write_text(f"# Where a step's time goes\n\n{meta_lines(meta)}\n{table}")
     write_json(args.out / "steps.json", {**meta, "results": results})
     print(table)
     return 0

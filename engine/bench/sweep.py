@@ -181,9 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1 or args.waves < 1 or min(args.concurrency) < 1:
         raise SystemExit("--rounds, --waves and every --concurrency must be >= 1")
     device = resolve_device(args.device)
-    target, drafter, prompt_path = weights_of(args, device)
-    if drafter is None and any(not a.is_plain for a in arms):
-        raise SystemExit("spec arms need --drafter (or --recipe)")
+    target, drafter, prompt_path = weights_of(args, device, arms)
     prompts = load_prompts(prompt_path, target, args.max_prompt_len)
     try:
         lengths = output_lengths(len(prompts), args.new_tokens, args.length_spread) if args.length_spread else None
@@ -202,7 +200,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trimmed: dict, bar: float) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows, arms, bar)
     write_csv(out / "sweep.csv", rows)
     write_csv(out / "sweep_summary.csv", [{**s, "accept_hist": " ".join(map(str, s["accept_hist"]))} for s in summary])

@@ -61,7 +61,7 @@ def measure(
     committed, τ, distinct-token ratio of the output, rounds accepting >= j drafts (+ the n-gram
     drafter's τ); a ValueError (check_contexts, context_prompts) before any generation."""
     target, drafter = load_pair(pair / "target", pair / "drafter", device)
-    width, block = drafter.cfg.block_size - (0 if drafter.cfg.anchor_first else 1), drafter.cfg.block_size
+    width, block = drafter.cfg.drafts_per_round, drafter.cfg.block_size
     limit = min(target.config.max_position_embeddings, drafter.cfg.geometry.max_position_embeddings)
     check_contexts(contexts, new_tokens, block, limit)
     recipe = json.loads((pair / "manifest.json").read_text())["recipe"]
@@ -116,7 +116,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         raise SystemExit(f"tau-context: {err}") from None
     summary, meta = summarize(rows), run_meta("tau-context", device, None if argv is None else list(argv))
-    args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "tau_context.csv", rows)
     write_csv(args.out / "tau_context_summary.csv", summary)
     write_json(args.out / "meta.json", meta | {"pair": str(args.pair), "new_tokens": args.new_tokens})

@@ -85,10 +85,8 @@ def write_contexts(out: Path, meta: dict, summaries: dict[int, list[dict]], conc
         + [pct(r["best_ratio"]) if r["best_ratio"] else "—", r["best_verdict"], pct(r["adaptive_ratio"])]
         for r in cells
     ]
-    text = f"# The lever study over batch x context\n\n{meta_lines(meta)}\n"
-    text += (
-        f"Grid: prompt tokens {sorted(summaries)} x c={concurrency}; each prompt length's study under prompt-N/.\n\n"
-    )
+    text = f"# The lever study over batch x context\n\n{meta_lines(meta)}\nGrid: prompt tokens {sorted(summaries)} "
+    text += f"x c={concurrency}; each prompt length's study under prompt-N/.\n\n"
     header = ["prompt tokens", "profile", "c", "plain tok/s", "best arm", "vs plain", "verdict", "adaptive vs plain"]
     text += markdown_table(header, table) + "\n\nCrossover per context (the least c at which no speculative arm wins "
     text += "by more than the noise) and the MAX_BATCH gate it suggests:\n\n"

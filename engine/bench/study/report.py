@@ -7,7 +7,6 @@ import logging
 import math
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
 from engine.bench.meta import meta_lines
@@ -196,15 +195,6 @@ def checks_markdown(costs: dict[str, list[dict]], echo: dict | None, lossless: l
     return text + "\n"
 
 
-def write_meta(out: Path, meta: dict, argv: list[str], buckets: list[int]) -> None:
-    """What a report from the files needs beside the CSVs (study/files.py)."""
-    write_json(out / "meta.json", {**meta, "argv": argv, "buckets": buckets})
-
-
-def write_checks(out: Path, echo: dict, lossless: list[dict]) -> None:
-    write_json(out / "checks.json", {"echo": echo, "lossless": lossless})
-
-
 def write_study(
     args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws=None
 ) -> list[dict]:
@@ -213,7 +203,6 @@ def write_study(
     own (None: the replay draws its own). Returns the summary rows."""
     profile_rows = profiled["spec"]
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
     labels = [a.label for a in arms]
     title = "# The lever study: Qwen3-4B geometry, known continuation, modelled drafter"
     summaries, text, checked = [], [f"{title}\n\n{meta_lines(meta)}\n"], [0, 0]

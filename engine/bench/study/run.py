@@ -30,11 +30,11 @@ from engine.bench.common import (
 )
 from engine.bench.meta import run_meta
 from engine.bench.profile import profile_costs, time_prefills
-from engine.bench.report import write_csv
+from engine.bench.report import write_csv, write_json
 from engine.bench.study.contexts import ContextRun, fit_grid, write_contexts
 from engine.bench.study.draws import draws_stage
 from engine.bench.study.graphs import CaptureLog, graph_stage, tag_rows
-from engine.bench.study.report import predicted_seconds, write_checks, write_meta, write_study
+from engine.bench.study.report import predicted_seconds, write_study
 from engine.bench.study.step_walls import (
     add_calibration_args,
     budget_tokens,
@@ -255,7 +255,6 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     """Every stage of the study at one prompt length on the shared engines, its files under run.args.out:
     the summary rows."""
     args, t0 = run.args, time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
     meta = run_meta("study", engines["spec"].device, run.argv)
     context, batches = table_context(args), run.batches
     plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
@@ -264,7 +263,7 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     prefill_rows = time_prefills(engines["spec"], args.calib_batches, args.prompt_len)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
-    write_meta(args.out, meta, run.argv, graph_buckets(engines["spec"]))  # what a report from the files needs
+    write_json(args.out / "meta.json", {**meta, "argv": run.argv, "buckets": graph_buckets(engines["spec"])})
     profiled = {"spec": profile_rows, "plain": plain_rows, "random": run.equality}
     write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, run.equality, prefill_rows))
     prompts = study_prompts(args, engines["plain"].target_cfg.geometry.vocab_size)
@@ -272,7 +271,7 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     echo = echo_check(engines["plain"], prompts[: min(args.echo_batch, max_c)], args.echo_steps)
     drafter.set_profile(profiles[0])
     lossless = lossless_check(engines["spec"], arms, prompts[: min(64, max_c)], args.new_tokens)
-    write_checks(args.out, echo, lossless)
+    write_json(args.out / "checks.json", {"echo": echo, "lossless": lossless})
     log.info("echo ok %s, lossless mismatches %s", not echo["failures"], [r["mismatches"] for r in lossless])
     costs = calibration_stage(engines, table, prompts, args, arms, per_round, prefill_rows)
     buckets = [b for b in graph_buckets(engines["spec"]) if b <= max_c]

@@ -51,7 +51,7 @@ def timed_steps(
     try:
         admitted = 0
         while admitted < len(prompts):
-            _walk(engine.step())
+            engine.step()
             record = engine.timer.records[-1]
             if record.plan != Plan.PREFILL.value:
                 break
@@ -62,7 +62,7 @@ def timed_steps(
         walls = []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
-            _walk(engine.step())
+            engine.step()
             wall = (time.perf_counter() - t0) * 1e3
             plan = _check(engine, len(prompts))
             if i >= warmup:
@@ -81,10 +81,6 @@ def _check(engine: Engine, batch: int) -> str:
     if record.batch != batch or record.plan == Plan.PREFILL.value:
         raise RuntimeError(f"calibration: {record.plan} of {record.batch} requests, not a decode-side step of {batch}")
     return record.plan
-
-
-def _walk(outputs) -> int:
-    return sum(len(o.new_token_ids) for o in outputs)
 
 
 def calibrate(
