@@ -98,6 +98,7 @@ class Rounds:
         if adaptive and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
+        self.overlap.drop()  # launched under the old levers
         self.hedger.configure(levers)
         if adaptive and self.adaptive is None:
             self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
@@ -177,46 +178,42 @@ class Rounds:
         return [r.advanced([], t, keep_context=gated) for r, t in zip(reqs, this.tolist(), strict=True)]
 
     # -- the speculative round -------------------------------------------------------------------------
-    def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
+    def speculate(
+        self, reqs: list[Request], draining: bool = False, admitting: bool = True, queued: bool = True
+    ) -> None:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
-        admitting: as one_token's, for the gated round the policy may choose."""
-        runner = self.runner
+        admitting: as one_token's (no round launches ahead), also for the gated round the policy may choose.
+        queued: a request waits (engine/decode_overlap.py: which rounds launch their successor)."""
         chosen = self.spans.choose(reqs, self.levers, draining)
         ks = [chosen] * len(reqs) if isinstance(chosen, int) else chosen
         k = max(ks)
         if k == 0:
             self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
             return
+        # Only a static uniform unhedged round launches its successor ahead, or uses one launched.
+        uniform = isinstance(chosen, int) and self.spans is self.static and self.hedger.on is None
+        launched = self.overlap.take(reqs, False, k) if uniform else None
+        if not uniform:
+            self.overlap.drop()
         limits = [draft_limit(ki, r.remaining) for ki, r in zip(ks, reqs, strict=True)]
-        self._store_pending_context(reqs)
-        runner.stage(reqs, limits)
-        plan = self.hedger.plan(reqs, limits, k)
-        ragged = not plan and min(ks) != k  # a hedged round verifies 1 + k rows each, its limits <= K_i
-        starts: int | list[int] = 1 + k
-        if plan:
-            drafted = self.hedger.draft(reqs)
-            self._mark("draft")
-            res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
-            self._mark("target")
-        else:
-            drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
-            self._mark("draft")
-            if ragged:
-                out, device_rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)
-                res = SpanResult(*out)
-            else:
-                res, device_rows = runner.verify(reqs, drafts, k, self.accept)
-            self.spans.launched(reqs, self.levers, draining, limits)
-            self._mark("target")
-            k = device_rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
-            if all(r.params.greedy for r in reqs):
-                rows = device_rows.tolist()
-            else:
-                drafts = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1]))[:, :k]
-                rows = self._accept_on_host(res, drafts, reqs, limits, ks if ragged else None)
-            best = list(range(len(reqs)))
+        if launched is None:
+            plan, res, rows, best, starts, k = self._launch(reqs, ks, limits, draining)
+            device_rows = rows if isinstance(rows, torch.Tensor) else None  # accepted on the device
+        else:  # its device span: from the previous round's rows copy to its own
+            plan, res, rows, best, starts = [], launched.result, launched.tokens, launched.index, 1 + k
+            device_rows = launched.device_tokens
+            if self.timer:
+                self.timer.span("draft", launched.after.ready, launched.drafted)
+                self.timer.span("target", launched.drafted, rows.ready)
+        if device_rows is not None and uniform and self.overlap.eligible(reqs, admitting, k, queued):
+            if launched is None:
+                rows = HostTokens.copy(device_rows)
+            self.overlap.launch_round(reqs, device_rows, rows, k, self.accept, best)
+        if not isinstance(rows, list):
+            rows = rows.tolist()
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        self.overlap.settled(reqs)
         self.spans.settled(max(ks), reqs, limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, starts, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
@@ -228,6 +225,37 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self.stats.count_round(outcomes, len(plan), len(hedges), wins, self.per_round)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
+
+    def _launch(self, reqs: list[Request], ks: list[int], limits: list[int], draining: bool) -> tuple:
+        """Draft and verify this round: (hedge plan, span result, accept rows: on the device where every
+        request is greedy and unhedged, else host lists, each request's row index, its first span rows
+        (logprobs), the rows' draft width)."""
+        runner, k = self.runner, max(ks)
+        self._store_pending_context(reqs)
+        runner.stage(reqs, limits)
+        plan = self.hedger.plan(reqs, limits, k)
+        ragged = not plan and min(ks) != k  # a hedged round verifies 1 + k rows each, its limits <= K_i
+        starts: int | list[int] = 1 + k
+        if plan:
+            drafted = self.hedger.draft(reqs)
+            self._mark("draft")
+            res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
+            self._mark("target")
+            return plan, res, rows, best, starts, k
+        drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
+        self._mark("draft")
+        if ragged:
+            out, rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)
+            res = SpanResult(*out)
+        else:
+            res, rows = runner.verify(reqs, drafts, k, self.accept)
+        self.spans.launched(reqs, self.levers, draining, limits)
+        self._mark("target")
+        k = rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
+        if not all(r.params.greedy for r in reqs):
+            drafts = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1]))[:, :k]
+            rows = self._accept_on_host(res, drafts, reqs, limits, ks if ragged else None)
+        return plan, res, rows, list(range(len(reqs))), starts, k
 
     def _store_pending_context(self, reqs: list[Request]) -> None:
         """Rows a winning hedge chain handed over last round join the drafter's KV before it drafts."""

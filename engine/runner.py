@@ -28,7 +28,7 @@ from engine.prefill import prefill as run_prefill
 from engine.prefill import staged_buffers
 from engine.request import Request
 
-STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
+STAGED = ("token", "row", "num_kv", "limit", "remaining")  # the staged per-request step inputs, in buffer order
 SHORT_KEYS = 2 * SPLIT_KEYS  # a decode whose sequences all fit runs on a table this wide: no extra splits
 # The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -78,7 +78,7 @@ class ModelRunner:
         self.decode_widths = sorted({min(-(-SHORT_KEYS // block_size), max_blocks_per_seq), max_blocks_per_seq})
         self.chain_row0 = max_num_seqs + 1
         self.graphs = StepGraphs(use_graphs, sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs}))
-        # The staged step inputs, one field per row: current token, table row, committed rows, limit.
+        # The staged step inputs, one field per row: current token, table row, committed rows, limit, budget.
         width = max(self.graphs.buckets)
         pinned = self.device.type == "cuda"
         self.staged = torch.zeros(len(STAGED), width, dtype=torch.int64, device=self.device)
@@ -114,6 +114,7 @@ class ModelRunner:
             [r.slot for r in reqs] + [self.null_row] * pad,
             kv + [0] * pad,
             (list(limits) if limits is not None else [0] * n) + [0] * pad,
+            [r.remaining for r in reqs] + [0] * pad,
         ]
         if self._staged_copied is not None:
             self._staged_copied.synchronize()  # the pinned buffer's previous copy has left
@@ -123,6 +124,26 @@ class ModelRunner:
             self._staged_copied.record()
         if next_tokens is not None:  # in stream order: after the launched step wrote them, before the next reads
             self.staged[STAGED.index("token"), :n].copy_(next_tokens)
+        self._staged_for = reqs
+
+    def stage_round(self, reqs: list[Request], rows: torch.Tensor, k: int, index: list[int]) -> None:
+        """Stage the speculative round of span k after the staged one, on the device in stream order,
+        from that round's accept rows [M, 2k + 2] (not yet read by the host); reqs[i] is its request
+        index[i]: its anchor is its bonus token t_n, its committed rows grow by n + 1, its budget shrinks
+        by as much, and its limit is draft_limit(k, budget) (engine/round.py)."""
+        staged, m = self.staged, len(self._staged_for or ())
+        if index != list(range(m)):  # some requests ended: the others move up, the rest are padding
+            at = self.to_device(index)
+            staged[:, : len(reqs)] = staged[:, at]
+            staged[:, len(reqs) : m] = 0
+            staged[STAGED.index("row"), len(reqs) : m] = self.null_row
+            rows = rows[at]
+        token, _, num_kv, limit, remaining = staged[:, : len(reqs)]
+        accepted = rows[:, 0]
+        token.copy_(rows.gather(1, (1 + k + accepted)[:, None])[:, 0])
+        num_kv.add_(accepted + 1)
+        remaining.sub_(accepted + 1)
+        torch.clamp(remaining - 1, 0, k, out=limit)
         self._staged_for = reqs
 
     def reset(self) -> None:

@@ -130,11 +130,12 @@ class Scheduler:
             if self._grow(decode, self.round_rows if plan is Plan.SPECULATIVE else 1, grown):
                 return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
 
-    def take_ahead(self, reqs: list[Request]) -> list[Request] | None:
-        """The blocks of one more one-token step past the next, taken now for a step launched ahead
-        (engine/decode_overlap.py): the requests that grew, or None where the free pool is short (then
-        nothing is taken, and the next schedule grows or preempts as it would have)."""
-        return self._grow_from_free(reqs, 2)
+    def take_ahead(self, reqs: list[Request], committed: int, speculative: bool) -> list[Request] | None:
+        """The blocks of the step after `committed` more rows per request (a speculative round's or a
+        one-token step's), taken now for a step launched ahead (engine/decode_overlap.py): the requests
+        that grew, or None where the free pool is short (then nothing is taken, and the next schedule
+        grows or preempts as it would have)."""
+        return self._grow_from_free(reqs, committed + (self.round_rows if speculative else 1))
 
     def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
         """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the

@@ -65,7 +65,8 @@ class Steps:
             self.prefill(step.reqs)
         elif step.plan is Plan.SPECULATIVE:
             draining = no_more_requests and not self.scheduler.waiting
-            self.rounds.speculate(step.reqs, draining=draining, admitting=self.scheduler.may_admit)
+            queued = bool(self.scheduler.waiting)
+            self.rounds.speculate(step.reqs, draining, self.scheduler.may_admit, queued)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=self.scheduler.may_admit)
         if timer:

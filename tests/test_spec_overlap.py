@@ -1,0 +1,145 @@
+"""Speculative rounds with the next round launched ahead (engine/decode_overlap.py, ModelRunner.stage_round):
+on the shipped tiny pair (a drafter that accepts real runs), every request's tokens, finish reason and
+the speculative statistics are those of the step-by-step engine (EngineConfig.decode_overlap=False),
+whatever happens between rounds: a request ending mid-batch (budget, stop token, stop string), an
+abort, an admission, preemption, a sampled request, the trim, hedging. The rounds launched ahead are
+counted, so a test also fails if none was launched or none was used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import Engine, EngineConfig, SamplingParams
+from tests.test_decode_overlap import run, submit_at
+
+
+@pytest.fixture(scope="module")
+def prompts(shipped_prompt_ids):
+    return [ids[:32] for ids in shipped_prompt_ids[:4]]
+
+
+def make(pair, overlap: bool, **options) -> Engine:
+    target, drafter = pair
+    cfg = dict(model=str(target), draft_model=str(drafter), device="cpu", max_num_seqs=4) | options
+    return Engine(EngineConfig(decode_overlap=overlap, **cfg))
+
+
+def both(pair, script, **options) -> tuple[dict, Engine]:
+    off_engine = make(pair, False, **options)
+    off = run(off_engine, script)
+    engine = make(pair, True, **options)
+    on = run(engine, script)
+    assert on == off and engine.stats == off_engine.stats
+    return on, engine
+
+
+def greedy(n: int, **more) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **more)
+
+
+def launched_rounds(engine: Engine) -> tuple[int, int]:
+    ov = engine.rounds.overlap
+    assert ov.launched is None or ov.launched.k  # nothing held but a round that the next step may use
+    return ov.launches, ov.used
+
+
+def test_uneven_budgets_match_and_each_round_after_a_budget_end_is_used(shipped_tiny, prompts, one_thread):
+    """No request waits, so a round launches even where the round before it ends a request by its
+    budget: the launched round serves the others (their rows moved up in the staged inputs)."""
+    lengths = [20, 61, 45, 33]
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, lengths, strict=True)]})
+    out, engine = both(shipped_tiny, script)
+    assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
+    launches, used = launched_rounds(engine)
+    assert used >= 0.8 * launches and used > 5 and engine.stats.draft_tokens_accepted > 0
+
+
+def test_a_stop_token_and_a_stop_string_end_requests_where_plain_decode_would(shipped_tiny, prompts, one_thread):
+    (free,) = run(make(shipped_tiny, False), submit_at({0: [(prompts[0], greedy(40))]})).values()
+    tokens = free[0]
+    stop_token = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[tokens[17]], ignore_eos=True)
+    engine = make(shipped_tiny, False)
+    stop_text = engine.tokenizer.decode(tokens[20:23])
+    stop_string = SamplingParams(temperature=0, max_tokens=40, stop=[stop_text], ignore_eos=True)
+    batch = [(prompts[0], stop_token), (prompts[0], stop_string), (prompts[1], greedy(48)), (prompts[2], greedy(48))]
+    out, engine = both(shipped_tiny, submit_at({0: batch}))
+    assert sorted(reason for _, reason, _ in out.values()) == ["length", "length", "stop", "stop"]
+    assert launched_rounds(engine)[1] > 0
+
+
+def admit_and_abort(prompts, admit_at: int, abort_at: int):
+    long, ids = greedy(40), []
+
+    def script(engine: Engine, n: int) -> None:
+        if n == 0:
+            ids.extend(engine.add_request(p, long) for p in prompts[:2])
+        if n == admit_at:
+            engine.add_request(prompts[2], long)
+        if n == abort_at:
+            engine.abort(ids[0])
+
+    return script
+
+
+@pytest.mark.parametrize(("admit_at", "abort_at"), [(3, 6), (4, 4)])
+def test_requests_admitted_and_aborted_between_rounds(shipped_tiny, prompts, one_thread, admit_at, abort_at):
+    out, engine = both(shipped_tiny, admit_and_abort(prompts, admit_at, abort_at))
+    assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
+    assert launched_rounds(engine)[1] > 0
+
+
+def test_a_queue_behind_a_full_batch_launches_only_rounds_that_end_no_request(shipped_tiny, prompts, one_thread):
+    """With a request waiting, a round that could end one by its budget frees a slot for a prefill, so
+    it launches nothing; the others do, and what they launch is used."""
+    lengths = [24, 40, 31, 18]
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, lengths, strict=True)]})
+    out, engine = both(shipped_tiny, script, max_num_seqs=2)
+    assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
+    launches, used = launched_rounds(engine)
+    assert used == launches > 0
+
+
+def test_preemption_under_a_small_pool(shipped_tiny, prompts, one_thread):
+    script = submit_at({0: [(p, greedy(40)) for p in prompts]})
+    out, engine = both(shipped_tiny, script, num_kv_blocks=26, kv_block_size=8)
+    assert engine.preemptions > 0 and all(len(t) == 40 for t, _, _ in out.values())
+    assert launched_rounds(engine)[1] > 0
+
+
+@pytest.mark.parametrize("levers", [{"max_drafts": 2}, {"max_drafts": 1}, {"max_batch": 3}])
+def test_the_trim_and_the_gate(shipped_tiny, prompts, one_thread, levers):
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [30, 44, 12, 50], strict=True)]})
+    _, engine = both(shipped_tiny, script, levers=levers)
+    assert launched_rounds(engine)[1] > 0
+
+
+def test_a_sampled_request_in_the_batch_runs_round_by_round(shipped_tiny, prompts, one_thread):
+    sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=5, ignore_eos=True)
+    _, engine = both(shipped_tiny, submit_at({0: [(prompts[0], greedy(30)), (prompts[1], sampled)]}))
+    assert launched_rounds(engine) == (0, 0) and engine.stats.rounds > 0
+
+
+def test_stage_round_stages_what_the_host_would_after_settling(shipped_tiny, prompts, one_thread):
+    """The staged inputs of the round after one whose rows are known, staged on the device for the
+    requests that remain (index: their rows), equal those the host stages after settling that round."""
+    from engine.round import draft_limit, settle
+
+    engine = make(shipped_tiny, False)
+    for p, n in zip(prompts[:3], [3, 30, 30], strict=True):
+        engine.add_request(p, greedy(n))
+    engine.step()  # the prefills
+    reqs = [r for group in engine._requests.values() for r in group]
+    k, runner = 4, engine.runner
+    limits = [draft_limit(k, r.remaining) for r in reqs]
+    runner.stage(reqs, limits)
+    rows = torch.tensor([[1, 7, 8, 9, 10, 50, 51, 52, 53, 54], [0] + [1] * 4 + [60] * 5, [4] + [3] * 4 + [70] * 5])
+    rows[2, 1 + k + 4] = 77
+    runner.stage_round(reqs[1:], rows, k, [1, 2])
+    device = runner.staged[:, :3].clone()
+    for r, row, limit in zip(reqs, rows.tolist(), limits, strict=True):
+        settle(r, row, k, limit)
+    assert reqs[0].finished and not reqs[1].finished  # the first by its budget: 2 of the 2 tokens it had left
+    runner.stage(reqs[1:], [draft_limit(k, r.remaining) for r in reqs[1:]])
+    host = runner.staged[:, :2].clone()
+    assert device[:, :2].tolist() == host.tolist() and device[:, 2].tolist() == [0, runner.null_row, 0, 0, 0]
