@@ -136,10 +136,10 @@ def test_stage_round_stages_what_the_host_would_after_settling(shipped_tiny, pro
     rows = torch.tensor([[1, 7, 8, 9, 10, 50, 51, 52, 53, 54], [0] + [1] * 4 + [60] * 5, [4] + [3] * 4 + [70] * 5])
     rows[2, 1 + k + 4] = 77
     runner.stage_round(reqs[1:], rows, k, [1, 2])
-    device = runner.staged[:, :3].clone()
+    device = runner.inputs.buffer[:, :3].clone()
     for r, row, limit in zip(reqs, rows.tolist(), limits, strict=True):
         settle(r, row, k, limit)
     assert reqs[0].finished and not reqs[1].finished  # the first by its budget: 2 of the 2 tokens it had left
     runner.stage(reqs[1:], [draft_limit(k, r.remaining) for r in reqs[1:]])
-    host = runner.staged[:, :2].clone()
+    host = runner.inputs.buffer[:, :2].clone()
     assert device[:, :2].tolist() == host.tolist() and device[:, 2].tolist() == [0, runner.null_row, 0, 0, 0]
