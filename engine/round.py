@@ -34,14 +34,9 @@ from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
 from engine.spec_stats import RoundOutcome, SpecStats
+from engine.staging import draft_limit
 from engine.timing import PhaseTimer
 from engine.trace import log_hedge, log_round
-
-
-def draft_limit(k: int, remaining: int) -> int:
-    """Drafts a request may accept: its budget left minus the bonus token, so a round never
-    overshoots max_tokens."""
-    return max(0, min(k, remaining - 1))
 
 
 def accept_rows(accept_prefix, drafts: torch.Tensor, targets: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:

@@ -8,13 +8,16 @@ import torch
 
 from engine.request import Request
 
-FIELDS = (
-    "token",
-    "row",
-    "num_kv",
-    "limit",
-    "remaining",
-)  # current token, table row, committed rows, draft limit, budget
+# current token, table row, committed rows, draft limit, budget: one row each
+FIELDS = ("token", "row", "num_kv", "limit", "remaining")
+
+
+def draft_limit(k: int, remaining: int | torch.Tensor) -> int | torch.Tensor:
+    """Drafts a request may accept: its budget left minus the bonus token, so a round never overshoots
+    max_tokens; elementwise on a tensor of budgets (a round staged on the device)."""
+    if isinstance(remaining, torch.Tensor):
+        return (remaining - 1).clamp(0, k)
+    return max(0, min(k, remaining - 1))
 
 
 class StagedInputs:
@@ -47,7 +50,7 @@ class StagedInputs:
         """Stage, in stream order, the speculative round of span k after the staged one, from that round's
         accept rows [M, 2k + 2] (not yet read by the host). reqs[i] is its request index[i] (None: the
         same requests): its anchor is its bonus token t_n, its committed rows grow by n + 1, its budget
-        shrinks by as much, its limit is draft_limit(k, budget) (engine/round.py)."""
+        shrinks by as much, its limit is draft_limit(k, budget)."""
         n, buffer = len(reqs), self.buffer
         if index is not None:  # some requests ended: the others move up, the rest become padding
             buffer[:, :n] = buffer[:, index]
@@ -59,5 +62,5 @@ class StagedInputs:
         token.copy_(rows.gather(1, (1 + k + accepted)[:, None])[:, 0])
         num_kv.add_(accepted + 1)
         remaining.sub_(accepted + 1)
-        torch.clamp(remaining - 1, 0, k, out=limit)
+        limit.copy_(draft_limit(k, remaining))
         self.reqs = reqs
