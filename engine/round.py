@@ -26,7 +26,7 @@ from engine.hedge import Hedger
 from engine.kernels.span_meta import ragged_spans
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy.choice import AdaptiveSpans, StaticSpans
+from engine.policy.choice import AdaptiveSpans, StaticSpans, ahead_key
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy, check_table
 from engine.ragged import ragged_verify
@@ -185,8 +185,8 @@ class Rounds:
         if k == 0:
             self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
             return
-        # Only a static uniform unhedged round launches its successor ahead, or uses one launched.
-        uniform = isinstance(chosen, int) and self.spans is self.static and self.hedger.on is None
+        # Only a uniform unhedged round launches its successor ahead, or uses one launched.
+        uniform = isinstance(chosen, int) and self.hedger.on is None and not getattr(self.spans, "per_request", 0)
         launched = self.overlap.take(reqs, False, k) if uniform else None
         if not uniform:
             self.overlap.drop()
@@ -197,13 +197,15 @@ class Rounds:
         else:  # its device span: from the previous round's rows copy to its own
             plan, res, rows, best, starts = [], launched.result, launched.tokens, launched.index, 1 + k
             device_rows = launched.device_tokens
+            self.spans.launched(reqs, self.levers, draining, limits)
             if self.timer:
                 self.timer.span("draft", launched.after.ready, launched.drafted)
                 self.timer.span("target", launched.drafted, rows.ready)
-        if device_rows is not None and uniform and self.overlap.eligible(reqs, admitting, k, queued):
+        after = self._next_k(reqs, draining) if device_rows is not None and uniform else 0
+        if after and self.overlap.eligible(reqs, admitting, k, queued):
             if launched is None:
                 rows = HostTokens.copy(device_rows)
-            self.overlap.launch_round(reqs, device_rows, rows, k, self.accept, best)
+            self.overlap.launch_round(reqs, device_rows, rows, after, self.accept, best)
         if not isinstance(rows, list):
             rows = rows.tolist()
         kv_before = [r.num_kv for r in reqs]
@@ -220,6 +222,14 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self.stats.count_round(outcomes, len(plan), len(hedges), wins, self.per_round)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
+
+    def _next_k(self, reqs: list[Request], draining: bool) -> int:
+        """The next round's K where the span choice knows it now (the static levers, or the adaptive policy's
+        plan for these requests, made once this round launched), else 0."""
+        if self.spans is self.static:
+            return self.static.choose(reqs, self.levers, draining)
+        ahead = self.spans.ahead
+        return ahead.decision.k if ahead and ahead.holds_for(reqs, ahead_key(self.levers, draining)) else 0
 
     def _launch(self, reqs: list[Request], ks: list[int], limits: list[int], draining: bool) -> tuple:
         """Draft and verify this round: (hedge plan, span result, accept rows: on the device where every

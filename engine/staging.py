@@ -48,9 +48,9 @@ class StagedInputs:
 
     def advance_round(self, reqs: list[Request], rows: torch.Tensor, k: int, index: torch.Tensor | None) -> None:
         """Stage, in stream order, the speculative round of span k after the staged one, from that round's
-        accept rows [M, 2k + 2] (not yet read by the host). reqs[i] is its request index[i] (None: the
-        same requests): its anchor is its bonus token t_n, its committed rows grow by n + 1, its budget
-        shrinks by as much, its limit is draft_limit(k, budget)."""
+        accept rows [M, 2j + 2] (its span j; not yet read by the host). reqs[i] is its request index[i]
+        (None: the same requests): its anchor is its bonus token t_n, its committed rows grow by n + 1, its
+        budget shrinks by as much, its limit is draft_limit(k, budget)."""
         n, buffer = len(reqs), self.buffer
         if index is not None:  # some requests ended: the others move up, the rest become padding
             buffer[:, :n] = buffer[:, index]
@@ -59,7 +59,7 @@ class StagedInputs:
             rows = rows[index]
         token, _, num_kv, limit, remaining = buffer[:, :n]
         accepted = rows[:, 0]
-        token.copy_(rows.gather(1, (1 + k + accepted)[:, None])[:, 0])
+        token.copy_(rows.gather(1, (rows.shape[1] // 2 + accepted)[:, None])[:, 0])
         num_kv.add_(accepted + 1)
         remaining.sub_(accepted + 1)
         limit.copy_(draft_limit(k, remaining))

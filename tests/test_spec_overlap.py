@@ -143,3 +143,41 @@ def test_stage_round_stages_what_the_host_would_after_settling(shipped_tiny, pro
     runner.stage(reqs[1:], [draft_limit(k, r.remaining) for r in reqs[1:]])
     host = runner.inputs.buffer[:, :2].clone()
     assert device[:, :2].tolist() == host.tolist() and device[:, 2].tolist() == [0, runner.null_row, 0, 0, 0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs, pinned copies)")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_graph_replays_launched_ahead_match_round_by_round(shipped_tiny, prompts, dtype):
+    """On the triton backend with CUDA graphs: each launched round's inputs are staged on the device from
+    the verify graph's accept rows while the host reads the round before; requests ending mid-batch
+    move the others up (a smaller bucket's graphs then replay). Batch-invariant kernels: a launched round
+    that serves fewer requests than it ran computes their rows as the smaller batch does."""
+    from engine.timing import PhaseTimer
+
+    opts = dict(device="cuda", backend="triton", dtype=dtype, max_num_seqs=8, kv_block_size=16, batch_invariant=True)
+    lengths = [20, 90, 61, 33, 75, 48]
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts * 2, lengths, strict=False)]})
+    _, engine = both(shipped_tiny, script, **opts)
+    launches, used = launched_rounds(engine)
+    assert engine.runner.graphs.captured and used > 10 and used >= 0.8 * launches
+    engine.timer = PhaseTimer(engine.device)
+    engine.generate(prompts[:3], greedy(40))
+    rounds = [r for r in engine.timer.records if r.plan == "SpeculativeDecode"]
+    assert rounds and all(r.phases.get("target", 0) > 0 for r in rounds)
+
+
+def test_the_adaptive_policy_launches_the_round_it_planned(shipped_tiny, prompts, one_thread):
+    """Under policy=adaptive the next round's K is planned once this round's forwards are launched (an
+    estimate one round late): a round launches its successor at that K. The policy sees the same calls
+    in the same order, so its choices, the tokens and the statistics are the round-by-round engine's."""
+    from engine.policy.costs import CostTable
+
+    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 0.1 * s} for b in (1, 2, 4) for s in range(1, 9)]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 0.5} for b in (1, 2, 4)]
+    opts = dict(levers={"policy": "adaptive"}, cost_table=CostTable.from_rows(rows))
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [70, 55, 64, 80], strict=True)]})
+    off = make(shipped_tiny, False, **opts)
+    run(off, script)
+    _, engine = both(shipped_tiny, script, **opts)
+    assert engine.rounds.policy.chosen == off.rounds.policy.chosen
+    assert launched_rounds(engine)[1] > 5
