@@ -102,17 +102,16 @@ class OverlappedDecode:
         self.launched: Launched | None = None
         self.launches = self.used = 0  # steps launched ahead, and of them the ones a round used
 
-    def eligible(self, reqs: list[Request], admitting: bool, k: int = 0, queued: bool = False) -> bool:
+    def eligible(self, reqs: list[Request], admitting: bool, k: int = 0) -> bool:
         """Whether the step after this one (of these requests, about to be committed; k: this speculative
         round's drafts, 0 a one-token step) can launch now: not where every request may end by its budget
-        in this step, nor where any may while a request waits (queued: its prefill would come first).
-        Where a request lacks the blocks of the rows that step writes, it takes them here."""
+        in this step. Where a request lacks the blocks of the rows that step writes, it takes them here."""
         if not self.enabled or admitting:
             return False
         if not all(r.params.greedy and r.params.logprobs is None and r.remaining >= 2 for r in reqs):
             return False
         # A request with k + 2 tokens left or more cannot end by its budget in this step.
-        if not any(r.remaining >= k + 2 for r in reqs) or queued and min(r.remaining for r in reqs) < k + 2:
+        if not any(r.remaining >= k + 2 for r in reqs):
             return False
         if not self.take_blocks:
             return False
@@ -168,6 +167,11 @@ class OverlappedDecode:
         """The round the held launch follows has committed: the launch assumed these committed rows."""
         if self.launched is not None and self.launched.k:
             self.launched.num_kv = [r.num_kv for r in reqs]
+
+    def holds_round(self) -> bool:
+        """A speculative round is launched ahead: the next step should be a round, not a prefill (whose
+        request would wait one round; else the round launched would be dropped)."""
+        return self.launched is not None and self.launched.k > 0
 
     def drop(self) -> None:
         self.launched = None

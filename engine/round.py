@@ -173,12 +173,9 @@ class Rounds:
         return [r.advanced([], t, keep_context=gated) for r, t in zip(reqs, this.tolist(), strict=True)]
 
     # -- the speculative round -------------------------------------------------------------------------
-    def speculate(
-        self, reqs: list[Request], draining: bool = False, admitting: bool = True, queued: bool = True
-    ) -> None:
+    def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
-        admitting: as one_token's (no round launches ahead), also for the gated round the policy may choose.
-        queued: a request waits (engine/decode_overlap.py: which rounds launch their successor)."""
+        admitting: as one_token's (no round launches ahead), also for the gated round the policy may choose."""
         chosen = self.spans.choose(reqs, self.levers, draining)
         ks = [chosen] * len(reqs) if isinstance(chosen, int) else chosen
         k = max(ks)
@@ -202,7 +199,7 @@ class Rounds:
                 self.timer.span("draft", launched.after.ready, launched.drafted)
                 self.timer.span("target", launched.drafted, rows.ready)
         after = self._next_k(reqs, draining) if device_rows is not None and uniform else 0
-        if after and self.overlap.eligible(reqs, admitting, k, queued):
+        if after and self.overlap.eligible(reqs, admitting, k):
             if launched is None:
                 rows = HostTokens.copy(device_rows)
             self.overlap.launch_round(reqs, device_rows, rows, after, self.accept, best)

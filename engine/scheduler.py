@@ -117,9 +117,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Step | None:
-        admitted = self._admit()
-        if admitted:
+    def schedule(self, admit: bool = True) -> Step | None:
+        """The next step: a prefill of the requests admitted now (admit False: none while a running
+        request can take a decode-side step), else a decode-side step of every running request past its
+        prefill."""
+        if (admit or not any(r.output_ids for r in self.running)) and (admitted := self._admit()):
             return Step(Plan.PREFILL, admitted, admitted)
         grown: list[Request] = []
         while True:

@@ -28,7 +28,7 @@ class Steps:
         """One scheduled step; the requests it touched. no_more_requests: none will come until the
         running ones finish (a draining wave, when none waits either)."""
         start, captures = time.perf_counter(), self.runner.graphs.captures
-        step = self.scheduler.schedule()
+        step = self.scheduler.schedule(admit=not self.rounds.overlap.holds_round())
         if step is None:
             if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
                 raise RuntimeError(f"no step can run with requests waiting: {self.scheduler.describe()}")
@@ -65,8 +65,7 @@ class Steps:
             self.prefill(step.reqs)
         elif step.plan is Plan.SPECULATIVE:
             draining = no_more_requests and not self.scheduler.waiting
-            queued = bool(self.scheduler.waiting)
-            self.rounds.speculate(step.reqs, draining, self.scheduler.may_admit, queued)
+            self.rounds.speculate(step.reqs, draining=draining, admitting=self.scheduler.may_admit)
         else:
             self.rounds.one_token(step.reqs, gated=step.plan is Plan.GATED, admitting=self.scheduler.may_admit)
         if timer:
