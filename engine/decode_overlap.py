@@ -168,10 +168,13 @@ class OverlappedDecode:
         if self.launched is not None and self.launched.k:
             self.launched.num_kv = [r.num_kv for r in reqs]
 
-    def holds_round(self) -> bool:
-        """A speculative round is launched ahead: the next step should be a round, not a prefill (whose
-        request would wait one round; else the round launched would be dropped)."""
-        return self.launched is not None and self.launched.k > 0
+    def holds(self) -> bool:
+        """A step launched ahead that the next step may use (a one-token step: none of its requests ended):
+        the next step should be that one, not a prefill (whose request waits one step; else it is dropped)."""
+        if self.launched is None:
+            return False
+        alive = [not r.finished for r in self.launched.reqs]
+        return any(alive) if self.launched.k else all(alive)
 
     def drop(self) -> None:
         self.launched = None

@@ -104,7 +104,7 @@ def test_a_queue_behind_a_full_batch_waits_one_round_for_the_round_launched(ship
         if n == 0:
             for p, m in zip(prompts, lengths, strict=True):
                 engine.add_request(p, greedy(m))
-        seen.append((bool(engine.scheduler.waiting), engine.rounds.overlap.holds_round()))
+        seen.append((bool(engine.scheduler.waiting), engine.rounds.overlap.holds()))
 
     out, engine = both(shipped_tiny, script, batches_may_differ=True, max_num_seqs=2)
     assert sorted(len(t) for t, _, _ in out.values()) == sorted(lengths)
