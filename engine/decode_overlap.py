@@ -104,16 +104,15 @@ class OverlappedDecode:
 
     def eligible(self, reqs: list[Request], admitting: bool, k: int = 0) -> bool:
         """Whether the step after this one (of these requests, about to be committed; k: this speculative
-        round's drafts, 0 a one-token step) can launch now: not where every request may end by its budget
-        in this step. Where a request lacks the blocks of the rows that step writes, it takes them here."""
-        if not self.enabled or admitting:
+        round's drafts, 0 a one-token step) can launch now: not where a one-token step may end a request by
+        its budget, nor where a round may end every one. Where a request lacks the blocks of the rows that
+        step writes, it takes them here."""
+        if not self.enabled or admitting or not self.take_blocks:
             return False
-        if not all(r.params.greedy and r.params.logprobs is None and r.remaining >= 2 for r in reqs):
+        if not all(r.params.greedy and r.params.logprobs is None for r in reqs):
             return False
-        # A request with k + 2 tokens left or more cannot end by its budget in this step.
-        if not any(r.remaining >= k + 2 for r in reqs):
-            return False
-        if not self.take_blocks:
+        lasting = [r.remaining >= k + 2 for r in reqs]  # k + 2 tokens left: this step cannot end it
+        if not (any(lasting) if k else all(lasting)):
             return False
         grown = self.take_blocks(reqs, k + 1, k > 0)
         if grown is None:

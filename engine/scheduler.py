@@ -133,16 +133,19 @@ class Scheduler:
                 return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
 
     def take_ahead(self, reqs: list[Request], committed: int, speculative: bool) -> list[Request] | None:
-        """The blocks of the step after `committed` more rows per request (a speculative round's or a
-        one-token step's), taken now for a step launched ahead (engine/decode_overlap.py): the requests
-        that grew, or None where the free pool is short (then nothing is taken, and the next schedule
-        grows or preempts as it would have)."""
-        return self._grow_from_free(reqs, committed + (self.round_rows if speculative else 1))
+        """The blocks of the step after up to `committed` more rows per request (its budget caps them; a
+        speculative round's or a one-token step's), taken now for a step launched ahead
+        (engine/decode_overlap.py): the requests that grew, or None where the free pool is short (then
+        nothing is taken, and the next schedule grows or preempts as it would have)."""
+        step = self.round_rows if speculative else 1
+        return self._take(reqs, [self._shortfall(r, min(committed, r.remaining) + step) for r in reqs])
 
     def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
         """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the
         requests that grew, else None (nothing taken)."""
-        needs = [self._shortfall(r, rows) for r in reqs]
+        return self._take(reqs, [self._shortfall(r, rows) for r in reqs])
+
+    def _take(self, reqs: list[Request], needs: list[int]) -> list[Request] | None:
         if sum(needs) > self.blocks.num_free:
             return None
         grown = []
