@@ -2,9 +2,10 @@
 policy, or one the adaptive policy chose where its plan for the next round gates the same requests
 again, launches the step after it before it reads its own tokens, so the device runs step t + 1 while
 the host commits step t's tokens, reports, schedules and stages (otherwise 0.1-0.3 ms a step with the
-device idle: the decode doc's host share). A speculative round of static span k launches the next
-round of span k the same way, its inputs staged on the device from this round's accept rows
-(ModelRunner.stage_round): each request's bonus token, committed rows + accepted + 1, its limit.
+device idle: the decode doc's host share). A uniform unhedged speculative round launches the next
+round the same way (its K: the static levers', or the adaptive policy's plan), its inputs staged on the
+device from this round's accept rows (ModelRunner.stage_round): each request's bonus token, committed
+rows + accepted + 1, budget and limit; it serves those of its requests still running (docs/design/engine.md).
 
 The step launched ahead takes its tokens from the device (step t's argmax), its positions one past
 step t's, and the same block-table rows. The next one-token round uses it only if it is exactly the
@@ -16,8 +17,9 @@ step that runs instead writes again, or which sits in blocks given back only aft
 run it. So every token is the one the step-by-step path produces.
 
 A step is launched ahead only where nothing the host is about to learn could change it: every
-request greedy and without logprobs, none that this step could end by its budget, and no request that
-could be admitted first (one waiting while a slot is free: the next step would be its prefill). Each
+request greedy and without logprobs, none that a one-token step could end by its budget (a round: not
+all), and no request that could be admitted first (one waiting while a slot is free: the next step
+would be its prefill); while one is held the next step is that one, not a prefill. Each
 request must hold the KV blocks of the rows the launched step writes: they are taken then (the
 scheduler's growth one step early) where the free pool has them, so those steps launch ahead too, the
 block-table rows copied from pinned memory so the host does not wait for the step already running.
@@ -86,7 +88,7 @@ class DecodeRunner(Protocol):
     ) -> None: ...
     def decode(self, reqs: list[Request]): ...  # a SpanResult: .greedy [N] on the device
     def assign_blocks(self, reqs: Sequence[Request]) -> None: ...
-    def stage_round(self, reqs: list[Request], rows: torch.Tensor, k: int) -> None: ...
+    def stage_round(self, reqs: list[Request], rows: torch.Tensor, k: int, index: list[int]) -> None: ...
     def draft(self, reqs: list[Request], heads: int | None = None) -> torch.Tensor: ...
     def verify(self, reqs: list[Request], drafts: torch.Tensor, k: int, accept) -> tuple: ...
 
