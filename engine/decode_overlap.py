@@ -1,8 +1,11 @@
-"""One-token steps with the host's work under the device's: a plain decode step, a gated round under
-the static policy, or one the adaptive policy chose where its plan for the next round gates the same
-requests again, launches the step after it before it reads its own tokens, so the device
-runs step t + 1 while the host commits step t's tokens, reports, schedules and stages (otherwise
-0.1-0.3 ms a step with the device idle: the decode doc's host share).
+"""Steps with the host's work under the device's: a plain decode step, a gated round under the static
+policy, or one the adaptive policy chose where its plan for the next round gates the same requests
+again, launches the step after it before it reads its own tokens, so the device runs step t + 1 while
+the host commits step t's tokens, reports, schedules and stages (otherwise 0.1-0.3 ms a step with the
+device idle: the decode doc's host share). A uniform unhedged speculative round launches the next
+round the same way (its K: the static levers', or the adaptive policy's plan), its inputs staged on the
+device from this round's accept rows (ModelRunner.stage_round): each request's bonus token, committed
+rows + accepted + 1, budget and limit; it serves those of its requests still running (docs/design/engine.md).
 
 The step launched ahead takes its tokens from the device (step t's argmax), its positions one past
 step t's, and the same block-table rows. The next one-token round uses it only if it is exactly the
@@ -14,11 +17,12 @@ step that runs instead writes again, or which sits in blocks given back only aft
 run it. So every token is the one the step-by-step path produces.
 
 A step is launched ahead only where nothing the host is about to learn could change it: every
-request greedy and without logprobs, none at its last token, and no request that could be admitted
-first (one waiting while a slot is free: the next step would be its prefill). Each request must hold
-the KV block of the row it writes; at a block boundary that block is taken then (the scheduler's
-growth one step early) where the free pool has it, so those steps launch ahead too, its block-table
-row copied from pinned memory so the host does not wait for the step already running (runner.py).
+request greedy and without logprobs, none that a one-token step could end by its budget (a round: not
+all), and no request that could be admitted first (one waiting while a slot is free: the next step
+would be its prefill); while one is held the next step is that one, not a prefill. Each
+request must hold the KV blocks of the rows the launched step writes: they are taken then (the
+scheduler's growth one step early) where the free pool has them, so those steps launch ahead too, the
+block-table rows copied from pinned memory so the host does not wait for the step already running.
 """
 
 from __future__ import annotations
@@ -58,8 +62,9 @@ class HostTokens:
 @dataclass
 class Launched:
     """A step launched ahead: its requests, the committed rows each must have when it is used, its
-    tokens (on the device for the launch after it, and on their way to the host), and the previous
-    step's token copy (its `ready` event starts this step's device span)."""
+    tokens (a speculative round's accept rows: on the device for the launch after it, and on their way
+    to the host), and the previous step's copy (its `ready` event starts this step's device span).
+    k: the drafts a speculative round verifies (0: a one-token step); drafted: its drafter's end."""
 
     reqs: list[Request]
     num_kv: list[int]
@@ -67,6 +72,10 @@ class Launched:
     device_tokens: torch.Tensor
     tokens: HostTokens
     after: HostTokens
+    k: int = 0
+    result: object = None  # the speculative round's SpanResult
+    drafted: torch.cuda.Event | None = None
+    index: list[int] | None = None  # set by `take`: each request's row
 
 
 class DecodeRunner(Protocol):
@@ -79,10 +88,14 @@ class DecodeRunner(Protocol):
     ) -> None: ...
     def decode(self, reqs: list[Request]): ...  # a SpanResult: .greedy [N] on the device
     def assign_blocks(self, reqs: Sequence[Request]) -> None: ...
+    def stage_round(self, reqs: list[Request], rows: torch.Tensor, k: int, index: list[int]) -> None: ...
+    def draft(self, reqs: list[Request], heads: int | None = None) -> torch.Tensor: ...
+    def verify(self, reqs: list[Request], drafts: torch.Tensor, k: int, accept) -> tuple: ...
 
 
-# The scheduler's take_ahead: the blocks of one more row for these requests, or None where the pool is short.
-TakeBlocks = Callable[[list[Request]], list[Request] | None]
+# The scheduler's take_ahead(reqs, committed, speculative): the blocks of the step after `committed` more
+# rows per request, taken now; the requests that grew, or None where the pool is short.
+TakeBlocks = Callable[[list[Request], int, bool], list[Request] | None]
 
 
 class OverlappedDecode:
@@ -91,31 +104,41 @@ class OverlappedDecode:
         self.launched: Launched | None = None
         self.launches = self.used = 0  # steps launched ahead, and of them the ones a round used
 
-    def eligible(self, reqs: list[Request], admitting: bool) -> bool:
-        """Whether the step after this one (of these requests, about to be committed) can launch now.
-        Where a request lacks the block of the row that step writes, it takes it here."""
-        if not self.enabled or admitting:
+    def eligible(self, reqs: list[Request], admitting: bool, k: int = 0) -> bool:
+        """Whether the step after this one (of these requests, about to be committed; k: this speculative
+        round's drafts, 0 a one-token step) can launch now: not where a one-token step may end a request by
+        its budget, nor where a round may end every one. Where a request lacks the blocks of the rows that
+        step writes, it takes them here."""
+        if not self.enabled or admitting or not self.take_blocks:
             return False
-        if not all(r.params.greedy and r.params.logprobs is None and r.remaining >= 2 for r in reqs):
+        if not all(r.params.greedy and r.params.logprobs is None for r in reqs):
             return False
-        rows = self.runner.block_size
-        short = [r for r in reqs if len(r.blocks) * rows < r.num_kv + 2]
-        if not short:
-            return True
-        grown = self.take_blocks(short) if self.take_blocks else None
+        lasting = [r.remaining >= k + 2 for r in reqs]  # k + 2 tokens left: this step cannot end it
+        if not (any(lasting) if k else all(lasting)):
+            return False
+        grown = self.take_blocks(reqs, k + 1, k > 0)
         if grown is None:
             return False
-        self.runner.assign_blocks(grown)  # in stream order, before the step that writes there
+        if grown:
+            self.runner.assign_blocks(grown)  # in stream order, before the step that writes there
         return True
 
-    def take(self, reqs: list[Request], gated: bool) -> Launched | None:
-        """The step launched ahead if it is this round's step, else None; either way it is no longer held."""
+    def take(self, reqs: list[Request], gated: bool, k: int = 0) -> Launched | None:
+        """The step launched ahead if it is this round's step, else None; either way it is no longer held.
+        A speculative round's serves any of its requests still at the rows it assumed (the others ended):
+        `index` maps each request to its row there."""
         launched, self.launched = self.launched, None
-        if launched is None or launched.gated != gated or len(launched.reqs) != len(reqs):
+        if launched is None or launched.gated != gated or launched.k != k:
             return None
-        pairs = zip(reqs, launched.reqs, launched.num_kv, strict=True)
-        if any(a is not b or a.finished or a.num_kv != kv for a, b, kv in pairs):
+        if not k and len(launched.reqs) != len(reqs):
             return None
+        where = {id(r): i for i, r in enumerate(launched.reqs)}
+        index = [where.get(id(r), -1) for r in reqs]
+        if any(i < 0 or r.finished or r.num_kv != launched.num_kv[i] for r, i in zip(reqs, index, strict=True)):
+            return None
+        if not k and index != list(range(len(reqs))):
+            return None
+        launched.index = index
         self.used += 1
         return launched
 
@@ -128,5 +151,39 @@ class OverlappedDecode:
         self.launched = Launched(reqs, num_kv, gated, res.greedy, HostTokens.copy(res.greedy), before)
         self.launches += 1
 
+    def launch_round(
+        self, reqs: list[Request], rows: torch.Tensor, before: HostTokens, k: int, accept, index: list[int]
+    ) -> None:
+        """Launch the speculative round of span k for `reqs` after the one whose accept rows are `rows`
+        (row index[i] is reqs[i]'s; their copy to the host, `before`, already queued: this round's verify
+        graph overwrites them). The committed rows it assumes are known once this round settles (`settled`)."""
+        self.runner.stage_round(reqs, rows, k, index)
+        drafts = self.runner.draft(reqs, k)
+        drafted = _event(rows.device)
+        res, next_rows = self.runner.verify(reqs, drafts, k, accept)
+        self.launched = Launched(reqs, [], False, next_rows, HostTokens.copy(next_rows), before, k, res, drafted)
+        self.launches += 1
+
+    def settled(self, reqs: list[Request]) -> None:
+        """The round the held launch follows has committed: the launch assumed these committed rows."""
+        if self.launched is not None and self.launched.k:
+            self.launched.num_kv = [r.num_kv for r in reqs]
+
+    def holds(self) -> bool:
+        """A step launched ahead that the next step may use (a one-token step: none of its requests ended):
+        the next step should be that one, not a prefill (whose request waits one step; else it is dropped)."""
+        if self.launched is None:
+            return False
+        alive = [not r.finished for r in self.launched.reqs]
+        return any(alive) if self.launched.k else all(alive)
+
     def drop(self) -> None:
         self.launched = None
+
+
+def _event(device: torch.device) -> torch.cuda.Event | None:
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event

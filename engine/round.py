@@ -26,7 +26,7 @@ from engine.hedge import Hedger
 from engine.kernels.span_meta import ragged_spans
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy.choice import AdaptiveSpans, StaticSpans
+from engine.policy.choice import AdaptiveSpans, StaticSpans, ahead_key
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy, check_table
 from engine.ragged import ragged_verify
@@ -34,14 +34,9 @@ from engine.request import Request
 from engine.runner import ModelRunner, SpanResult
 from engine.sampler import sample_requests
 from engine.spec_stats import RoundOutcome, SpecStats
+from engine.staging import draft_limit
 from engine.timing import PhaseTimer
 from engine.trace import log_hedge, log_round
-
-
-def draft_limit(k: int, remaining: int) -> int:
-    """Drafts a request may accept: its budget left minus the bonus token, so a round never
-    overshoots max_tokens."""
-    return max(0, min(k, remaining - 1))
 
 
 def accept_rows(accept_prefix, drafts: torch.Tensor, targets: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
@@ -98,6 +93,7 @@ class Rounds:
         if adaptive and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
         self.levers = levers
+        self.overlap.drop()  # launched under the old levers
         self.hedger.configure(levers)
         if adaptive and self.adaptive is None:
             self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
@@ -179,44 +175,39 @@ class Rounds:
     # -- the speculative round -------------------------------------------------------------------------
     def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
-        admitting: as one_token's, for the gated round the policy may choose."""
-        runner = self.runner
+        admitting: as one_token's (no round launches ahead), also for the gated round the policy may choose."""
         chosen = self.spans.choose(reqs, self.levers, draining)
         ks = [chosen] * len(reqs) if isinstance(chosen, int) else chosen
         k = max(ks)
         if k == 0:
             self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
             return
+        # Only a uniform unhedged round launches its successor ahead, or uses one launched.
+        uniform = isinstance(chosen, int) and self.hedger.on is None and not self.spans.per_request
+        launched = self.overlap.take(reqs, False, k) if uniform else None
+        if not uniform:
+            self.overlap.drop()
         limits = [draft_limit(ki, r.remaining) for ki, r in zip(ks, reqs, strict=True)]
-        self._store_pending_context(reqs)
-        runner.stage(reqs, limits)
-        plan = self.hedger.plan(reqs, limits, k)
-        ragged = not plan and min(ks) != k  # a hedged round verifies 1 + k rows each, its limits <= K_i
-        starts: int | list[int] = 1 + k
-        if plan:
-            drafted = self.hedger.draft(reqs)
-            self._mark("draft")
-            res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
-            self._mark("target")
-        else:
-            drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
-            self._mark("draft")
-            if ragged:
-                out, device_rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)
-                res = SpanResult(*out)
-            else:
-                res, device_rows = runner.verify(reqs, drafts, k, self.accept)
+        if launched is None:
+            plan, res, rows, best, starts, k = self._launch(reqs, ks, limits, draining)
+            device_rows = rows if isinstance(rows, torch.Tensor) else None  # accepted on the device
+        else:  # its device span: from the previous round's rows copy to its own
+            plan, res, rows, best, starts = [], launched.result, launched.tokens, launched.index, 1 + k
+            device_rows = launched.device_tokens
             self.spans.launched(reqs, self.levers, draining, limits)
-            self._mark("target")
-            k = device_rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
-            if all(r.params.greedy for r in reqs):
-                rows = device_rows.tolist()
-            else:
-                drafts = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1]))[:, :k]
-                rows = self._accept_on_host(res, drafts, reqs, limits, ks if ragged else None)
-            best = list(range(len(reqs)))
+            if self.timer:
+                self.timer.span("draft", launched.after.ready, launched.drafted)
+                self.timer.span("target", launched.drafted, rows.ready)
+        after = self._next_k(reqs, draining) if device_rows is not None and uniform else 0
+        if after and self.overlap.eligible(reqs, admitting, k):
+            if launched is None:
+                rows = HostTokens.copy(device_rows)
+            self.overlap.launch_round(reqs, device_rows, rows, after, self.accept, best)
+        if not isinstance(rows, list):
+            rows = rows.tolist()
         kv_before = [r.num_kv for r in reqs]
         outcomes = [settle(r, rows[best[i]], k, limits[i]) for i, r in enumerate(reqs)]
+        self.overlap.settled(reqs)
         self.spans.settled(max(ks), reqs, limits, [o.accepted_draft for o in outcomes])
         record_logprobs(reqs, res.logits, starts, [o.committed for o in outcomes], best)
         hedges = self.hedger.settle(reqs, plan, res, rows, best, kv_before, 1 + k) if plan else {}
@@ -228,6 +219,45 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self.stats.count_round(outcomes, len(plan), len(hedges), wins, self.per_round)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
+
+    def _next_k(self, reqs: list[Request], draining: bool) -> int:
+        """The next round's K where the span choice knows it now (the static levers, or the adaptive policy's
+        plan for these requests, made once this round launched), else 0."""
+        if self.spans is self.static:
+            return self.static.choose(reqs, self.levers, draining)
+        ahead = self.spans.ahead
+        return ahead.decision.k if ahead and ahead.holds_for(reqs, ahead_key(self.levers, draining)) else 0
+
+    def _launch(self, reqs: list[Request], ks: list[int], limits: list[int], draining: bool) -> tuple:
+        """Draft and verify this round: (hedge plan, span result, accept rows: on the device where every
+        request is greedy and unhedged, else host lists, each request's row index, its first span rows
+        (logprobs), the rows' draft width)."""
+        runner, k = self.runner, max(ks)
+        self._store_pending_context(reqs)
+        runner.stage(reqs, limits)
+        plan = self.hedger.plan(reqs, limits, k)
+        ragged = not plan and min(ks) != k  # a hedged round verifies 1 + k rows each, its limits <= K_i
+        starts: int | list[int] = 1 + k
+        if plan:
+            drafted = self.hedger.draft(reqs)
+            self._mark("draft")
+            res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
+            self._mark("target")
+            return plan, res, rows, best, starts, k
+        drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
+        self._mark("draft")
+        if ragged:
+            out, rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)
+            res = SpanResult(*out)
+        else:
+            res, rows = runner.verify(reqs, drafts, k, self.accept)
+        self.spans.launched(reqs, self.levers, draining, limits)
+        self._mark("target")
+        k = rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
+        if not all(r.params.greedy for r in reqs):
+            drafts = torch.nn.functional.pad(drafts, (0, k - drafts.shape[1]))[:, :k]
+            rows = self._accept_on_host(res, drafts, reqs, limits, ks if ragged else None)
+        return plan, res, rows, list(range(len(reqs))), starts, k
 
     def _store_pending_context(self, reqs: list[Request]) -> None:
         """Rows a winning hedge chain handed over last round join the drafter's KV before it drafts."""

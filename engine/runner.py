@@ -27,8 +27,8 @@ from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.prefill import prefill as run_prefill
 from engine.prefill import staged_buffers
 from engine.request import Request
+from engine.staging import StagedInputs
 
-STAGED = ("token", "row", "num_kv", "limit")  # the staged per-request step inputs, in buffer order
 SHORT_KEYS = 2 * SPLIT_KEYS  # a decode whose sequences all fit runs on a table this wide: no extra splits
 # The accept rule (engine/round.py): (drafts [M, k], targets [M, k + 1], limits [M]) -> rows [M, 2k + 2].
 AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -78,13 +78,8 @@ class ModelRunner:
         self.decode_widths = sorted({min(-(-SHORT_KEYS // block_size), max_blocks_per_seq), max_blocks_per_seq})
         self.chain_row0 = max_num_seqs + 1
         self.graphs = StepGraphs(use_graphs, sorted(set(batch_buckets(max_num_seqs + chain_rows)) | {max_num_seqs}))
-        # The staged step inputs, one field per row: current token, table row, committed rows, limit.
         width = max(self.graphs.buckets)
-        pinned = self.device.type == "cuda"
-        self.staged = torch.zeros(len(STAGED), width, dtype=torch.int64, device=self.device)
-        self._staged_host = torch.zeros(len(STAGED), width, dtype=torch.int64, pin_memory=pinned)
-        self._staged_copied = torch.cuda.Event() if pinned else None
-        self._staged_for: list[Request] | None = None
+        self.inputs = StagedInputs(width, self.device, self.null_row)
         self._last_drafts: torch.Tensor | None = None
         rows = width * (1 + (drafter.cfg.block_size if drafter is not None else 0)) if self.graphs.enabled else 0
         logits = torch.empty(rows, target.lm_head.shape[0], dtype=self.dtype, device=self.device)
@@ -114,27 +109,27 @@ class ModelRunner:
             [r.slot for r in reqs] + [self.null_row] * pad,
             kv + [0] * pad,
             (list(limits) if limits is not None else [0] * n) + [0] * pad,
+            [r.remaining for r in reqs] + [0] * pad,
         ]
-        if self._staged_copied is not None:
-            self._staged_copied.synchronize()  # the pinned buffer's previous copy has left
-        self._staged_host[:, : n + pad] = torch.tensor(fields, dtype=torch.int64)
-        self.staged.copy_(self._staged_host, non_blocking=True)
-        if self._staged_copied is not None:
-            self._staged_copied.record()
+        self.inputs.copy(reqs, fields)
         if next_tokens is not None:  # in stream order: after the launched step wrote them, before the next reads
-            self.staged[STAGED.index("token"), :n].copy_(next_tokens)
-        self._staged_for = reqs
+            self.field("token", n).copy_(next_tokens)
+
+    def stage_round(self, reqs: list[Request], rows: torch.Tensor, k: int, index: list[int]) -> None:
+        """The speculative round after the staged one, for reqs[i] = its request index[i], staged on the
+        device from its accept rows (StagedInputs.advance_round)."""
+        same = index == list(range(rows.shape[0]))
+        self.inputs.advance_round(reqs, rows, k, None if same else self.to_device(index))
 
     def reset(self) -> None:
         """Forget the staged step and the last drafts after a failed step (the next step restages)."""
-        self._staged_for = self._last_drafts = None
+        self.inputs.reqs = self._last_drafts = None
 
     def _check_staged(self, reqs: list[Request]) -> None:
-        if self._staged_for is not reqs and self._staged_for != reqs:
-            raise RuntimeError("stage(reqs) must run before a decode, draft or verify of the same requests")
+        self.inputs.check(reqs)
 
     def field(self, name: str, m: int) -> torch.Tensor:
-        return self.staged[STAGED.index(name), :m]
+        return self.inputs.field(name, m)
 
     def assign_blocks(self, reqs: Sequence[Request]) -> None:
         """The requests' block-table rows, one copy from pinned memory: no wait for a step launched ahead."""

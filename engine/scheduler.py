@@ -117,9 +117,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> Step | None:
-        admitted = self._admit()
-        if admitted:
+    def schedule(self, admit: bool = True) -> Step | None:
+        """The next step: a prefill of the requests admitted now (admit False: none while a running
+        request can take a decode-side step), else a decode-side step of every running request past its
+        prefill."""
+        if (admit or not any(r.output_ids for r in self.running)) and (admitted := self._admit()):
             return Step(Plan.PREFILL, admitted, admitted)
         grown: list[Request] = []
         while True:
@@ -130,16 +132,20 @@ class Scheduler:
             if self._grow(decode, self.round_rows if plan is Plan.SPECULATIVE else 1, grown):
                 return Step(plan, decode, [r for r in dict.fromkeys(grown) if r in self.running])
 
-    def take_ahead(self, reqs: list[Request]) -> list[Request] | None:
-        """The blocks of one more one-token step past the next, taken now for a step launched ahead
+    def take_ahead(self, reqs: list[Request], committed: int, speculative: bool) -> list[Request] | None:
+        """The blocks of the step after up to `committed` more rows per request (its budget caps them; a
+        speculative round's or a one-token step's), taken now for a step launched ahead
         (engine/decode_overlap.py): the requests that grew, or None where the free pool is short (then
         nothing is taken, and the next schedule grows or preempts as it would have)."""
-        return self._grow_from_free(reqs, 2)
+        step = self.round_rows if speculative else 1
+        return self._take(reqs, [self._shortfall(r, min(committed, r.remaining) + step) for r in reqs])
 
     def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
         """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the
         requests that grew, else None (nothing taken)."""
-        needs = [self._shortfall(r, rows) for r in reqs]
+        return self._take(reqs, [self._shortfall(r, rows) for r in reqs])
+
+    def _take(self, reqs: list[Request], needs: list[int]) -> list[Request] | None:
         if sum(needs) > self.blocks.num_free:
             return None
         grown = []

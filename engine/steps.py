@@ -28,7 +28,7 @@ class Steps:
         """One scheduled step; the requests it touched. no_more_requests: none will come until the
         running ones finish (a draining wave, when none waits either)."""
         start, captures = time.perf_counter(), self.runner.graphs.captures
-        step = self.scheduler.schedule()
+        step = self.scheduler.schedule(admit=not self.rounds.overlap.holds())
         if step is None:
             if self.scheduler.has_work():  # an invariant broke: fail loudly rather than spin
                 raise RuntimeError(f"no step can run with requests waiting: {self.scheduler.describe()}")

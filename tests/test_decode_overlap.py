@@ -278,3 +278,22 @@ def test_gpu_block_rows_are_assigned_without_waiting_for_the_stream(tiny_target)
     for r in reqs:
         row = engine.runner.block_tables[r.slot].tolist()
         assert row[: len(r.blocks)] == r.blocks and not any(row[len(r.blocks) :])
+
+
+def test_an_arrival_waits_one_step_for_the_step_launched_ahead(tiny_target, one_thread):
+    """A request that arrives while a decode step is launched ahead is prefilled after that step, not
+    before it (it would drop it): every step launched is used, and the tokens are the step-by-step ones."""
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    held = []
+
+    def script(engine: Engine, n: int) -> None:
+        if n in (0, 5):
+            for p in PROMPTS[:2] if n == 0 else PROMPTS[2:3]:
+                engine.add_request(p, params)
+        if engine.rounds.overlap.enabled:
+            held.append(engine.rounds.overlap.holds())
+
+    out, engine = both(tiny_target, script, kv_block_size=16)
+    assert sorted(len(t) for t, _, _ in out.values()) == [12, 12, 12]
+    ov = engine.rounds.overlap
+    assert held[5] and ov.used == ov.launches > 0

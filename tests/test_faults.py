@@ -114,7 +114,7 @@ def test_an_unattributed_fault_fails_the_running_requests_and_the_engine_recover
 
 def test_a_step_that_cannot_run_raises_instead_of_spinning(tiny_target, monkeypatch):
     engine = _engine(tiny_target)
-    monkeypatch.setattr(engine.scheduler, "schedule", lambda: None)  # a broken invariant: work, no step
+    monkeypatch.setattr(engine.scheduler, "schedule", lambda admit=True: None)  # a broken invariant: work, no step
     engine.add_request(PROMPTS[0], GREEDY)
     with pytest.raises(RuntimeError, match="no step can run"):
         engine.step()

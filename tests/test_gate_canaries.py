@@ -49,16 +49,22 @@ def test_a_target_that_moved_is_named():
 
 
 def test_plant_replaces_exactly_the_targets(monkeypatch):
+    import torch
+
     import engine.policy.choice as choice
     import engine.round as rounds
+    import engine.staging as staging
 
     monkeypatch.setattr(choice, "round_drafts", choice.round_drafts)  # undone after the test
     monkeypatch.setattr(rounds, "draft_limit", rounds.draft_limit)
+    monkeypatch.setattr(staging, "draft_limit", staging.draft_limit)
+    budgets = torch.tensor([3, 1, 9])
     assert (choice.round_drafts(7, 2), rounds.draft_limit(7, 3)) == (2, 2)
+    assert staging.draft_limit(7, budgets).tolist() == [2, 0, 7]
     plant("trim-leak")
     assert (choice.round_drafts(7, 2), choice.round_drafts(7, 0), rounds.draft_limit(7, 3)) == (3, 7, 2)
-    plant("budget-overrun")
-    assert rounds.draft_limit(7, 3) == 3
+    plant("budget-overrun")  # the host's limits and those staged on the device for a round launched ahead
+    assert rounds.draft_limit(7, 3) == 3 and staging.draft_limit(7, budgets).tolist() == [3, 1, 7]
 
 
 def test_the_stop_canary_lets_an_accepted_run_go_on_past_its_stop_token(monkeypatch):

@@ -108,10 +108,10 @@ def test_take_ahead_grows_for_the_row_after_the_next_or_takes_nothing():
     a.prefilled(1, context_stored=False)  # num_kv 3: rows 3 and 4 span a boundary
     b.prefilled(1, context_stored=False)  # num_kv 4: rows 4 and 5 lie in its second block
     assert s.schedule().grown == [b] and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [1, 2, 2]
-    assert s.take_ahead([a, b]) == [a] and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
-    assert s.take_ahead([a, b]) == []  # both hold rows num_kv and num_kv + 1 now
+    assert s.take_ahead([a, b], 1, False) == [a] and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
+    assert s.take_ahead([a, b], 1, False) == []  # both hold rows num_kv and num_kv + 1 now
     a.num_kv = b.num_kv = 7  # rows 7 and 8: a third block each, one free
-    assert s.take_ahead([a, b]) is None and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
+    assert s.take_ahead([a, b], 1, False) is None and [len(a.blocks), len(b.blocks), s.blocks.num_free] == [2, 2, 1]
 
 
 def test_gate_and_not_ready_from_request_state():

@@ -2,7 +2,9 @@
 
 An oracle drafter proposes the plain-greedy continuation, corrupted at a chosen draft position,
 so every round's acceptance is known in advance. The real drafter still runs (its state must stay
-consistent); only the tokens it proposes are replaced.
+consistent); only the tokens it proposes are replaced. The oracle reads each request's committed
+tokens when it drafts, so rounds run one by one (decode_overlap=False: no round drafts before the one
+before it has committed).
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ def plain(tiny_target):
 
 def spec_engine(tiny_target, tiny_drafter, plain, corrupt_at: int | None, **levers) -> Engine:
     engine = Engine(
-        EngineConfig(model=str(tiny_target), draft_model=str(tiny_drafter), device="cpu", trace=True, levers=levers)
+        EngineConfig(
+            model=str(tiny_target),
+            draft_model=str(tiny_drafter),
+            device="cpu",
+            trace=True,
+            levers=levers,
+            decode_overlap=False,
+        )
     )
     real_draft = engine.runner.draft
 

@@ -53,8 +53,9 @@ def test_staggered_finishes_prefill_each_replacement_as_it_comes():
     c = costs()
     # 2 slots, 3 requests of 7 tokens, 2 drafts: draws 2,0 | 2,2 | 0,1 | ... (capped at the tokens left).
     got = simulate_closed_loop(c, 2, 3, 7, drafts=2, draws=iter([2, 0, 2, 2, 0, 1, 2, 2, 2]))
-    # left after prefill 6, 6 -> 3, 5 -> 0, 2 (first done) -> prefill the third -> 1 (of 2), 6 -> ...
-    assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1), (SPEC, 2), (SPEC, 2), (SPEC, 1)]
+    # left after prefill 6, 6 -> 3, 5 -> 0, 2 (first done; the round launched after it runs for the second
+    # before the third's prefill) -> 1 -> prefill the third -> 0, 3 -> 0
+    assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (SPEC, 1), (PREFILL, 1), (SPEC, 2), (SPEC, 1)]
     assert got.tokens == 21
 
 
@@ -66,13 +67,16 @@ def test_per_request_draws_follow_each_request_by_admission_and_output():
         return 2 if i == 0 else 0  # request 0 always gets both drafts right, the others none
 
     # 2 slots, 3 requests of 7 tokens, 2 drafts: request 0 commits 3 a round (6 -> 3 -> 0 left), the
-    # others 1; the third is prefilled when request 0 is done and outlives request 1 by two rounds.
+    # others 1; the third is prefilled one round after request 0 is done (the round launched ahead runs
+    # first) and outlives request 1 by three rounds.
     got = simulate_closed_loop(costs(), 2, 3, 7, drafts=2, accepted=accepted)
-    assert got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1)] + [(SPEC, 2)] * 4 + [(SPEC, 1)] * 2
+    assert (
+        got.steps == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (SPEC, 1), (PREFILL, 1)] + [(SPEC, 2)] * 3 + [(SPEC, 1)] * 3
+    )
     assert got.tokens == 21
-    assert seen[:6] == [(0, 1), (1, 1), (0, 4), (1, 2), (1, 3), (2, 1)]  # (admission index, tokens out)
+    assert seen[:7] == [(0, 1), (1, 1), (0, 4), (1, 2), (1, 3), (1, 4), (2, 1)]  # (admission index, tokens out)
     one = simulate_closed_loop(costs(), 2, 3, 7, drafts=1, accepted=accepted)  # capped at K: 2 a round
-    assert one.steps[:5] == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (SPEC, 2), (PREFILL, 1)]
+    assert one.steps[:6] == [(PREFILL, 2), (SPEC, 2), (SPEC, 2), (SPEC, 2), (SPEC, 1), (PREFILL, 1)]
 
 
 def test_buckets_pad_the_device_term_and_a_gate_makes_rounds_gated():
@@ -99,17 +103,24 @@ def test_bad_loads_and_uncalibrated_engines_are_refused():
 
 class RecordedDraws:
     """Wraps the installed modelled drafter: the accepted-draft count it placed in each request-round's
-    drafts (the leading positions equal to the current token), in the order the engine drew them."""
+    drafts (the leading positions equal to the current token), by request and tokens output (read from
+    the staged inputs: a round launched ahead drafts before the host commits the round before it)."""
 
     def __init__(self, engine: Engine):
-        self.runner, self.inner, self.draws = engine.runner, engine.runner.draft, []
-        self.runner.draft = self
+        self.runner, self.inner, self.draws = engine.runner, engine.runner.draft, {}
+        self.runner.draft, self.first = self, engine._next_index  # the run's first request
 
     def __call__(self, reqs, heads=None):
         drafts = self.inner(reqs, heads)
-        token = self.runner.field("token", len(reqs))
-        self.draws += (drafts == token[:, None]).to(torch.int64).cumprod(1).sum(1).tolist()
+        token, num_kv = self.runner.field("token", len(reqs)), self.runner.field("num_kv", len(reqs)).tolist()
+        got = (drafts == token[:, None]).to(torch.int64).cumprod(1).sum(1).tolist()
+        for r, kv, n in zip(reqs, num_kv, got, strict=True):
+            self.draws[r.index, kv + 1 - len(r.prompt_ids)] = n
         return drafts
+
+    def accepted(self, i: int, generated: int) -> int:
+        """The sim's draw: request i of the run (admission order), at `generated` tokens out."""
+        return self.draws[self.first + i, generated]
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +144,7 @@ def test_the_replay_steps_like_the_engine(engines, label):
     finally:
         engines["spec"].runner.draft = recorder.inner  # the modelled drafter again
     drafts = arm_drafts(arm, engines["spec"].drafts_per_round)
-    sim = simulate_closed_loop(costs(), 3, 7, 11, drafts, gate=arm.gate, draws=iter(recorder.draws))
+    sim = simulate_closed_loop(costs(), 3, 7, 11, drafts, gate=arm.gate, accepted=recorder.accepted)
     assert sim.steps == [(s.plan, s.batch) for s in res.steps]
     assert sim.tokens == res.output_tokens == 7 * 11
     if not arm.is_plain and not arm.gate:  # acceptance staggers the finishes: replacements prefill alone

@@ -27,6 +27,7 @@ class StaticSpans:
     """K = the drafter's drafts per round, trimmed by MAX_DRAFTS."""
 
     policy: SpanPolicy | None = None
+    per_request = False
 
     def __init__(self, per_round: int):
         self.per_round = per_round

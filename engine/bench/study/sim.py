@@ -1,6 +1,7 @@
 """The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots, finished
-requests replaced by one prefill, each speculative request-round committing a draw (the profile's or
-the drafter's own: draws.py); an arm's tok/s and the (plan, batch) steps it replayed."""
+requests replaced by one prefill (after the round launched ahead, where one is: engine/decode_overlap.py),
+each speculative request-round committing a draw (the profile's or the drafter's own: draws.py); an
+arm's tok/s and the (plan, batch) steps it replayed."""
 
 from __future__ import annotations
 
@@ -55,8 +56,10 @@ def simulate_closed_loop(
     engine = "plain" if drafts is None else "spec"
     res = SimResult()
     waiting, running, ids = requests, [], []  # running: tokens left; ids: admission indices
+    held = False  # a speculative round launched ahead: the next step runs it before any prefill
     while waiting or running:
-        if waiting and len(running) < concurrency:
+        admitting = bool(waiting) and len(running) < concurrency
+        if admitting and not held:
             n = min(concurrency - len(running), waiting)
             ids += range(requests - waiting, requests - waiting + n)
             waiting -= n
@@ -80,6 +83,10 @@ def simulate_closed_loop(
                 policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
             if plan == Plan.SPECULATIVE.value:
                 limits = [min(k, left - 1) for left in running]
+                useful = (
+                    policy is None or max(left - 1 - lim for left, lim in zip(running, limits, strict=True)) > drafts
+                )
+                held = not admitting and useful and any(left >= k + 2 for left in running)
                 got = [min(draw(i, left, k), limit) for i, left, limit in zip(ids, running, limits, strict=True)]
                 if policy is not None:
                     policy.observe(limits, got)
@@ -90,6 +97,7 @@ def simulate_closed_loop(
                     policy.gated()
             res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
+            held = plan == Plan.SPECULATIVE.value and held and any(left > 0 for left in running)
         ids = [i for i, left in zip(ids, running, strict=True) if left > 0]
         running = [left for left in running if left > 0]
     return res
