@@ -85,16 +85,13 @@ def _trim_leak(orig: dict[str, Any]) -> dict[str, Any]:
     return {"engine.policy.choice:round_drafts": round_drafts}
 
 
-_LIMIT_TARGETS = ("engine.round:draft_limit", "engine.staging:draft_limit")
-
-
 def _budget_overrun(orig: dict[str, Any]) -> dict[str, Any]:
     """The accept limit forgets the bonus token: a round may accept its whole remaining budget."""
 
     def draft_limit(k: int, remaining):  # on host budgets, and on the device's for a round launched ahead
         return remaining.clamp(0, k) if hasattr(remaining, "clamp") else max(0, min(k, remaining))
 
-    return dict.fromkeys(_LIMIT_TARGETS, draft_limit)
+    return dict.fromkeys(orig, draft_limit)
 
 
 def _stops_at_round_end(field: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -255,7 +252,7 @@ CANARIES: dict[str, Canary] = {
             "an accept limit that ignores the bonus token (a round overruns the budget)",
             _CASE["known-default-levers"],
             "the accept limit ignores the remaining budget",
-            _LIMIT_TARGETS,
+            ("engine.round:draft_limit", "engine.staging:draft_limit"),
             _budget_overrun,
         ),
         Canary(
