@@ -80,16 +80,16 @@ def test_a_stop_token_mid_batch_drops_the_launched_step(tiny_target, one_thread)
     assert engine.rounds.overlap.launches > engine.rounds.overlap.used  # the step after the stop was dropped
 
 
-def admit_and_abort(max_tokens: int, admit_at: int, abort_at: int):
+def admit_and_abort(max_tokens: int, admit_at: int, abort_at: int, prompts=PROMPTS):
     """Two requests from the start, a third admitted before step admit_at, the first aborted before
     step abort_at."""
     long, ids = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), []
 
     def script(engine: Engine, n: int) -> None:
         if n == 0:
-            ids.extend(engine.add_request(p, long) for p in PROMPTS[:2])
+            ids.extend(engine.add_request(p, long) for p in prompts[:2])
         if n == admit_at:
-            engine.add_request(PROMPTS[2], long)
+            engine.add_request(prompts[2], long)
         if n == abort_at:
             engine.abort(ids[0])
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import Engine, EngineConfig, SamplingParams
-from tests.test_decode_overlap import run, submit_at
+from tests.test_decode_overlap import admit_and_abort, run, submit_at
 
 
 @pytest.fixture(scope="module")
@@ -72,23 +72,9 @@ def test_a_stop_token_and_a_stop_string_end_requests_where_plain_decode_would(sh
     assert launched_rounds(engine)[1] > 0
 
 
-def admit_and_abort(prompts, admit_at: int, abort_at: int):
-    long, ids = greedy(40), []
-
-    def script(engine: Engine, n: int) -> None:
-        if n == 0:
-            ids.extend(engine.add_request(p, long) for p in prompts[:2])
-        if n == admit_at:
-            engine.add_request(prompts[2], long)
-        if n == abort_at:
-            engine.abort(ids[0])
-
-    return script
-
-
 @pytest.mark.parametrize(("admit_at", "abort_at"), [(3, 6), (4, 4)])
 def test_requests_admitted_and_aborted_between_rounds(shipped_tiny, prompts, one_thread, admit_at, abort_at):
-    out, engine = both(shipped_tiny, admit_and_abort(prompts, admit_at, abort_at))
+    out, engine = both(shipped_tiny, admit_and_abort(40, admit_at, abort_at, prompts))
     assert sorted(reason for _, reason, _ in out.values()) == ["abort", "length", "length"]
     assert launched_rounds(engine)[1] > 0
 
