@@ -23,10 +23,11 @@ stage() { CAP[$1]=$2; HELP[$1]=$3; ORDER+=("$1"); }
 needs_pair() { [ -f "$PAIR/manifest.json" ] || { echo "no pair at $PAIR: run small-build first (or set PAIR)"; return 3; }; }
 sets() { for kv in ${BUILD_SET:-}; do printf -- '--set %s ' "$kv"; done; }
 
-stage gpu-tests 210 "GPU tests: kernels, engine, hedging, drafter context (skips on CPU say why); GPU_TESTS=\"FILES\" runs those instead"
+stage gpu-tests 240 "GPU tests: kernels, engine, hedging, drafter context, steps launched ahead, prefill (skips on CPU say why); GPU_TESTS=\"FILES\" runs those instead"
 run_gpu_tests() {
   python3 -m pytest ${GPU_TESTS:-tests/test_kernels*.py tests/test_engine_gpu.py tests/test_hedge_gpu.py \
-    tests/test_draft_context.py} -q -rs -n 3 -p no:cacheprovider
+    tests/test_draft_context.py tests/test_decode_overlap.py tests/test_spec_overlap.py tests/test_prefill.py} \
+    -q -rs -n 3 -p no:cacheprovider
 }
 stage suite 300 "the whole suite (CPU tests, GPU tests, gates) on the device; the gate's record in logs/levers-gate-h200.md"
 run_suite() {
