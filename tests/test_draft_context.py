@@ -49,6 +49,18 @@ def test_a_draft_window_drafts_like_the_reference_shown_its_last_rows(pair, prom
     assert drafts != engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, kv_block_size=1)[2]  # it bites
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend, CUDA graphs)")
+def test_gpu_a_draft_window_under_graphs_changes_drafts_not_tokens(pair, prompt_ids):
+    """The window's table gather and key counts are captured in the draft graph: fp32 on the triton backend,
+    the tokens are those without a window (the target verifies everything) and the drafts differ."""
+    target_dir, drafter_dir = pair
+    cfg = dict(device="cuda", backend="triton", dtype="float32", kv_block_size=16)
+    _, outs, drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, draft_window=16, **cfg)
+    engine, full_outs, full_drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, **cfg)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in full_outs] and drafts != full_drafts
+    assert engine.runner.graphs.captured
+
+
 def test_last_keys_reads_whole_blocks_from_the_one_holding_the_first_key_kept():
     from engine.models.layers import AttnMeta, last_keys
 
