@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from engine.config import BACKENDS, DEVICES, DTYPES, EngineConfig
-from engine.knobs import parse_lever
+from engine.knobs import parse_count, parse_lever
 from engine.levers import env_name, lever_doc, lever_names
 
 
@@ -35,6 +35,8 @@ def add_engine_args(parser: argparse.ArgumentParser, default_model: Path, drafte
     parser.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--backend", default="auto", choices=BACKENDS, help="auto: triton on cuda, torch on cpu")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="run every step eagerly (no graph capture)")
+    window = flag_type("--draft-window", parse_count)
+    parser.add_argument("--draft-window", type=window, default=0, help="the drafter's last N context rows (0: all)")
     for name in lever_names():
         flag = "--" + name.replace("_", "-")
         parse = flag_type(flag, partial(_lever, name))
@@ -55,6 +57,7 @@ def engine_config(args: argparse.Namespace, **fields: object) -> EngineConfig:
         dtype=args.dtype,
         backend=args.backend,
         cuda_graphs=not args.no_cuda_graphs,
+        draft_window=args.draft_window,
         levers=levers,
         **fields,
     )

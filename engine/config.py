@@ -72,12 +72,15 @@ class EngineConfig:
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
     backend: str = "auto"  # auto: triton on cuda, torch on cpu
     cuda_graphs: bool = True
-    decode_overlap: bool = True  # plain greedy decode launches its next step before reading its tokens
+    decode_overlap: bool = True  # greedy decode and speculative rounds launch their next step first
     batch_invariant: bool = False
     max_num_seqs: int = 64
     max_model_len: int | None = None  # default: min(model limits, 4096)
     max_num_batched_tokens: int = 8192
     kv_block_size: int = 16
+    # The drafter attends to its last draft_window context rows (and up to kv_block_size - 1 more: whole
+    # KV blocks); 0: to all of them. A drafter trained short loses acceptance past its training length.
+    draft_window: int = 0
     # Blocks allocated in all, of kv_block_size tokens: block 0 is reserved (padded rows point at it)
     # and the hedge scratch comes out of them too, so N gives N - 1 - scratch usable blocks.
     # Default: enough for max_num_seqs x max_model_len, within memory.
@@ -104,6 +107,7 @@ class EngineConfig:
             _check_bool("EngineConfig", "trace", self.trace)
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
             setattr(self, name, _check_int("EngineConfig", name, getattr(self, name), 1))
+        self.draft_window = _check_int("EngineConfig", "draft_window", self.draft_window, 0, note=" (0: no window)")
         if self.max_model_len is not None:
             self.max_model_len = _check_int("EngineConfig", "max_model_len", self.max_model_len, 2)
         if self.num_kv_blocks is not None:

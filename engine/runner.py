@@ -21,7 +21,7 @@ from engine.graphs import StepGraphs, batch_buckets
 from engine.kernels.attention import SPLIT_KEYS
 from engine.kv_cache import allocate_kv_cache
 from engine.models.dflash import DFlashDrafter
-from engine.models.layers import AttnMeta
+from engine.models.layers import AttnMeta, last_keys
 from engine.models.markov import markov_walk
 from engine.models.qwen3 import Qwen3ForCausalLM
 from engine.prefill import prefill as run_prefill
@@ -56,8 +56,9 @@ class ModelRunner:
         use_graphs: bool,
         chain_rows: int = 0,
         shared_kv: list | None = None,  # another runner's target KV (Engine(kv_from=))
+        draft_window: int = 0,  # the drafter's context rows attended (whole blocks from the last ones); 0: all
     ):
-        self.target, self.drafter = target, drafter
+        self.target, self.drafter, self.draft_window = target, drafter, draft_window
         self.device, self.dtype, self.ops, self.block_size = target.device, target.dtype, target.ops, block_size
         g = target.g
         self.kv = shared_kv or allocate_kv_cache(
@@ -280,6 +281,8 @@ class ModelRunner:
         ids = torch.full((m, b), cfg.mask_token_id, dtype=torch.int64, device=self.device)
         ids[:, 0] = anchors
         positions, meta = self._span_meta(self.field("row", m), self.field("num_kv", m), b, causal=False)
+        if self.draft_window:
+            meta = last_keys(meta, self.draft_window + b, self.block_size)
         hidden = self.drafter.forward_block(ids.reshape(-1), positions, meta, self.draft_kv)
         first = 0 if cfg.anchor_first else 1
         logits = self.target.logits(hidden.view(m, b, -1)[:, first : first + d].reshape(m * d, -1))

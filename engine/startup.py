@@ -112,6 +112,7 @@ def build_runner(
         use_graphs=use_graphs,
         chain_rows=chains,
         shared_kv=shared_kv,
+        draft_window=config.draft_window,
     )
     scratch = ScratchKV(runner, pool, chains, per_chain) if chains else None
     return runner, BlockManager(pool, bs), scratch

@@ -33,10 +33,16 @@ def engine_drafts(target, drafter, prompts: Sequence, budgets: Sequence[int], **
     return engine, outs, [seen.get(o.request_id, []) for o in outs]
 
 
-def reference_drafts(target_dir, drafter_dir, prompts: Sequence, budgets: Sequence[int]):
-    """(tokens, drafts per round) of the reference loop; its tokens must equal plain greedy."""
+def reference_drafts(target_dir, drafter_dir, prompts: Sequence, budgets: Sequence[int], window: int = 0):
+    """(tokens, drafts per round) of the reference loop; its tokens must equal plain greedy. window: the
+    drafter is shown only its last `window` context rows (0: all)."""
     target = HFQwen3.from_pretrained(str(target_dir), dtype=torch.float32).eval()
     drafter = DFlashDraftModel.from_pretrained(drafter_dir).eval()
+    if window:
+        forward = drafter.forward
+        drafter.forward = lambda x, ctx, pos, ctx_pos, mask=None: forward(
+            x, ctx[:, -window:], pos, ctx_pos[:, -window:]
+        )
     tokens, drafts = [], []
     for p, budget in zip(prompts, budgets, strict=True):
         seen: list[list[int]] = []

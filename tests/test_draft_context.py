@@ -39,6 +39,38 @@ def test_engine_drafts_like_the_reference_loop(pair, prompt_ids):
     assert sum(map(len, drafts)) > 10 and engine.stats.draft_tokens_accepted > 0
 
 
+def test_a_draft_window_drafts_like_the_reference_shown_its_last_rows(pair, prompt_ids):
+    """EngineConfig.draft_window on one-row KV blocks: the drafter attends to exactly its last W context
+    rows (and its block), as the reference loop shown only those rows does; the tokens stay plain greedy's."""
+    target_dir, drafter_dir = pair
+    _, outs, drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, kv_block_size=1, draft_window=24)
+    ref_tokens, ref_drafts = reference_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, window=24)
+    assert [o.token_ids for o in outs] == ref_tokens and drafts == ref_drafts
+    assert drafts != engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, kv_block_size=1)[2]  # it bites
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (triton backend, CUDA graphs)")
+def test_gpu_a_draft_window_under_graphs_changes_drafts_not_tokens(pair, prompt_ids):
+    """The window's table gather and key counts are captured in the draft graph: fp32 on the triton backend,
+    the tokens are those without a window (the target verifies everything) and the drafts differ."""
+    target_dir, drafter_dir = pair
+    cfg = dict(device="cuda", backend="triton", dtype="float32", kv_block_size=16)
+    _, outs, drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, draft_window=16, **cfg)
+    engine, full_outs, full_drafts = engine_drafts(target_dir, drafter_dir, prompt_ids, BUDGETS, **cfg)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in full_outs] and drafts != full_drafts
+    assert engine.runner.graphs.captured
+
+
+def test_last_keys_reads_whole_blocks_from_the_one_holding_the_first_key_kept():
+    from engine.models.layers import AttnMeta, last_keys
+
+    tables = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]], dtype=torch.int32)
+    meta = AttnMeta(torch.tensor([3, 4]), tables, torch.tensor([40, 10], dtype=torch.int32), torch.tensor([0, 1, 2]), 1)
+    kept = last_keys(meta, 20, 16)  # 40 keys: from block 1 (key 16) on, 24 of them; 10 keys: all
+    assert kept.block_tables.tolist() == [[6, 7, 8, 8], [9, 10, 0, 0]] and kept.seq_lens.tolist() == [24, 10]
+    assert kept.slot_mapping is meta.slot_mapping and meta.seq_lens.tolist() == [40, 10]  # nothing moved
+
+
 @pytest.mark.parametrize("max_batch", [0, 3], ids=["speculating", "gated-then-speculating"])
 def test_context_kv_equals_hf_features_after_every_step(pair, prompt_ids, max_batch):
     target_dir, drafter_dir = pair

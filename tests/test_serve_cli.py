@@ -44,6 +44,17 @@ def test_lever_flags_reach_the_engine_config():
     args = _parser().parse_args(["serve", "--max-batch", "4", "--hedge-positions", "0,2", "--hedge-auto", "1"])
     config = engine_config(args)
     assert dict(config.levers) == {"max_batch": 4, "hedge_positions": (0, 2), "hedge_auto": True}
+    assert (
+        config.draft_window == 0
+        and engine_config(_parser().parse_args(["serve", "--draft-window", "256"])).draft_window == 256
+    )
+
+
+@pytest.mark.parametrize("raw", ["-1", "2.5", "all"])
+def test_a_bad_draft_window_is_refused_naming_the_flag(raw, capsys):
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--draft-window", raw])
+    assert "--draft-window" in capsys.readouterr().err
     # unset flags are left out, so the environment supplies them
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,6 +22,17 @@ class AttnMeta:
     query_start_loc: torch.Tensor  # [B+1] int32
     max_query_len: int
     causal: bool = True
+
+
+def last_keys(meta: AttnMeta, keep: int, block_size: int) -> AttnMeta:
+    """The same queries over each sequence's last `keep` keys only, or up to block_size - 1 more (whole
+    KV blocks): its table from the block holding key seq_len - keep on. Keys carry their RoPE already, so
+    only which keys are read changes; no write moves (slot_mapping stays)."""
+    tables, width = meta.block_tables, meta.block_tables.shape[1]
+    first = (meta.seq_lens - keep).clamp(min=0) // block_size
+    columns = (first[:, None] + torch.arange(width, device=tables.device)).clamp(max=width - 1)
+    lens = meta.seq_lens - (first * block_size).to(torch.int32)
+    return replace(meta, block_tables=tables.gather(1, columns), seq_lens=lens)
 
 
 @dataclass
