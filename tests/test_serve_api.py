@@ -160,3 +160,4 @@ def test_metrics_show_speculation(server, client):
     assert metric(server, "rounds_total") > 0 and metric(server, "tau") > 1
     for name in ("gated_rounds_total", "preemptions_total", "hedge_chains_total", "lever_max_batch"):
         assert metric(server, name) >= 0
+    assert metric(server, "launched_ahead_total") >= metric(server, "launched_ahead_used_total") > 0

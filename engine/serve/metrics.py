@@ -18,6 +18,11 @@ _COUNTER_HELP = {
     "completion_tokens": "completion tokens of finished requests",
     "steps": "engine steps run",
 }
+_OTHER_COUNTERS = {
+    "preemptions": "requests preempted (KV recompute)",
+    "launched_ahead": "steps and speculative rounds launched before the host read the step before",
+    "launched_ahead_used": "steps launched ahead that the next step used (the rest were dropped)",
+}
 _GAUGE_HELP = {
     "tau": "mean committed tokens per speculating request-round",
     "running": "requests holding KV",
@@ -43,8 +48,8 @@ def render(counters: Counters, snapshot: dict[str, float]) -> str:
             emit(key[len("stats_") :], "counter", f"engine SpecStats.{key[len('stats_') :]}", value)
         elif key.startswith("lever_"):
             emit(key, "gauge", f"current lever {key[len('lever_') :]} (0 = off)", value)
-        elif key == "preemptions":
-            emit(key, "counter", "requests preempted (KV recompute)", value)
+        elif key in _OTHER_COUNTERS:
+            emit(key, "counter", _OTHER_COUNTERS[key], value)
         else:
             emit(key, "gauge", _GAUGE_HELP.get(key, key), value)
     return "\n".join(lines) + "\n"

@@ -155,6 +155,8 @@ class EngineWorker:
         snap.update(
             tau=e.stats.tokens_per_round,
             preemptions=e.preemptions,
+            launched_ahead=e.rounds.overlap.launches,
+            launched_ahead_used=e.rounds.overlap.used,
             running=len(e.scheduler.running),
             waiting=len(e.scheduler.waiting),
             kv_blocks_total=e.blocks.capacity,
