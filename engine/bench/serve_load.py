@@ -30,7 +30,7 @@ from engine.fixture.known.geometry import GEOMETRIES
 
 log = logging.getLogger(__name__)
 _METRIC = re.compile(rb"^pegaspec_(\w+) (\S+)$", re.MULTILINE)
-SPEC_COUNTERS = ("rounds_total", "gated_rounds_total", "committed_tokens_total")
+SPEC_COUNTERS = ("rounds", "gated_rounds", "committed_tokens", "launched_ahead", "launched_ahead_used")  # /metrics
 
 
 def free_port() -> int:
@@ -66,7 +66,7 @@ class Server:
     def counters(self) -> dict[str, float]:
         _, body = self.get("/metrics")
         found = {m.group(1).decode(): float(m.group(2)) for m in _METRIC.finditer(body)}
-        return {k.removesuffix("_total"): found.get(k, 0.0) for k in SPEC_COUNTERS}
+        return {k: found.get(f"{k}_total", 0.0) for k in SPEC_COUNTERS}
 
     def wait_ready(self, limit_s: float) -> None:
         deadline = time.monotonic() + limit_s

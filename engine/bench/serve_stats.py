@@ -43,6 +43,7 @@ def run_row(
     row.update(ttft_p50_ms=_ms(percentile(ttft, 50)), ttft_p99_ms=_ms(percentile(ttft, 99)))
     row.update(itl_p50_ms=_ms(percentile(gaps, 50)), itl_p99_ms=_ms(percentile(gaps, 99)))
     row.update(tpot_p50_ms=_ms(percentile(tpot, 50)), tau=tau, gated_rounds=spec.get("gated_rounds", 0))
+    row.update(launched_ahead=spec.get("launched_ahead", 0), launched_ahead_used=spec.get("launched_ahead_used", 0))
     return row | dict(first_error=next((r.error for r in records if r.error), ""))
 
 
