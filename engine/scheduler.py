@@ -140,12 +140,9 @@ class Scheduler:
         step = self.round_rows if speculative else 1
         return self._take(reqs, [self._shortfall(r, min(committed, r.remaining) + step) for r in reqs])
 
-    def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
-        """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the
-        requests that grew, else None (nothing taken)."""
-        return self._take(reqs, [self._shortfall(r, rows) for r in reqs])
-
     def _take(self, reqs: list[Request], needs: list[int]) -> list[Request] | None:
+        """needs[i] blocks for reqs[i] where the free pool holds all of them: the requests that grew, else
+        None (nothing taken)."""
         if sum(needs) > self.blocks.num_free:
             return None
         grown = []
@@ -186,7 +183,7 @@ class Scheduler:
     def _grow(self, decode: list[Request], rows: int, grown: list[Request]) -> bool:
         """Blocks for a step writing `rows` rows per request, oldest first, preempting the youngest
         running request while the pool is short. False: someone was preempted (re-plan the step)."""
-        fits = self._grow_from_free(decode, rows)
+        fits = self._take(decode, [self._shortfall(r, rows) for r in decode])
         if fits is not None:  # the common case: no preemption, no ordering
             grown.extend(fits)
             return True
