@@ -91,8 +91,7 @@ def encode_prompt(
 
 
 def chat_unavailable(tokenizer) -> str | None:
-    """Why this tokenizer cannot render chat (none, or no chat template of its own); None if it can.
-    No other format stands in: another model's template would be text this one never saw."""
+    """Why this tokenizer cannot render chat (none, or no chat template of its own; docs/api.md); None if it can."""
     if tokenizer is None:
         return "chat needs a tokenizer; this model has none (send token-id prompts to completions)"
     if not getattr(tokenizer, "chat_template", None):
