@@ -59,8 +59,6 @@ class Launched:
 class DecodeRunner(Protocol):
     """What the launch ahead needs of the runner (engine/runner.py ModelRunner)."""
 
-    block_size: int
-
     def stage(
         self, reqs: list[Request], limits: Sequence[int] | None = None, next_tokens: torch.Tensor | None = None
     ) -> None: ...
