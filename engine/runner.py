@@ -54,17 +54,15 @@ class ModelRunner:
     ):
         self.target, self.drafter, self.draft_window = target, drafter, draft_window
         self.device, self.dtype, self.ops, self.block_size = target.device, target.dtype, target.ops, block_size
-        g = target.g
-        self.kv = shared_kv or allocate_kv_cache(
-            g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim, self.dtype, self.device
-        )
+
+        def pool(g) -> list:  # the KV pool of a model of geometry g
+            dims = g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim
+            return allocate_kv_cache(*dims, self.dtype, self.device)
+
+        self.kv = shared_kv or pool(target.g)
         self.draft_kv, self.taps = [], ()  # taps: the target layers whose features the drafter reads
         if drafter is not None:
-            dg = drafter.g
-            self.draft_kv = allocate_kv_cache(
-                dg.num_layers, num_blocks, block_size, dg.num_kv_heads, dg.head_dim, self.dtype, self.device
-            )
-            self.taps = drafter.cfg.target_layer_ids
+            self.draft_kv, self.taps = pool(drafter.g), drafter.cfg.target_layer_ids
         # One row per request slot, a null row (all block 0) for padded rows, then one per hedge chain.
         self.block_tables = torch.zeros(
             max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
