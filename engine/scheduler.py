@@ -56,11 +56,8 @@ class Scheduler:
         vocab_size: int,
         round_rows: int = 1,
     ):
-        self.blocks = blocks
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.headroom = headroom
-        self.has_drafter = has_drafter
+        self.blocks, self.max_num_seqs, self.max_num_batched_tokens = blocks, max_num_seqs, max_num_batched_tokens
+        self.headroom, self.has_drafter = headroom, has_drafter
         self.levers = levers  # the engine's, replaced whole when they change (Engine.set_levers)
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.round_rows = round_rows  # rows past num_kv a speculative round writes (span, drafter block)
