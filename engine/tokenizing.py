@@ -15,9 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def load_tokenizer(directory: Path | None):
-    if directory is None or not any(
-        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
-    ):
+    names = ("tokenizer.json", "tokenizer_config.json")
+    if directory is None or not any((directory / name).is_file() for name in names):
         return None
     from transformers import AutoTokenizer
 
