@@ -1,29 +1,9 @@
-"""Steps with the host's work under the device's: a plain decode step, a gated round under the static
-policy, or one the adaptive policy chose where its plan for the next round gates the same requests
-again, launches the step after it before it reads its own tokens, so the device runs step t + 1 while
-the host commits step t's tokens, reports, schedules and stages (otherwise 0.1-0.3 ms a step with the
-device idle: the decode doc's host share). A uniform unhedged speculative round launches the next
-round the same way (its K: the static levers', or the adaptive policy's plan), its inputs staged on the
-device from this round's accept rows (ModelRunner.stage_round): each request's bonus token, committed
-rows + accepted + 1, budget and limit; it serves those of its requests still running (docs/design/engine.md).
+"""A decode-side step's successor launched before the host reads this step's tokens or accept rows
+(docs/design/engine.md, "The speculative round launched ahead"; docs/architecture.md, Walk of one step).
 
-The step launched ahead takes its tokens from the device (step t's argmax), its positions one past
-step t's, and the same block-table rows. The next one-token round uses it only if it is exactly the
-step that round would run: of the same kind (plain or gated), the same requests, in the same order,
-each at the committed rows the launch assumed. Anything else drops it (a request ended on a stop
-token, was aborted or preempted, a prefill came between): its only effect then is the K/V (and,
-with a drafter, the context rows) it wrote one row past each request's committed rows, which the
-step that runs instead writes again, or which sits in blocks given back only after the stream has
-run it. So every token is the one the step-by-step path produces.
-
-A step is launched ahead only where nothing the host is about to learn could change it: every
-request greedy and without logprobs, none that a one-token step could end by its budget (a round: not
-all), and no request that could be admitted first (one waiting while a slot is free: the next step
-would be its prefill); while one is held the next step is that one, not a prefill. Each
-request must hold the KV blocks of the rows the launched step writes: they are taken then (the
-scheduler's growth one step early) where the free pool has them, so those steps launch ahead too, the
-block-table rows copied from pinned memory so the host does not wait for the step already running.
-"""
+A held one-token step is used only by the next step of the same kind over the same requests, in the same
+order, at the committed rows it assumed; a held speculative round (k > 0) serves those of its requests
+still at those rows. Anything else drops it: its writes lie past each request's committed rows."""
 
 from __future__ import annotations
 
@@ -49,9 +29,7 @@ class HostTokens:
             return cls(tokens.clone(), None)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
-        ready = torch.cuda.Event(enable_timing=True)
-        ready.record()
-        return cls(host, ready)
+        return cls(host, _event(tokens.device))
 
     def tolist(self) -> list[int]:
         if self.ready is not None:
@@ -80,8 +58,6 @@ class Launched:
 
 class DecodeRunner(Protocol):
     """What the launch ahead needs of the runner (engine/runner.py ModelRunner)."""
-
-    block_size: int
 
     def stage(
         self, reqs: list[Request], limits: Sequence[int] | None = None, next_tokens: torch.Tensor | None = None
@@ -128,15 +104,11 @@ class OverlappedDecode:
         A speculative round's serves any of its requests still at the rows it assumed (the others ended):
         `index` maps each request to its row there."""
         launched, self.launched = self.launched, None
-        if launched is None or launched.gated != gated or launched.k != k:
-            return None
-        if not k and len(launched.reqs) != len(reqs):
-            return None
+        if launched is None or launched.gated != gated or launched.k != k or (not k and launched.reqs != reqs):
+            return None  # a one-token step serves exactly its requests, in order
         where = {id(r): i for i, r in enumerate(launched.reqs)}
         index = [where.get(id(r), -1) for r in reqs]
         if any(i < 0 or r.finished or r.num_kv != launched.num_kv[i] for r, i in zip(reqs, index, strict=True)):
-            return None
-        if not k and index != list(range(len(reqs))):
             return None
         launched.index = index
         self.used += 1

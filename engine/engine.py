@@ -77,7 +77,7 @@ class Engine:
         )  # fmt: skip
         take = self.scheduler.take_ahead
         self.rounds = Rounds(self.runner, self.drafts_per_round, hedger, trace, cost_table, config.decode_overlap, take)
-        self.steps = Steps(self.scheduler, self.runner, self.rounds, self.drafter is not None)
+        self.steps = Steps(self.scheduler, self.runner, self.rounds)
         self.set_levers()  # adaptive without a cost table calibrates one here, on the idle engine
         self._next_index = 0
         # each completion's id -> its request's completions (unfinished, or finished and not yet reported)

@@ -1,6 +1,5 @@
-"""What step() and generate() return: today's flat fields, and beside them vLLM's shapes
-(`RequestOutput.outputs`, a list of `CompletionOutput`; `Logprob` per position), so code written
-against vLLM's LLM.generate results reads these unchanged."""
+"""What step() and generate() return: the flat fields and, beside them, vLLM's shapes
+(`RequestOutput.outputs`, a list of `CompletionOutput`; `Logprob` per position; docs/api.md)."""
 
 from __future__ import annotations
 

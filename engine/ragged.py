@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -40,13 +41,11 @@ def ragged_verify(
     (logits, greedy, features) of the sum(1 + ks) real rows, the accept rule's rows (int64 [N, 2P + 2],
     P the drafter's drafts per round; targets past a request's span repeat its last) and each
     request's first row."""
-    runner._check_staged(reqs)
+    runner.inputs.check(reqs)
     n, per_round = len(reqs), runner.drafter.cfg.drafts_per_round
     if not all(0 <= k <= min(per_round, drafts.shape[1]) for k in ks) or len(ks) != n:
         raise ValueError(f"ragged spans {list(ks)} for {n} requests with {drafts.shape[1]} drafts each")
-    starts = [0]
-    for k in ks:
-        starts.append(starts[-1] + 1 + k)
+    starts = list(accumulate((1 + k for k in ks), initial=0))
     m, rows = ragged_rows(runner, n, starts[-1])
     width = 1 + per_round
     layout = ragged_layout(ks, [r.num_kv for r in reqs], [r.slot for r in reqs], width, m, rows, runner.null_row)

@@ -151,15 +151,11 @@ class Request:
         self.logprobs.extend(entries)
 
     def finish(self, reason: Finish, error: str | None = None) -> None:
-        self.status = Status.FINISHED
-        self.finish_reason = reason
-        self.error = error
+        self.status, self.finish_reason, self.error = Status.FINISHED, reason, error
         self.drop_draft_state()
 
     def drop_draft_state(self) -> None:
-        self.draft_ready = False
-        self.ctx_pending = []
-        self.draft_kv_len = 0
+        self.draft_ready, self.ctx_pending, self.draft_kv_len = False, [], 0
 
     def _commit(self, tokens: list[int]) -> int:
         """Append tokens until a stop token, a stop string or the budget ends the request; returns how

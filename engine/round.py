@@ -1,18 +1,8 @@
-"""The decode-side rounds, top to bottom (SPEC 2.4, 2.5): the one-token round and the speculative round.
-
-One-token round: each request's current token through the target (the plain decode step). A gated
-round (the batch is at or above MAX_BATCH) is the same step that keeps the capture: the forward
-stored each row's features as drafter context, so speculation resumes once the batch shrinks. A
-plain decode (no drafter, or a request not draft-ready) drops the drafter state and writes no trace.
-
-Speculative round, per request: k drafts enter the verify (MAX_DRAFTS trims them), a request may
-accept at most `draft_limit` of them (its budget), the target verifies [current, d1..dk] in one
-forward, n = the longest accepted prefix, commit d1..dn plus the target's token after dn (the bonus).
-Two hooks: the span choice (engine/policy/choice.py: the static levers or the adaptive policy) gives
-k, where k = 0 runs the gated one-token round instead; hedging drafts chains, verifies them with the
-main spans and picks the winner (engine/hedge/hedger.py). The drafter's LM head runs over the k
-positions the round verifies.
-"""
+"""The decode-side rounds (SPEC 2.4, 2.5; docs/architecture.md, "Walk of one step"): the one-token round
+(plain decode drops the drafter state; a gated round keeps the capture, traced and counted) and the
+speculative round: k drafts (the span choice's; 0 runs the gated round) verified as [current, d1..dk] in
+one target forward, n <= `draft_limit` accepted, d1..dn plus the target's bonus token committed; hedging
+(engine/hedge) adds chains to the verify and picks each request's winner."""
 
 from __future__ import annotations
 

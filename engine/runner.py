@@ -1,13 +1,7 @@
-"""Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs.
-
-Uniform steps replay CUDA graphs (engine/graphs.py), padded to the batch bucket with null-block rows.
-Hedge chains are extra row groups of the same span on block-table rows of their own; the draft graph is
-keyed on its branch positions and head count. A decode, gated or speculative step reads its inputs
-(current token, table row, committed rows, draft limit) from one staged buffer copied once per step; the
-verify graph takes the draft graph's output buffer as is and accepts on the device. Every target forward
-that captures features stores them as drafter context K/V at the same slots: rows a round rejects sit
-past the committed length, where later rows overwrite them.
-"""
+"""Executing a step on the device: prefill, uniform spans (decode / verify), drafter forwards, CUDA graphs
+(engine/graphs.py; padded to the batch bucket with null-block rows). A decode, draft or verify reads the
+inputs `stage` copied (engine/staging.py); every target forward that captures features stores them as
+drafter context K/V at the same slots (docs/architecture.md, "Walk of one step")."""
 
 from __future__ import annotations
 
@@ -60,17 +54,15 @@ class ModelRunner:
     ):
         self.target, self.drafter, self.draft_window = target, drafter, draft_window
         self.device, self.dtype, self.ops, self.block_size = target.device, target.dtype, target.ops, block_size
-        g = target.g
-        self.kv = shared_kv or allocate_kv_cache(
-            g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim, self.dtype, self.device
-        )
+
+        def pool(g) -> list:  # the KV pool of a model of geometry g
+            dims = g.num_layers, num_blocks, block_size, g.num_kv_heads, g.head_dim
+            return allocate_kv_cache(*dims, self.dtype, self.device)
+
+        self.kv = shared_kv or pool(target.g)
         self.draft_kv, self.taps = [], ()  # taps: the target layers whose features the drafter reads
         if drafter is not None:
-            dg = drafter.g
-            self.draft_kv = allocate_kv_cache(
-                dg.num_layers, num_blocks, block_size, dg.num_kv_heads, dg.head_dim, self.dtype, self.device
-            )
-            self.taps = drafter.cfg.target_layer_ids
+            self.draft_kv, self.taps = pool(drafter.g), drafter.cfg.target_layer_ids
         # One row per request slot, a null row (all block 0) for padded rows, then one per hedge chain.
         self.block_tables = torch.zeros(
             max_num_seqs + 1 + chain_rows, max_blocks_per_seq, dtype=torch.int32, device=self.device
@@ -125,9 +117,6 @@ class ModelRunner:
     def reset(self) -> None:
         """Forget the staged step and the last drafts after a failed step (the next step restages)."""
         self.inputs.reqs = self._last_drafts = None
-
-    def _check_staged(self, reqs: list[Request]) -> None:
-        self.inputs.check(reqs)
 
     def field(self, name: str, m: int) -> torch.Tensor:
         return self.inputs.field(name, m)
@@ -197,17 +186,15 @@ class ModelRunner:
         n, span = ids.shape
         values = {"ids": ids, "rows": self.to_device(list(table_rows)), "num_kv": self.to_device(list(num_kv))}
         pads = {"ids": 0, "rows": self.null_row, "num_kv": 0}
-        logits, greedy, features = self.graphs.run(("span", span), self._span_forward, n, values, pads)
-        return _trim(SpanResult(logits, greedy, features), n * span)
+        return _rows(self.graphs.run(("span", span), self._span_forward, n, values, pads), n * span)
 
     def decode(self, reqs: list[Request], width: int | None = None) -> SpanResult:
         """Each staged request's current token at position num_kv (a plain or gated step) on `width` table
         columns: SHORT_KEYS' worth where the staged keys fit, else all (decode_widths; the split grid follows)."""
-        self._check_staged(reqs)
+        self.inputs.check(reqs)
         n, width = len(reqs), width or self._staged_width or self.decode_widths[-1]
         fn = partial(self._staged_decode, self.graphs.rows(n), width)
-        logits, greedy, features = self.graphs.run(("decode", width), fn, n, {}, {})
-        return _trim(SpanResult(logits, greedy, features), n)
+        return _rows(self.graphs.run(("decode", width), fn, n, {}, {}), n)
 
     def _staged_decode(self, m: int, width: int) -> tuple:
         ids = self.field("token", m)[:, None]
@@ -219,7 +206,7 @@ class ModelRunner:
         """The staged requests' spans [current, d1..dk] in one target forward, then `accept` on the
         device against the greedy targets under the staged limits. Returns the span result and the
         accept rule's rows per request (int64 [N, 2k + 2])."""
-        self._check_staged(reqs)
+        self.inputs.check(reqs)
         n = len(reqs)
         # The draft graph's own output buffer is taken as is (no pad, no copy); other drafts are copied in.
         shared = self._last_drafts is not None and drafts.data_ptr() == self._last_drafts.data_ptr()
@@ -227,8 +214,7 @@ class ModelRunner:
         fn = partial(self._staged_verify, m=self.graphs.rows(n), k=k, accept=accept)
         key = ("verify", k, accept)
         out = self.graphs.run(key, fn, n, values, {"drafts": 0}, frozenset({"drafts"} if shared else ()))
-        logits, greedy, features, rounds = out
-        return _trim(SpanResult(logits, greedy, features), n * (1 + k)), rounds[:n]
+        return _rows(out, n * (1 + k)), out[3][:n]
 
     def _staged_verify(self, drafts: torch.Tensor, m: int, k: int, accept: AcceptRule) -> tuple:
         ids = torch.cat([self.field("token", m)[:, None], drafts], dim=1)
@@ -262,7 +248,7 @@ class ModelRunner:
         return self._draft(reqs, positions, self.drafter.cfg.drafts_per_round)
 
     def _draft(self, reqs: list[Request], branch: tuple[int, ...], heads: int) -> tuple:
-        self._check_staged(reqs)
+        self.inputs.check(reqs)
         for r in reqs:
             if r.draft_kv_len != r.num_kv:
                 raise RuntimeError(f"{r.id}: drafter context {r.draft_kv_len} rows != {r.num_kv} committed")
@@ -293,6 +279,7 @@ class ModelRunner:
         return (drafts,) if chains is None else (drafts, chains)
 
 
-def _trim(res: SpanResult, rows: int) -> SpanResult:
-    """The real rows of a (possibly bucket-padded) span result."""
-    return SpanResult(res.logits[:rows], res.greedy[:rows], None if res.features is None else res.features[:rows])
+def _rows(out: tuple, rows: int) -> SpanResult:
+    """The real rows of a (possibly bucket-padded) step's (logits, greedy, features, ...)."""
+    logits, greedy, features = out[:3]
+    return SpanResult(logits[:rows], greedy[:rows], None if features is None else features[:rows])

@@ -56,11 +56,8 @@ class Scheduler:
         vocab_size: int,
         round_rows: int = 1,
     ):
-        self.blocks = blocks
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.headroom = headroom
-        self.has_drafter = has_drafter
+        self.blocks, self.max_num_seqs, self.max_num_batched_tokens = blocks, max_num_seqs, max_num_batched_tokens
+        self.headroom, self.has_drafter = headroom, has_drafter
         self.levers = levers  # the engine's, replaced whole when they change (Engine.set_levers)
         self.max_model_len, self.vocab_size = max_model_len, vocab_size
         self.round_rows = round_rows  # rows past num_kv a speculative round writes (span, drafter block)
@@ -140,12 +137,9 @@ class Scheduler:
         step = self.round_rows if speculative else 1
         return self._take(reqs, [self._shortfall(r, min(committed, r.remaining) + step) for r in reqs])
 
-    def _grow_from_free(self, reqs: list[Request], rows: int) -> list[Request] | None:
-        """Blocks for `rows` rows past each request's K/V where the free pool holds all of them: the
-        requests that grew, else None (nothing taken)."""
-        return self._take(reqs, [self._shortfall(r, rows) for r in reqs])
-
     def _take(self, reqs: list[Request], needs: list[int]) -> list[Request] | None:
+        """needs[i] blocks for reqs[i] where the free pool holds all of them: the requests that grew, else
+        None (nothing taken)."""
         if sum(needs) > self.blocks.num_free:
             return None
         grown = []
@@ -186,7 +180,7 @@ class Scheduler:
     def _grow(self, decode: list[Request], rows: int, grown: list[Request]) -> bool:
         """Blocks for a step writing `rows` rows per request, oldest first, preempting the youngest
         running request while the pool is short. False: someone was preempted (re-plan the step)."""
-        fits = self._grow_from_free(decode, rows)
+        fits = self._take(decode, [self._shortfall(r, rows) for r in decode])
         if fits is not None:  # the common case: no preemption, no ordering
             grown.extend(fits)
             return True

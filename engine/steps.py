@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class Steps:
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, rounds: Rounds, has_drafter: bool):
-        self.scheduler, self.runner, self.rounds, self.has_drafter = scheduler, runner, rounds, has_drafter
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, rounds: Rounds):
+        self.scheduler, self.runner, self.rounds = scheduler, runner, rounds
 
     def advance(self, no_more_requests: bool) -> list[Request]:
         """One scheduled step; the requests it touched. no_more_requests: none will come until the
@@ -78,8 +78,9 @@ class Steps:
         if len(fresh) < len(reqs):
             logits, greedy = logits[fresh], greedy[fresh]
         sampled = iter(sample_requests(logits, greedy, [reqs[i] for i in fresh], 1).tolist() if fresh else [])
-        for r in reqs:  # with a drafter the prefill stored every prompt row as drafter context
-            r.prefilled(None if r.output_ids else next(sampled), context_stored=self.has_drafter and r.params.speculate)
+        stored = self.runner.drafter is not None  # the prefill stored every prompt row as drafter context
+        for r in reqs:
+            r.prefilled(None if r.output_ids else next(sampled), context_stored=stored and r.params.speculate)
         record_logprobs([reqs[i] for i in fresh], logits, 1, [1] * len(fresh))
         self.rounds.pause()
 

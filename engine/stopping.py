@@ -26,18 +26,14 @@ class Detokenizer:
     def feed(self, ids: list[int]) -> None:
         """Take the output so far (the previous ids plus new ones): the previous tail becomes final if
         it ended on a whole character, then the text after the final part is decoded."""
-        if self.fed > self.read and not self.tail.endswith("\ufffd"):
-            self._settle(ids, self.fed, self.tail)
+        if self.fed > self.read and not self.tail.endswith("\ufffd"):  # ids[read:fed] are final
+            self.done += len(self.tail)
+            self.final.append(self.tail)
+            self.kept = (self.kept + self.tail)[-self.keep :] if self.keep else ""
+            self.prefix, self.read = self.read, self.fed
+            self.prefix_text = self.decode(ids[self.prefix : self.read])
         self.tail = self.decode(ids[self.prefix :])[len(self.prefix_text) :]
         self.fed = len(ids)
-
-    def _settle(self, ids: list[int], end: int, text: str) -> None:
-        """ids[read:end], whose text is `text`, are final."""
-        self.done += len(text)
-        self.final.append(text)
-        self.kept = (self.kept + text)[-self.keep :] if self.keep else ""
-        self.prefix, self.read = self.read, end
-        self.prefix_text = self.decode(ids[self.prefix : self.read])
 
     @property
     def text(self) -> str:

@@ -15,9 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def load_tokenizer(directory: Path | None):
-    if directory is None or not any(
-        (directory / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
-    ):
+    names = ("tokenizer.json", "tokenizer_config.json")
+    if directory is None or not any((directory / name).is_file() for name in names):
         return None
     from transformers import AutoTokenizer
 
@@ -91,8 +90,7 @@ def encode_prompt(
 
 
 def chat_unavailable(tokenizer) -> str | None:
-    """Why this tokenizer cannot render chat (none, or no chat template of its own); None if it can.
-    No other format stands in: another model's template would be text this one never saw."""
+    """Why this tokenizer cannot render chat (none, or no chat template of its own; docs/api.md); None if it can."""
     if tokenizer is None:
         return "chat needs a tokenizer; this model has none (send token-id prompts to completions)"
     if not getattr(tokenizer, "chat_template", None):
