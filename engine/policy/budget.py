@@ -40,14 +40,24 @@ def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> n
 
 def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
     """(measured spans, their verify ms, drafter ms per head count 0..heads, verify ms of batch + B rows
-    for B in 0..batch * heads) at `batch` (clamped into the table's range) and mean `context`."""
+    for B in 0..batch * heads, [the B `budget_spans` last searched out on these costs: where it looks
+    first]) at `batch` (clamped into the table's range) and mean `context`."""
     spans = table.spans()
     lo, hi = table.batch_range(spans)
     at = min(max(batch, lo), hi)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
     spans = np.array(spans, dtype=np.float64)
-    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify)
+    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify), [0]
+
+
+def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, floor: float, value: float) -> bool:
+    """Whether every B in (lo, end] is worth less than `value`, N + its top-B s being at most a + B slope (a
+    proof): B's ms is at least floor + base[B], linear between multiples of N (checked there and at the
+    ends); 1e-7 of the value spares the rounding."""
+    k, q, last = value * (1.0 + SPEC_DISCOUNT) * (1.0 - 1e-7), lo // n + 1, end // n
+    kinks = (base[q * n : last * n + 1 : n] * k - np.arange(q * n, last * n + 1, n) * slope).min(initial=np.inf)
+    return bool(min(kinks, k * base[lo + 1] - (lo + 1) * slope, k * base[end] - end * slope) > a - k * floor)
 
 
 def budget_spans(
@@ -63,13 +73,21 @@ def budget_spans(
     in j; fastest as the transpose of a C-contiguous [P, N], as `RequestAcceptance.survival` gives it),
     caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of this
     batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at
-    it taken position-major; B's drafter heads step where each position's best slot enters."""
+    it taken position-major; B's drafter heads step where each position's best slot enters. The answer is
+    the argmax's; its work is less where the costs' memo holds the last B: 0, a proof of a gated round
+    without sorting is tried first; else B is valued up to a little past it, the rest proven short."""
     n, p = survival.shape
-    spans, verify, draft, base = costs or span_costs(table, n, p, context)
+    spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
+    last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
     cap = np.minimum(caps, int(spans[-1]) - 1)
     total, size = int(cap.sum()), n * p
+    gated_value, floor = n / (verify[0] + host[0]), float(draft[: p + 1].min()) + host[1]
     if gated(n, max_batch) or total == 0:
         return [0] * n, float(verify[0])
+    if not last[0]:  # without sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
+        tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price
+        if _short(n + float(np.maximum(survival, tau).sum()) - size * tau, tau, 0, size, n, base, floor, gated_value):
+            return [0] * n, float(verify[0])
     slots = survival.T if total == size else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
     asc = np.sort(slots, axis=None)
     best_of = slots.max(axis=1)  # each position's best slot enters after the slots >= it in columns < j
@@ -82,16 +100,20 @@ def budget_spans(
         for k, j in reversed(list(enumerate(tied.tolist()))):
             run = eq[k] + (run if j + 1 < p and bests[j + 1] == bests[j] else 0)
             enter[j + 1] -= run - 1
-    np.minimum(enter, total + 1, out=enter)
-    value = np.empty(total + 1)
-    value[0] = n / (verify[0] + host[0])
-    np.cumsum(asc[::-1][:total], out=value[1:])
-    value[1:] += n
-    device = np.repeat(draft[: p + 1], np.diff(enter))
-    device += base[: total + 1]
-    value[1:] /= device[1:] + host[1] if host[1] else device[1:]
-    value[1:] /= 1.0 + SPEC_DISCOUNT
-    best = int(value.argmax())
+    near = last[0] + last[0] // 8 + n // 4  # B <= near, if B > near is proven short (its s are <= asc[-near - 1])
+    for hi in (near if last[0] and near + 512 < total else total, total):  # (a proof costs some 512 slots' values)
+        value, heads = np.empty(hi + 1), np.minimum(enter, hi + 1)
+        value[0] = gated_value
+        np.cumsum(asc[::-1][:hi], out=value[1:])
+        value[1:] += n
+        device = np.repeat(draft[: p + 1], heads[1:] - heads[:-1])
+        device += base[: hi + 1]
+        top, d = float(value[hi]), float(asc[-hi - 1]) if hi < total else 0.0
+        value[1:] /= device[1:] + host[1] if host[1] else device[1:]
+        value[1:] /= 1.0 + SPEC_DISCOUNT
+        last[0] = best = int(value.argmax())
+        if hi == total or _short(top - hi * d, d, hi, total, n, base, floor, float(value[best])):
+            break
     if best == 0:
         return [0] * n, float(verify[0])
     t = asc[-best]
