@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.levers import gated
+from engine.policy import budget
 from engine.policy.budget import REQUEST_EMA, REQUEST_RELAX, RequestAcceptance, budget_spans
 from engine.policy.span import SPEC_DISCOUNT
 
@@ -90,6 +91,30 @@ def test_equal_estimates_and_all_ones_tie_alike():
         for s in (np.ones((n, 15)), np.tile(np.cumprod(np.full(15, 0.8)), (n, 1))):
             caps = np.full(n, 15)
             assert budget_spans(None, s, caps, costs=c) == reference(s, caps, *c[:3])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_proofs_that_skip_work_match_the_sorting_chooser(seed, monkeypatch):
+    """With the memo span_costs appends (the B last taken): 0 tries to prove the round gated without
+    sorting, else B is searched up to past it, the rest proven short. Whatever the memo holds (near the
+    answer, 0, anywhere), the same K_i and device ms as the reference, the memo at the B taken where one
+    was searched, and both proofs seen to pass and to fail on these draws."""
+    proofs = []
+    short = budget._short
+    monkeypatch.setattr(budget, "_short", lambda *a: proofs.append((a[2] > 0, short(*a))) or proofs[-1][1])
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(200):
+        n, p = int(rng.choice([1, 7, 64, 256, 256])), int(rng.integers(1, 16))
+        s, c = survival(rng, n, p), costs(rng, n, p)
+        caps = rng.integers(0, p + 1, size=n) if rng.random() < 0.3 else np.full(n, p)
+        host = (rng.uniform(0, 2), rng.uniform(0, 4)) if rng.random() < 0.5 else (0.0, 0.0)
+        want = reference(s, caps, *c[:3], host)
+        near = sum(want[0]) + int(rng.integers(-n, n + 1))
+        memo = [max(int(rng.choice([near, near, 0, rng.integers(0, n * p + 1)])), 0)]
+        last = memo[0]
+        assert budget_spans(None, np.ascontiguousarray(s.T).T, caps, host=host, costs=(*c, memo)) == want
+        assert memo[0] in (sum(want[0]), last)  # kept where no B was searched (no slot, or proven gated)
+    assert {(False, True), (False, False), (True, True), (True, False)} <= set(proofs)
 
 
 class ReferenceAcceptance:
