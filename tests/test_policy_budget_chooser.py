@@ -97,8 +97,9 @@ def test_equal_estimates_and_all_ones_tie_alike():
 def test_the_proofs_that_skip_work_match_the_sorting_chooser(seed, monkeypatch):
     """With the memo span_costs appends (the B last taken): 0 tries to prove the round gated without
     sorting, else B is searched up to past it, the rest proven short. Whatever the memo holds (near the
-    answer, 0, anywhere), the same K_i and device ms as the reference, the memo at the B taken where one
-    was searched, and both proofs seen to pass and to fail on these draws."""
+    answer, 0, anywhere; the caps given or a function of them), the same K_i and device ms as the
+    reference, the memo at the B taken where one was searched, the caps unread in a round proven gated,
+    and both proofs seen to pass and to fail on these draws."""
     proofs = []
     short = budget._short
     monkeypatch.setattr(budget, "_short", lambda *a: proofs.append((a[2] > 0, short(*a))) or proofs[-1][1])
@@ -111,9 +112,11 @@ def test_the_proofs_that_skip_work_match_the_sorting_chooser(seed, monkeypatch):
         want = reference(s, caps, *c[:3], host)
         near = sum(want[0]) + int(rng.integers(-n, n + 1))
         memo = [max(int(rng.choice([near, near, 0, rng.integers(0, n * p + 1)])), 0)]
-        last = memo[0]
-        assert budget_spans(None, np.ascontiguousarray(s.T).T, caps, host=host, costs=(*c, memo)) == want
+        last, calls, seen = memo[0], [], len(proofs)
+        given = (lambda c=calls, k=caps: c.append(1) or k) if rng.random() < 0.5 else caps  # read only if needed
+        assert budget_spans(None, np.ascontiguousarray(s.T).T, given, host=host, costs=(*c, memo)) == want
         assert memo[0] in (sum(want[0]), last)  # kept where no B was searched (no slot, or proven gated)
+        assert not (calls and (False, True) in proofs[seen:])  # a round proven gated never reads its caps
     assert {(False, True), (False, False), (True, True), (True, False)} <= set(proofs)
 
 

@@ -17,7 +17,7 @@ between multiples of N).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -63,7 +63,7 @@ def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, 
 def budget_spans(
     table: CostTable,
     survival: np.ndarray,
-    caps: Sequence[int],
+    caps: Sequence[int] | Callable[[], Sequence[int]],
     context: float | None = None,
     host: tuple[float, float] = (0.0, 0.0),
     max_batch: int = 0,
@@ -71,23 +71,25 @@ def budget_spans(
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
     in j; fastest as the transpose of a C-contiguous [P, N], as `RequestAcceptance.survival` gives it),
-    caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of this
-    batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at
-    it taken position-major; B's drafter heads step where each position's best slot enters. The answer is
-    the argmax's; its work is less where the costs' memo holds the last B: 0, a proof of a gated round
-    without sorting is tried first; else B is valued up to a little past it, the rest proven short."""
+    caps [N] (or a function giving them, not called where the round is proven gated), host (gated,
+    speculative) ms a round costs beyond the table; costs: `span_costs` of this batch, if cached. The
+    top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at it taken
+    position-major; B's drafter heads step where each position's best slot enters. The answer is the
+    argmax's; its work is less where the costs' memo holds the last B: 0, a proof of a gated round without
+    sorting is tried first; else B is valued up to a little past it, the rest proven short."""
     n, p = survival.shape
     spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
     last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
-    cap = np.minimum(caps, int(spans[-1]) - 1)
-    total, size = int(cap.sum()), n * p
-    gated_value, floor = n / (verify[0] + host[0]), float(draft[: p + 1].min()) + host[1]
-    if gated(n, max_batch) or total == 0:
+    gated_value, floor, size = n / (verify[0] + host[0]), float(draft[: p + 1].min()) + host[1], n * p
+    if gated(n, max_batch) or not size:
         return [0] * n, float(verify[0])
-    if not last[0]:  # without sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
+    if not last[0]:  # without caps or sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
         tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price
         if _short(n + float(np.maximum(survival, tau).sum()) - size * tau, tau, 0, size, n, base, floor, gated_value):
             return [0] * n, float(verify[0])
+    cap = np.minimum(caps() if callable(caps) else caps, int(spans[-1]) - 1)
+    if (total := int(cap.sum())) == 0:
+        return [0] * n, float(verify[0])
     slots = survival.T if total == size else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
     asc = np.sort(slots, axis=None)
     best_of = slots.max(axis=1)  # each position's best slot enters after the slots >= it in columns < j

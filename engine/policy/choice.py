@@ -105,7 +105,7 @@ class AdaptiveSpans:
         p, n = self.policy, len(reqs)
         self._context = mean_context(reqs)
         bucket = context_bucket(self._context)
-        caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
+        caps = lambda: request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)  # read if not gated
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
         ks, self._device = budget_spans(p.table, survival, caps, bucket, host, levers.max_batch, self._costs(n, bucket))
