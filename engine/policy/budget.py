@@ -130,16 +130,25 @@ def budget_spans(
 class RequestAcceptance:
     """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
     last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate).
-    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]."""
+    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]; the last observed batch's
+    columns are held apart (no scatter, no gather) until another batch or a read of `cols` writes them back."""
 
     def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
         self.per_round, self.ema, self.relax = per_round, ema, relax
-        self.cols = np.ones((per_round, 0))
+        self._cols = np.ones((per_round, 0))
+        self._held: tuple = (None, None)  # the slots array observe last took, their columns
         self.owner = np.zeros(0, dtype=np.int64)
         c, j = np.arange(2 * per_round + 1), np.arange(per_round)[:, None]  # a request-round's code: hit + tried
         tried, hit = j < (c + 1) // 2, j < c // 2
         self._codes = tried, hit, np.where(tried, ema, relax), np.vstack([tried, hit]).astype(np.int64)
         self._last: tuple[list, list[int], np.ndarray] = ([], [], np.zeros(0, dtype=np.int64))  # reqs, slots
+
+    @property
+    def cols(self) -> np.ndarray:
+        (held, cols), self._held = self._held, (None, None)
+        if held is not None:
+            self._cols[:, held] = cols
+        return self._cols
 
     @property
     def rows(self) -> np.ndarray:
@@ -155,7 +164,7 @@ class RequestAcceptance:
         slots, index = np.array(listed, dtype=np.int64), np.array([r.index for r in reqs], dtype=np.int64)
         if slots.size and slots.max() >= self.owner.size:
             grow = int(slots.max()) + 1 - self.owner.size
-            self.cols = np.hstack([self.cols, np.ones((self.per_round, grow))])
+            self._cols = np.hstack([self.cols, np.ones((self.per_round, grow))])
             self.owner = np.concatenate([self.owner, np.full(grow, -1)])
         fresh = self.owner[slots] != index
         if fresh.any():
@@ -166,7 +175,7 @@ class RequestAcceptance:
 
     def survival(self, slots: np.ndarray) -> np.ndarray:
         """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots` (the transpose of a [P, N])."""
-        s = self.cols.take(slots, axis=1)
+        s = self._held[1].copy() if self._held[0] is slots else self.cols.take(slots, axis=1)
         if len(slots) < 128:  # one call per position pays only on wide batches
             return np.cumprod(s, axis=0).T
         for j in range(1, self.per_round):
@@ -180,9 +189,9 @@ class RequestAcceptance:
         Position j was tried when j < limit and drafts 1..j were accepted: it moves `ema` toward 1 or 0,
         an untried one `relax` toward `pooled`. Returns the request-rounds that tried and accepted each
         position (the pooled estimate's update)."""
-        p, cols = self.per_round, self.cols.take(slots, axis=1)
+        p, cols = self.per_round, self._held[1] if self._held[0] is slots else self.cols.take(slots, axis=1)
         if not any(limits):  # a gated round: every position relaxes, none is counted
-            self.cols[:, slots] = cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax
+            self._held = (slots, cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax)
             return [0] * p, [0] * p
         n = np.fromiter(accepted, np.int64, len(slots))
         m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried; hit: min(n, m)
@@ -193,6 +202,6 @@ class RequestAcceptance:
         goal = np.where(tried, hit, np.asarray(pooled, dtype=np.float64)[:, None]).take(code, axis=1)
         goal -= cols
         goal *= weight.take(code, axis=1)
-        self.cols[:, slots] = cols + goal
+        self._held = (slots, cols + goal)
         both = (count @ np.bincount(code, minlength=2 * p + 1)).tolist()  # Python ints: the pool's loop is scalar
         return both[:p], both[p:]
