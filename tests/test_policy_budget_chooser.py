@@ -173,3 +173,35 @@ def test_the_estimator_matches_the_row_per_request_update(seed):
         accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
         assert got.observe(slots, limits, accepted, pooled) == want.observe(slots, limits, accepted, pooled)
         assert np.array_equal(got.rows, want.rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_held_batch_columns_match_the_row_per_request_update(seed):
+    """The last observed batch's columns are held apart (no scatter, no gather) until another batch or a
+    read of `cols`: rounds that read survival and observe on the held columns, the rows read only now and
+    then, batches that come back after others and slots that change hands: the same bits throughout."""
+    rng = np.random.default_rng(50 + seed)
+    p = int(rng.integers(1, 16))
+    got, want = RequestAcceptance(p), ReferenceAcceptance(p)
+    owners, reqs, batches, pool = {}, [], [], 40 if seed % 2 else 300  # wide batches: survival in place
+    for _ in range(300):
+        if not reqs or rng.random() < 0.15:  # another batch: a new one, or one seen before
+            if batches and rng.random() < 0.4:
+                reqs = batches[int(rng.integers(len(batches)))]
+            else:
+                for slot in rng.choice(pool, size=int(rng.integers(1, pool + 1)), replace=False).tolist():
+                    if slot not in owners or rng.random() < 0.2:
+                        owners[slot] = len(owners) + 1000 * seed + int(rng.integers(1 << 20))
+                chosen = rng.choice(sorted(owners), size=int(rng.integers(1, len(owners) + 1)), replace=False)
+                reqs = [SimpleNamespace(slot=int(s), index=owners[int(s)]) for s in chosen]
+                batches.append(reqs)
+        pooled = rng.uniform(0.0, 1.0, size=p).tolist()
+        slots = got.slots(reqs, pooled)
+        assert slots.tolist() == want.slots(reqs, pooled).tolist()
+        assert np.array_equal(got.survival(slots), np.cumprod(want.rows[slots], axis=1))
+        limits = [0] * len(reqs) if rng.random() < 0.2 else rng.integers(0, p + 2, size=len(reqs)).tolist()
+        accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
+        assert got.observe(slots, limits, accepted, pooled) == want.observe(slots, limits, accepted, pooled)
+        if rng.random() < 0.1:
+            assert np.array_equal(got.rows, want.rows)
+    assert np.array_equal(got.rows, want.rows)
