@@ -53,8 +53,8 @@ def span_costs(table: CostTable, batch: int, heads: int, context: float | None =
 
 def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, floor: float, value: float) -> bool:
     """Whether every B in (lo, end] is worth less than `value`, N + its top-B s being at most a + B slope (a
-    proof): B's ms is at least floor + base[B], linear between multiples of N (checked there and at the
-    ends); 1e-7 of the value spares the rounding."""
+    proof): B's ms is at least floor (the least drafter ms, plus host) + base[B], linear between multiples of
+    N (checked there and at the ends); 1e-7 of the value spares the rounding."""
     k, q, last = value * (1.0 + SPEC_DISCOUNT) * (1.0 - 1e-7), lo // n + 1, end // n
     kinks = (base[q * n : last * n + 1 : n] * k - np.arange(q * n, last * n + 1, n) * slope).min(initial=np.inf)
     return bool(min(kinks, k * base[lo + 1] - (lo + 1) * slope, k * base[end] - end * slope) > a - k * floor)
@@ -80,12 +80,12 @@ def budget_spans(
     n, p = survival.shape
     spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
     last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
-    gated_value, floor, size = n / (verify[0] + host[0]), float(draft[: p + 1].min()) + host[1], n * p
+    gated_value, size, floor = n / (verify[0] + host[0]), n * p, lambda: float(draft[: p + 1].min()) + host[1]
     if gated(n, max_batch) or not size:
         return [0] * n, float(verify[0])
     if not last[0]:  # without caps or sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
         tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price
-        if _short(n + float(np.maximum(survival, tau).sum()) - size * tau, tau, 0, size, n, base, floor, gated_value):
+        if _short(n + float(np.maximum(survival, tau).sum()) - size * tau, tau, 0, size, n, base, floor(), gated_value):
             return [0] * n, float(verify[0])
     cap = np.minimum(caps() if callable(caps) else caps, int(spans[-1]) - 1)
     if (total := int(cap.sum())) == 0:
@@ -110,11 +110,11 @@ def budget_spans(
         value[1:] += n
         device = np.repeat(draft[: p + 1], heads[1:] - heads[:-1])
         device += base[: hi + 1]
-        top, d = float(value[hi]), float(asc[-hi - 1]) if hi < total else 0.0
+        top = value[hi]
         value[1:] /= device[1:] + host[1] if host[1] else device[1:]
         value[1:] /= 1.0 + SPEC_DISCOUNT
         last[0] = best = int(value.argmax())
-        if hi == total or _short(top - hi * d, d, hi, total, n, base, floor, float(value[best])):
+        if hi == total or _short(top - hi * (d := float(asc[-hi - 1])), d, hi, total, n, base, floor(), value[best]):
             break
     if best == 0:
         return [0] * n, float(verify[0])
@@ -175,9 +175,10 @@ class RequestAcceptance:
 
     def survival(self, slots: np.ndarray) -> np.ndarray:
         """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots` (the transpose of a [P, N])."""
-        s = self._held[1].copy() if self._held[0] is slots else self.cols.take(slots, axis=1)
+        s = self._held[1] if self._held[0] is slots else self.cols.take(slots, axis=1)
         if len(slots) < 128:  # one call per position pays only on wide batches
             return np.cumprod(s, axis=0).T
+        s = s.copy() if s is self._held[1] else s  # the held columns stay
         for j in range(1, self.per_round):
             np.multiply(s[j - 1], s[j], out=s[j])
         return s.T
