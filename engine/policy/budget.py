@@ -103,7 +103,7 @@ def budget_spans(
             run = eq[k] + (run if j + 1 < p and bests[j + 1] == bests[j] else 0)
             enter[j + 1] -= run - 1
     near = last[0] + last[0] // 8 + n // 4  # B <= near, if B > near is proven short (its s are <= asc[-near - 1])
-    for hi in (near if last[0] and near + 512 < total else total, total):  # (a proof costs some 512 slots' values)
+    for hi in (near if last[0] and near + 1024 < total else total, total):  # (a proof costs some 1024 slots' values)
         value, heads = np.empty(hi + 1), np.minimum(enter, hi + 1)
         value[0] = gated_value
         np.cumsum(asc[::-1][:hi], out=value[1:])
