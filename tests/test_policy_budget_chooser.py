@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.levers import gated
+from engine.policy import budget
 from engine.policy.budget import REQUEST_EMA, REQUEST_RELAX, RequestAcceptance, budget_spans
 from engine.policy.span import SPEC_DISCOUNT
 
@@ -92,6 +93,33 @@ def test_equal_estimates_and_all_ones_tie_alike():
             assert budget_spans(None, s, caps, costs=c) == reference(s, caps, *c[:3])
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_proofs_that_skip_work_match_the_sorting_chooser(seed, monkeypatch):
+    """With the memo span_costs appends (the B last taken): 0 tries to prove the round gated without
+    sorting, else B is searched up to past it, the rest proven short. Whatever the memo holds (near the
+    answer, 0, anywhere; the caps given or a function of them), the same K_i and device ms as the
+    reference, the memo at the B taken where one was searched, the caps unread in a round proven gated,
+    and both proofs seen to pass and to fail on these draws."""
+    proofs = []
+    short = budget._short
+    monkeypatch.setattr(budget, "_short", lambda *a: proofs.append((a[2] > 0, short(*a))) or proofs[-1][1])
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(200):
+        n, p = int(rng.choice([1, 7, 64, 256, 256])), int(rng.integers(1, 16))
+        s, c = survival(rng, n, p), costs(rng, n, p)
+        caps = rng.integers(0, p + 1, size=n) if rng.random() < 0.3 else np.full(n, p)
+        host = (rng.uniform(0, 2), rng.uniform(0, 4)) if rng.random() < 0.5 else (0.0, 0.0)
+        want = reference(s, caps, *c[:3], host)
+        near = sum(want[0]) + int(rng.integers(-n, n + 1))
+        memo = [max(int(rng.choice([near, near, 0, rng.integers(0, n * p + 1)])), 0)]
+        last, calls, seen = memo[0], [], len(proofs)
+        given = (lambda c=calls, k=caps: c.append(1) or k) if rng.random() < 0.5 else caps  # read only if needed
+        assert budget_spans(None, np.ascontiguousarray(s.T).T, given, host=host, costs=(*c, memo)) == want
+        assert memo[0] in (sum(want[0]), last)  # kept where no B was searched (no slot, or proven gated)
+        assert not (calls and (False, True) in proofs[seen:])  # a round proven gated never reads its caps
+    assert {(False, True), (False, False), (True, True), (True, False)} <= set(proofs)
+
+
 class ReferenceAcceptance:
     """The estimator as first written: a row per slot, every position's step from where(tried, ...)."""
 
@@ -145,3 +173,35 @@ def test_the_estimator_matches_the_row_per_request_update(seed):
         accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
         assert got.observe(slots, limits, accepted, pooled) == want.observe(slots, limits, accepted, pooled)
         assert np.array_equal(got.rows, want.rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_held_batch_columns_match_the_row_per_request_update(seed):
+    """The last observed batch's columns are held apart (no scatter, no gather) until another batch or a
+    read of `cols`: rounds that read survival and observe on the held columns, the rows read only now and
+    then, batches that come back after others and slots that change hands: the same bits throughout."""
+    rng = np.random.default_rng(50 + seed)
+    p = int(rng.integers(1, 16))
+    got, want = RequestAcceptance(p), ReferenceAcceptance(p)
+    owners, reqs, batches, pool = {}, [], [], 40 if seed % 2 else 300  # wide batches: survival in place
+    for _ in range(300):
+        if not reqs or rng.random() < 0.15:  # another batch: a new one, or one seen before
+            if batches and rng.random() < 0.4:
+                reqs = batches[int(rng.integers(len(batches)))]
+            else:
+                for slot in rng.choice(pool, size=int(rng.integers(1, pool + 1)), replace=False).tolist():
+                    if slot not in owners or rng.random() < 0.2:
+                        owners[slot] = len(owners) + 1000 * seed + int(rng.integers(1 << 20))
+                chosen = rng.choice(sorted(owners), size=int(rng.integers(1, len(owners) + 1)), replace=False)
+                reqs = [SimpleNamespace(slot=int(s), index=owners[int(s)]) for s in chosen]
+                batches.append(reqs)
+        pooled = rng.uniform(0.0, 1.0, size=p).tolist()
+        slots = got.slots(reqs, pooled)
+        assert slots.tolist() == want.slots(reqs, pooled).tolist()
+        assert np.array_equal(got.survival(slots), np.cumprod(want.rows[slots], axis=1))
+        limits = [0] * len(reqs) if rng.random() < 0.2 else rng.integers(0, p + 2, size=len(reqs)).tolist()
+        accepted = [int(rng.integers(0, lim + 1)) for lim in limits]
+        assert got.observe(slots, limits, accepted, pooled) == want.observe(slots, limits, accepted, pooled)
+        if rng.random() < 0.1:
+            assert np.array_equal(got.rows, want.rows)
+    assert np.array_equal(got.rows, want.rows)

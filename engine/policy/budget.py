@@ -17,7 +17,7 @@ between multiples of N).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -40,20 +40,30 @@ def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> n
 
 def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
     """(measured spans, their verify ms, drafter ms per head count 0..heads, verify ms of batch + B rows
-    for B in 0..batch * heads) at `batch` (clamped into the table's range) and mean `context`."""
+    for B in 0..batch * heads, [the B `budget_spans` last searched out on these costs: where it looks
+    first]) at `batch` (clamped into the table's range) and mean `context`."""
     spans = table.spans()
     lo, hi = table.batch_range(spans)
     at = min(max(batch, lo), hi)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
     spans = np.array(spans, dtype=np.float64)
-    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify)
+    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify), [0]
+
+
+def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, floor: float, value: float) -> bool:
+    """Whether every B in (lo, end] is worth less than `value`, N + its top-B s being at most a + B slope (a
+    proof): B's ms is at least floor (the least drafter ms, plus host) + base[B], linear between multiples of
+    N (checked there and at the ends); 1e-7 of the value spares the rounding."""
+    k, q, last = value * (1.0 + SPEC_DISCOUNT) * (1.0 - 1e-7), lo // n + 1, end // n
+    kinks = (base[q * n : last * n + 1 : n] * k - np.arange(q * n, last * n + 1, n) * slope).min(initial=np.inf)
+    return bool(min(kinks, k * base[lo + 1] - (lo + 1) * slope, k * base[end] - end * slope) > a - k * floor)
 
 
 def budget_spans(
     table: CostTable,
     survival: np.ndarray,
-    caps: Sequence[int],
+    caps: Sequence[int] | Callable[[], Sequence[int]],
     context: float | None = None,
     host: tuple[float, float] = (0.0, 0.0),
     max_batch: int = 0,
@@ -61,14 +71,24 @@ def budget_spans(
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
     in j; fastest as the transpose of a C-contiguous [P, N], as `RequestAcceptance.survival` gives it),
-    caps [N], host (gated, speculative) ms a round costs beyond the table; costs: `span_costs` of this
-    batch, if cached. The top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at
-    it taken position-major; B's drafter heads step where each position's best slot enters."""
+    caps [N] (or a function giving them, not called where the round is proven gated), host (gated,
+    speculative) ms a round costs beyond the table; costs: `span_costs` of this batch, if cached. The
+    top-B slots are a threshold on s: the B-th value of the sorted slots, the ties at it taken
+    position-major; B's drafter heads step where each position's best slot enters. The answer is the
+    argmax's; its work is less where the costs' memo holds the last B: 0, a proof of a gated round without
+    sorting is tried first; else B is valued up to a little past it, the rest proven short."""
     n, p = survival.shape
-    spans, verify, draft, base = costs or span_costs(table, n, p, context)
-    cap = np.minimum(caps, int(spans[-1]) - 1)
-    total, size = int(cap.sum()), n * p
-    if gated(n, max_batch) or total == 0:
+    spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
+    last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
+    gated_value, size, floor = n / (verify[0] + host[0]), n * p, lambda: float(draft[: p + 1].min()) + host[1]
+    if gated(n, max_batch) or not size:
+        return [0] * n, float(verify[0])
+    if not last[0]:  # without caps or sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
+        tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price
+        if _short(n + float(np.maximum(survival, tau).sum()) - size * tau, tau, 0, size, n, base, floor(), gated_value):
+            return [0] * n, float(verify[0])
+    cap = np.minimum(caps() if callable(caps) else caps, int(spans[-1]) - 1)
+    if (total := int(cap.sum())) == 0:
         return [0] * n, float(verify[0])
     slots = survival.T if total == size else np.where(np.arange(p)[:, None] < cap, survival.T, -1.0)  # [P, N]
     asc = np.sort(slots, axis=None)
@@ -82,16 +102,20 @@ def budget_spans(
         for k, j in reversed(list(enumerate(tied.tolist()))):
             run = eq[k] + (run if j + 1 < p and bests[j + 1] == bests[j] else 0)
             enter[j + 1] -= run - 1
-    np.minimum(enter, total + 1, out=enter)
-    value = np.empty(total + 1)
-    value[0] = n / (verify[0] + host[0])
-    np.cumsum(asc[::-1][:total], out=value[1:])
-    value[1:] += n
-    device = np.repeat(draft[: p + 1], np.diff(enter))
-    device += base[: total + 1]
-    value[1:] /= device[1:] + host[1] if host[1] else device[1:]
-    value[1:] /= 1.0 + SPEC_DISCOUNT
-    best = int(value.argmax())
+    near = last[0] + last[0] // 8 + n // 4  # B <= near, if B > near is proven short (its s are <= asc[-near - 1])
+    for hi in (near if last[0] and near + 1024 < total else total, total):  # (a proof costs some 1024 slots' values)
+        value, heads = np.empty(hi + 1), np.minimum(enter, hi + 1)
+        value[0] = gated_value
+        np.cumsum(asc[::-1][:hi], out=value[1:])
+        value[1:] += n
+        device = np.repeat(draft[: p + 1], heads[1:] - heads[:-1])
+        device += base[: hi + 1]
+        top = value[hi]
+        value[1:] /= device[1:] + host[1] if host[1] else device[1:]
+        value[1:] /= 1.0 + SPEC_DISCOUNT
+        last[0] = best = int(value.argmax())
+        if hi == total or _short(top - hi * (d := float(asc[-hi - 1])), d, hi, total, n, base, floor(), value[best]):
+            break
     if best == 0:
         return [0] * n, float(verify[0])
     t = asc[-best]
@@ -106,16 +130,25 @@ def budget_spans(
 class RequestAcceptance:
     """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
     last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate).
-    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]."""
+    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]; the last observed batch's
+    columns are held apart (no scatter, no gather) until another batch or a read of `cols` writes them back."""
 
     def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
         self.per_round, self.ema, self.relax = per_round, ema, relax
-        self.cols = np.ones((per_round, 0))
+        self._cols = np.ones((per_round, 0))
+        self._held: tuple = (None, None)  # the slots array observe last took, their columns
         self.owner = np.zeros(0, dtype=np.int64)
         c, j = np.arange(2 * per_round + 1), np.arange(per_round)[:, None]  # a request-round's code: hit + tried
         tried, hit = j < (c + 1) // 2, j < c // 2
         self._codes = tried, hit, np.where(tried, ema, relax), np.vstack([tried, hit]).astype(np.int64)
         self._last: tuple[list, list[int], np.ndarray] = ([], [], np.zeros(0, dtype=np.int64))  # reqs, slots
+
+    @property
+    def cols(self) -> np.ndarray:
+        (held, cols), self._held = self._held, (None, None)
+        if held is not None:
+            self._cols[:, held] = cols
+        return self._cols
 
     @property
     def rows(self) -> np.ndarray:
@@ -131,7 +164,7 @@ class RequestAcceptance:
         slots, index = np.array(listed, dtype=np.int64), np.array([r.index for r in reqs], dtype=np.int64)
         if slots.size and slots.max() >= self.owner.size:
             grow = int(slots.max()) + 1 - self.owner.size
-            self.cols = np.hstack([self.cols, np.ones((self.per_round, grow))])
+            self._cols = np.hstack([self.cols, np.ones((self.per_round, grow))])
             self.owner = np.concatenate([self.owner, np.full(grow, -1)])
         fresh = self.owner[slots] != index
         if fresh.any():
@@ -142,9 +175,10 @@ class RequestAcceptance:
 
     def survival(self, slots: np.ndarray) -> np.ndarray:
         """[N, P] s_ij: P(request i's draft j+1 is accepted), i over `slots` (the transpose of a [P, N])."""
-        s = self.cols.take(slots, axis=1)
+        s = self._held[1] if self._held[0] is slots else self.cols.take(slots, axis=1)
         if len(slots) < 128:  # one call per position pays only on wide batches
             return np.cumprod(s, axis=0).T
+        s = s.copy() if s is self._held[1] else s  # the held columns stay
         for j in range(1, self.per_round):
             np.multiply(s[j - 1], s[j], out=s[j])
         return s.T
@@ -156,9 +190,9 @@ class RequestAcceptance:
         Position j was tried when j < limit and drafts 1..j were accepted: it moves `ema` toward 1 or 0,
         an untried one `relax` toward `pooled`. Returns the request-rounds that tried and accepted each
         position (the pooled estimate's update)."""
-        p, cols = self.per_round, self.cols.take(slots, axis=1)
+        p, cols = self.per_round, self._held[1] if self._held[0] is slots else self.cols.take(slots, axis=1)
         if not any(limits):  # a gated round: every position relaxes, none is counted
-            self.cols[:, slots] = cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax
+            self._held = (slots, cols + (np.asarray(pooled, dtype=np.float64)[:, None] - cols) * self.relax)
             return [0] * p, [0] * p
         n = np.fromiter(accepted, np.int64, len(slots))
         m = np.minimum(n + 1, np.fromiter(limits, np.int64, len(slots)))  # positions tried; hit: min(n, m)
@@ -169,6 +203,6 @@ class RequestAcceptance:
         goal = np.where(tried, hit, np.asarray(pooled, dtype=np.float64)[:, None]).take(code, axis=1)
         goal -= cols
         goal *= weight.take(code, axis=1)
-        self.cols[:, slots] = cols + goal
+        self._held = (slots, cols + goal)
         both = (count @ np.bincount(code, minlength=2 * p + 1)).tolist()  # Python ints: the pool's loop is scalar
         return both[:p], both[p:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from operator import attrgetter
 
 from engine.levers import Levers
 from engine.policy.budget import RequestAcceptance, budget_spans, request_caps, span_costs
@@ -16,7 +17,7 @@ from engine.request import Request
 
 def mean_context(reqs: Sequence[Request]) -> float:
     """Tokens in each request's cache, on average: the cost table's context axis."""
-    return sum(r.num_kv for r in reqs) / len(reqs)
+    return sum(map(attrgetter("num_kv"), reqs)) / len(reqs)  # the same int sum, no generator frame
 
 
 def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
@@ -104,12 +105,13 @@ class AdaptiveSpans:
         p, n = self.policy, len(reqs)
         self._context = mean_context(reqs)
         bucket = context_bucket(self._context)
-        caps = request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)
+        caps = lambda: request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)  # read if not gated
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
         ks, self._device = budget_spans(p.table, survival, caps, bucket, host, levers.max_batch, self._costs(n, bucket))
-        p.chosen[max(ks)] += 1
-        return ks[0] if min(ks) == max(ks) else ks
+        uniform = ks.count(ks[0]) == n  # one C pass where all are equal (a gated round: all 0)
+        p.chosen[ks[0] if uniform else max(ks)] += 1
+        return ks[0] if uniform else ks
 
     def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose, whose next batch is
