@@ -45,7 +45,7 @@ class Launched:
     k: the drafts a speculative round verifies (0: a one-token step); drafted: its drafter's end."""
 
     reqs: list[Request]
-    num_kv: list[int]
+    committed: list[int]  # each request's num_kv when the step is used
     gated: bool
     device_tokens: torch.Tensor
     tokens: HostTokens
@@ -108,7 +108,7 @@ class OverlappedDecode:
             return None  # a one-token step serves exactly its requests, in order
         where = {id(r): i for i, r in enumerate(launched.reqs)}
         index = [where.get(id(r), -1) for r in reqs]
-        if any(i < 0 or r.finished or r.num_kv != launched.num_kv[i] for r, i in zip(reqs, index, strict=True)):
+        if any(i < 0 or r.finished or r.num_kv != launched.committed[i] for r, i in zip(reqs, index, strict=True)):
             return None
         launched.index = index
         self.used += 1
@@ -119,8 +119,8 @@ class OverlappedDecode:
         `before`, already queued: this step's graph overwrites them)."""
         self.runner.stage(reqs, next_tokens=device_tokens)
         res = self.runner.decode(reqs)
-        num_kv = [r.num_kv + 1 for r in reqs]
-        self.launched = Launched(reqs, num_kv, gated, res.greedy, HostTokens.copy(res.greedy), before)
+        committed = [r.num_kv + 1 for r in reqs]
+        self.launched = Launched(reqs, committed, gated, res.greedy, HostTokens.copy(res.greedy), before)
         self.launches += 1
 
     def launch_round(
@@ -139,7 +139,7 @@ class OverlappedDecode:
     def settled(self, reqs: list[Request]) -> None:
         """The round the held launch follows has committed: the launch assumed these committed rows."""
         if self.launched is not None and self.launched.k:
-            self.launched.num_kv = [r.num_kv for r in reqs]
+            self.launched.committed = [r.num_kv for r in reqs]
 
     def holds(self) -> bool:
         """A step launched ahead that the next step may use (a one-token step: none of its requests ended):
