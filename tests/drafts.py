@@ -15,7 +15,7 @@ from engine.fixture.reference import plain_generate, reference_generate
 
 def engine_drafts(target, drafter, prompts: Sequence, budgets: Sequence[int], **cfg):
     """(engine, outputs, every full block of drafts proposed per request in round order)."""
-    engine = Engine(EngineConfig(model=str(target), draft_model=str(drafter), device="cpu", **cfg))
+    engine = Engine(EngineConfig(model=str(target), draft_model=str(drafter), **{"device": "cpu", **cfg}))
     seen: dict[str, list[list[int]]] = {}
     real = engine.runner.draft
 
