@@ -14,6 +14,7 @@ and the benches builds the pair; no knob selects it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -26,6 +27,7 @@ from engine import Engine, EngineConfig
 from engine.fixture.known.geometry import random_prompts
 from engine.fixture.known.modelled import ModelledDrafter, parse_profiles
 from engine.fixture.known.target import echo_failures, known_pair
+from gates.devices import card_slot
 from gates.lossless import Tally, batch_invariant, check, greedy, request_line
 from gates.near_tie import Fp32Reference
 
@@ -105,6 +107,11 @@ def run(geometry: str, profile_name: str, seed: int) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if geometry == "auto":
         geometry = "4b" if device.type == "cuda" else "tiny"
+    with card_slot(device) if device.type == "cuda" and geometry == "4b" else contextlib.nullcontext():
+        return _run(geometry, profile_name, profiles, device, seed)
+
+
+def _run(geometry: str, profile_name: str, profiles, device: torch.device, seed: int) -> int:
     plain, spec = _engines(geometry, device, seed)
     ModelledDrafter(spec, profiles, seed=seed).install()
     prompts = random_prompts(len(BUDGETS), PROMPT_LEN, spec.target_cfg.geometry.vocab_size, seed + 1)

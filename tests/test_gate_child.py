@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ import pytest
 
 from gates.cases import CASES
 from gates.child import TAIL_LINES, ChildSpec, child_spec, failure_message, run_child
-from gates.devices import worker_gpu
+from gates.devices import slot, worker_gpu
 
 CASE = {c.id: c for c in CASES}
 
@@ -144,3 +145,21 @@ def test_failure_message_names_command_env_exit_code_and_tail(tmp_path):
 )
 def test_worker_gpu(worker, environ, count, expected):
     assert worker_gpu(worker, environ, count) == expected
+
+
+def test_a_held_slot_queues_the_next_holder_until_it_is_freed(tmp_path):
+    """gates.devices.slot: two slots hold two children at once; a third waits for a free one."""
+    with slot(tmp_path, "card", 2) as first, slot(tmp_path, "card", 2) as second:
+        assert (first, second) == (0, 1)
+        got, held = [], threading.Event()
+        waiter = threading.Thread(target=lambda: [got.append(i) for i in _hold(tmp_path, held)])
+        waiter.start()
+        assert not held.wait(0.3) and got == []  # both slots held: the third cannot enter
+    waiter.join(timeout=10)
+    assert got == [0] and held.is_set()
+
+
+def _hold(lock_dir, held):
+    with slot(lock_dir, "card", 2, poll_s=0.01) as i:
+        held.set()
+        yield i
