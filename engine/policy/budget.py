@@ -23,7 +23,7 @@ import numpy as np
 
 from engine.levers import gated
 from engine.policy.costs import CostTable
-from engine.policy.span import SPEC_DISCOUNT
+from engine.policy.span import SPEC_DISCOUNT, round_drafts
 
 REQUEST_EMA = 0.25  # a request-round's weight in its own estimate, per position tried
 REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled estimate (slow: a re-probe)
@@ -32,7 +32,7 @@ REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled 
 def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> np.ndarray:
     """[N] the most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens
     left minus the bonus."""
-    cap = min(max_drafts or per_round, per_round)
+    cap = round_drafts(per_round, max_drafts)
     if len(remaining) and min(remaining) > cap:  # none near its end: one Python pass, no conversion
         return np.full(len(remaining), cap)
     return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, cap)

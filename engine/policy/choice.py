@@ -136,7 +136,7 @@ class AdaptiveSpans:
                 self._plan(nxt, draining, max(r.remaining for r in nxt) - 2, exact=True)
             return
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
-        if useful >= min(self.levers.max_drafts or self.policy.per_round, self.policy.per_round):  # the largest K
+        if useful >= round_drafts(self.policy.per_round, self.levers.max_drafts):  # the largest K
             self._plan(reqs, draining, useful, exact=False)
 
     def _plan(self, reqs: list[Request], draining: bool, useful: int, exact: bool) -> None:
