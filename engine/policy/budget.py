@@ -130,8 +130,8 @@ def budget_spans(
 class RequestAcceptance:
     """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
     last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate).
-    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]; the last observed batch's
-    columns are held apart (no scatter, no gather) until another batch or a read of `cols` writes them back."""
+    Held position-major (`cols` [P, slots]); the last observed batch's columns are held apart (no scatter,
+    no gather) until another batch or a read of `cols` writes them back."""
 
     def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
         self.per_round, self.ema, self.relax = per_round, ema, relax
@@ -149,10 +149,6 @@ class RequestAcceptance:
         if held is not None:
             self._cols[:, held] = cols
         return self._cols
-
-    @property
-    def rows(self) -> np.ndarray:
-        return self.cols.T
 
     def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
         """[N] the requests' rows; a request new to its row is seeded from `pooled`. The same requests
