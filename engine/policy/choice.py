@@ -152,10 +152,9 @@ class AdaptiveSpans:
         """k None: a plain decode step; 0: a gated round; else per request its draft limit and accepted
         drafts, observed at the next launch or decision (per request: now, its own estimate and the pool)."""
         self._k = k
-        if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
+        if self.per_request and k is not None:  # 0 (no limits): nothing tried, each estimate relaxes toward the pool
             p, (chosen, slots) = self.policy, self._slots
             slots = slots if chosen is reqs else self.requests.slots(reqs, p.conditional)
-            limits, accepted = (limits, accepted) if k else ([0] * len(reqs), [0] * len(reqs))
             p.observe_counts(*self.requests.observe(slots, limits, accepted, p.conditional))
         if k and not self.per_request:
             self._unobserved = (limits, accepted)
