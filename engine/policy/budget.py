@@ -43,8 +43,7 @@ def span_costs(table: CostTable, batch: int, heads: int, context: float | None =
     for B in 0..batch * heads, [the B `budget_spans` last searched out on these costs: where it looks
     first]) at `batch` (clamped into the table's range) and mean `context`."""
     spans = table.spans()
-    lo, hi = table.batch_range(spans)
-    at = min(max(batch, lo), hi)
+    at = table.clamp(batch, spans)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
     spans = np.array(spans, dtype=np.float64)
