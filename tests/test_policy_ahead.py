@@ -66,8 +66,9 @@ def test_a_plan_after_a_verify_reads_the_fewest_tokens_left_and_is_taken_for_its
     ahead.launched(batch, True, [8, 8])
     # the most left (one token committed) for the wave; the fewest for the cap: 50 - 1 - 8 - 1
     assert policy.calls == [("plan", 2, [39, 49], 40)]
+    assert ahead.next_k(batch, True) == 4 and ahead.next_k(batch, False) == 0  # known now: the round launched ahead
     assert ahead.choose(batch, True) == 4 and policy.calls[-1] == ("apply", 4)
-    assert ahead.ahead is None
+    assert ahead.ahead is None and ahead.next_k(batch, True) == 0
 
 
 def test_no_plan_where_the_round_may_cap_the_next():
