@@ -80,12 +80,6 @@ def test_the_widest_measured_span_caps_k():
     assert ks == [4, 4]
 
 
-def test_the_gate_forces_every_k_to_zero():
-    survival = survival_of([[1.0] * 7] * 3)
-    assert budget_spans(linear(0.01), survival, [7] * 3, max_batch=3)[0] == [0, 0, 0]
-    assert budget_spans(linear(0.01), survival, [7] * 3, max_batch=4)[0] == [7, 7, 7]
-
-
 def test_a_dear_verify_or_drafter_gives_budget_zero():
     survival = survival_of([[0.9] * 7] * 4)
     assert budget_spans(linear(5.0), survival, [7] * 4)[0] == [0] * 4

@@ -10,9 +10,9 @@ K_i = request i's slots taken. The round's B is the argmax over 0..sum(cap_i) (t
 
 verify_ms(N + B rows) = the table's verify at batch N and span 1 + B / N, linear between its measured
 spans; a speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
-round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1);
-MAX_BATCH reached: every K_i = 0. Equal estimates give a uniform K (the value is linear-fractional
-between multiples of N).
+round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1).
+Equal estimates give a uniform K (the value is linear-fractional between multiples of N). MAX_BATCH
+gates a round before any span is chosen (the scheduler's `decide_plan`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.levers import gated
 from engine.policy.costs import CostTable
 from engine.policy.span import SPEC_DISCOUNT, round_drafts
 
@@ -65,7 +64,6 @@ def budget_spans(
     caps: Sequence[int] | Callable[[], Sequence[int]],
     context: float | None = None,
     host: tuple[float, float] = (0.0, 0.0),
-    max_batch: int = 0,
     costs: tuple | None = None,
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
@@ -80,7 +78,7 @@ def budget_spans(
     spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
     last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
     gated_value, size, floor = n / (verify[0] + host[0]), n * p, lambda: float(draft[: p + 1].min()) + host[1]
-    if gated(n, max_batch) or not size:
+    if not size:
         return [0] * n, float(verify[0])
     if not last[0]:  # without caps or sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
         tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price

@@ -119,7 +119,7 @@ class AdaptiveSpans:
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
         costs = self._costs(n, bucket)
-        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, self.levers.max_batch, costs)
+        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, costs)
         uniform = ks.count(ks[0]) == n  # one C pass where all are equal (a gated round: all 0)
         p.chosen[ks[0] if uniform else max(ks)] += 1
         return ks[0] if uniform else ks
