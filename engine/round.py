@@ -16,7 +16,7 @@ from engine.hedge import Hedger
 from engine.kernels.span_meta import ragged_spans
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
-from engine.policy.choice import AdaptiveSpans, StaticSpans, ahead_key
+from engine.policy.choice import AdaptiveSpans, StaticSpans
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy, check_table
 from engine.ragged import ragged_verify
@@ -74,7 +74,6 @@ class Rounds:
         self.adaptive: AdaptiveSpans | None = None  # made once; its estimate outlives lever changes
         self.overlap = OverlappedDecode(runner, overlap, take_blocks)  # plain decode's next step launched ahead
         self.spans: StaticSpans | AdaptiveSpans = self.static
-        self.levers: Levers | None = None  # until the engine configures them
 
     def configure(self, levers: Levers) -> None:
         """Take these levers; refused (nothing changed) when the adaptive policy has no cost table.
@@ -82,15 +81,12 @@ class Rounds:
         adaptive = levers.policy != "static" and self.per_round
         if adaptive and self.cost_table is None:
             raise ValueError("policy=adaptive needs a cost table (EngineConfig.cost_table)")
-        self.levers = levers
         self.overlap.drop()  # launched under the old levers
         self.hedger.configure(levers)
         if adaptive and self.adaptive is None:
             self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
-        if self.adaptive is not None:
-            self.adaptive.ahead = None  # a plan made under other levers
-            self.adaptive.per_request = levers.policy == "budget"
         self.spans = self.adaptive if adaptive else self.static
+        self.spans.configure(levers)
 
     @property
     def policy(self) -> SpanPolicy | None:
@@ -143,7 +139,7 @@ class Rounds:
             self.runner.stage(reqs)
             res = self.runner.decode(reqs)
         if draining is not None:  # the policy chose this gated round: it plans the next one meanwhile
-            self.spans.launched(reqs, self.levers, draining, None)
+            self.spans.launched(reqs, draining, None)
         # A gated round launches its successor only where that is a gated round of the same requests.
         ahead = (not gated or self.spans.gates_next(reqs)) and self.overlap.eligible(reqs, admitting)
         if launched is None:
@@ -166,7 +162,7 @@ class Rounds:
     def speculate(self, reqs: list[Request], draining: bool = False, admitting: bool = True) -> None:
         """draining: no request waits for a slot, so the adaptive policy values K over the wave.
         admitting: as one_token's (no round launches ahead), also for the gated round the policy may choose."""
-        chosen = self.spans.choose(reqs, self.levers, draining)
+        chosen = self.spans.choose(reqs, draining)
         ks = [chosen] * len(reqs) if isinstance(chosen, int) else chosen
         k = max(ks)
         if k == 0:
@@ -184,11 +180,11 @@ class Rounds:
         else:  # its device span: from the previous round's rows copy to its own
             plan, res, rows, best, starts = [], launched.result, launched.tokens, launched.index, 1 + k
             device_rows = launched.device_tokens
-            self.spans.launched(reqs, self.levers, draining, limits)
+            self.spans.launched(reqs, draining, limits)
             if self.timer:
                 self.timer.span("draft", launched.after.ready, launched.drafted)
                 self.timer.span("target", launched.drafted, rows.ready)
-        after = self._next_k(reqs, draining) if device_rows is not None and uniform else 0
+        after = self.spans.next_k(reqs, draining) if device_rows is not None and uniform else 0
         if after and self.overlap.eligible(reqs, admitting, k):
             if launched is None:
                 rows = HostTokens.copy(device_rows)
@@ -209,14 +205,6 @@ class Rounds:
         wins = sum(h[1] != 0 for h in hedges.values())
         self.stats.count_round(outcomes, len(plan), len(hedges), wins, self.per_round)
         self.hedger.tick(plan, sum(o.committed for o in outcomes))
-
-    def _next_k(self, reqs: list[Request], draining: bool) -> int:
-        """The next round's K where the span choice knows it now (the static levers, or the adaptive policy's
-        plan for these requests, made once this round launched), else 0."""
-        if self.spans is self.static:
-            return self.static.choose(reqs, self.levers, draining)
-        ahead = self.spans.ahead
-        return ahead.decision.k if ahead and ahead.holds_for(reqs, ahead_key(self.levers, draining)) else 0
 
     def _launch(self, reqs: list[Request], ks: list[int], limits: list[int], draining: bool) -> tuple:
         """Draft and verify this round: (hedge plan, span result, accept rows: on the device where every
@@ -241,7 +229,7 @@ class Rounds:
             res = SpanResult(*out)
         else:
             res, rows = runner.verify(reqs, drafts, k, self.accept)
-        self.spans.launched(reqs, self.levers, draining, limits)
+        self.spans.launched(reqs, draining, limits)
         self._mark("target")
         k = rows.shape[1] // 2 - 1  # the rows' draft width (a ragged verify's: drafts per round)
         if not all(r.params.greedy for r in reqs):

@@ -45,7 +45,9 @@ def reqs(*remaining):
 
 def spans() -> tuple[AdaptiveSpans, Policy]:
     policy = Policy()
-    return AdaptiveSpans(policy), policy
+    chooser = AdaptiveSpans(policy)
+    chooser.configure(LEVERS)
+    return chooser, policy
 
 
 def test_an_outcome_is_observed_at_the_next_launch_once():
@@ -53,27 +55,28 @@ def test_an_outcome_is_observed_at_the_next_launch_once():
     batch = reqs(40, 50)
     ahead.settled(8, batch, [8, 8], [3, 8])
     assert policy.calls == []
-    ahead.launched(batch, LEVERS, False, [8, 8])
-    ahead.launched(batch, LEVERS, False, [8, 8])
+    ahead.launched(batch, False, [8, 8])
+    ahead.launched(batch, False, [8, 8])
     assert [c for c in policy.calls if c[0] == "observe"] == [("observe", [8, 8], [3, 8])]
 
 
 def test_a_plan_after_a_verify_reads_the_fewest_tokens_left_and_is_taken_for_its_requests():
     ahead, policy = spans()
     batch = reqs(40, 50)
-    ahead.launched(batch, LEVERS, True, [8, 8])
+    ahead.launched(batch, True, [8, 8])
     # the most left (one token committed) for the wave; the fewest for the cap: 50 - 1 - 8 - 1
     assert policy.calls == [("plan", 2, [39, 49], 40)]
-    assert ahead.choose(batch, LEVERS, True) == 4 and policy.calls[-1] == ("apply", 4)
-    assert ahead.ahead is None
+    assert ahead.next_k(batch, True) == 4 and ahead.next_k(batch, False) == 0  # known now: the round launched ahead
+    assert ahead.choose(batch, True) == 4 and policy.calls[-1] == ("apply", 4)
+    assert ahead.ahead is None and ahead.next_k(batch, True) == 0
 
 
 def test_no_plan_where_the_round_may_cap_the_next():
     ahead, policy = spans()
-    ahead.launched(reqs(10, 3), LEVERS, False, [2, 2])  # 10 - 1 - 2 - 1 = 6 drafts < 8
+    ahead.launched(reqs(10, 3), False, [2, 2])  # 10 - 1 - 2 - 1 = 6 drafts < 8
     assert ahead.ahead is None and not [c for c in policy.calls if c[0] == "plan"]
-    trimmed = Levers(max_drafts=4)  # MAX_DRAFTS caps K at 4: 6 drafts cover it
-    ahead.launched(reqs(10, 3), trimmed, False, [2, 2])
+    ahead.configure(Levers(max_drafts=4))  # MAX_DRAFTS caps K at 4: 6 drafts cover it
+    ahead.launched(reqs(10, 3), False, [2, 2])
     assert ahead.ahead is not None and policy.calls[-1] == ("plan", 2, None, 6)
 
 
@@ -81,27 +84,32 @@ def test_a_verify_plan_holds_for_the_batch_its_requests_leave_in_the_same_bucket
     batch = reqs(40, 50, 9, 60, 70, 80)
     for survivors, taken in ((batch[:5], True), (batch[1:], True), (batch[:4], False), (batch + reqs(5, 6), True)):
         ahead, _ = spans()
-        ahead.launched(batch, LEVERS, False, [8] * 6)  # batch 6: the host term's bucket 5-8
-        assert (ahead.choose(survivors, LEVERS, False) == 4) is taken
+        ahead.launched(batch, False, [8] * 6)  # batch 6: the host term's bucket 5-8
+        assert (ahead.choose(survivors, False) == 4) is taken
 
 
 def test_a_plan_for_other_requests_or_levers_is_dropped_and_the_outcome_observed_first():
     batch = reqs(40, 50)
-    for other_reqs, draining in ((batch[:1], False), (batch, True)):
+    for other_reqs, draining, levers in (
+        (batch[:1], False, LEVERS),
+        (batch, True, LEVERS),
+        (batch, False, Levers(max_batch=3)),
+    ):
         ahead, policy = spans()
-        ahead.launched(batch, LEVERS, False, [8, 8])
+        ahead.launched(batch, False, [8, 8])
         ahead.settled(8, batch, [8, 8], [1, 2])
-        assert ahead.choose(other_reqs, LEVERS, draining) == 2  # decided in turn ...
+        ahead.configure(levers)  # new levers (the engine's set_levers) drop the plan
+        assert ahead.choose(other_reqs, draining) == 2  # decided in turn ...
         assert policy.calls[-2:] == [("observe", [8, 8], [1, 2]), ("decide", len(other_reqs))]  # ... outcome in
 
 
 def test_a_gated_round_plans_for_the_requests_it_does_not_finish_and_gates_its_successor():
     ahead, policy = spans()
     batch = reqs(1, 5, 9)
-    ahead.launched(batch, LEVERS, True, None)
+    ahead.launched(batch, True, None)
     assert policy.calls == [("plan", 2, [4, 8], 7)] and ahead.ahead.reqs == batch[1:]
     assert not ahead.gates_next(batch[1:])  # the plan is K = 4, not a gated round
-    ahead.ahead = ahead.ahead.__class__(batch[1:], ahead.ahead.key, Decision(0))
+    ahead.ahead = ahead.ahead.__class__(batch[1:], True, Decision(0))
     assert ahead.gates_next(batch[1:]) and not ahead.gates_next(batch)
     ahead.settled(0, batch[1:])
     assert policy.calls[-1] == ("gated",)

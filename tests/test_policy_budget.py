@@ -80,12 +80,6 @@ def test_the_widest_measured_span_caps_k():
     assert ks == [4, 4]
 
 
-def test_the_gate_forces_every_k_to_zero():
-    survival = survival_of([[1.0] * 7] * 3)
-    assert budget_spans(linear(0.01), survival, [7] * 3, max_batch=3)[0] == [0, 0, 0]
-    assert budget_spans(linear(0.01), survival, [7] * 3, max_batch=4)[0] == [7, 7, 7]
-
-
 def test_a_dear_verify_or_drafter_gives_budget_zero():
     survival = survival_of([[0.9] * 7] * 4)
     assert budget_spans(linear(5.0), survival, [7] * 4)[0] == [0] * 4
@@ -117,19 +111,19 @@ def test_the_estimator_learns_each_request_apart_from_the_pool():
     est, pooled = RequestAcceptance(4, ema=0.5, relax=0.1), [0.8, 0.6, 0.4, 0.2]
     a, b = R(0, 0), R(1, 3)
     slots = est.slots([a, b], pooled)
-    assert np.allclose(est.rows[slots], [pooled, pooled])  # seeded from the pool
+    assert np.allclose(est.cols.T[slots], [pooled, pooled])  # seeded from the pool
     tried, hits = est.observe(slots, limits=[4, 2], accepted=[1, 2], pooled=pooled)
     assert tried == [2, 2, 0, 0] and hits == [2, 1, 0, 0]  # the pooled estimate's counts
-    row_a, row_b = est.rows[est.slots([a, b], pooled)]
+    row_a, row_b = est.cols.T[est.slots([a, b], pooled)]
     # a: position 1 accepted, 2 rejected (tried), 3 and 4 untried: relaxed toward the pool (no move)
     assert row_a.tolist() == pytest.approx([0.9, 0.3, 0.4, 0.2])
     assert row_b.tolist() == pytest.approx([0.9, 0.8, 0.4, 0.2])  # its limit 2: both tried, accepted
     est.observe(est.slots([a], pooled), limits=[0], accepted=[0], pooled=[1.0] * 4)  # gated: all relax
     relaxed = [c + 0.1 * (1.0 - c) for c in (0.9, 0.3, 0.4, 0.2)]
-    assert est.rows[0].tolist() == pytest.approx(relaxed)
+    assert est.cols.T[0].tolist() == pytest.approx(relaxed)
     assert est.survival(est.slots([a], pooled))[0].tolist() == pytest.approx(list(itertools.accumulate(relaxed, mul)))
     c = R(2, 0)  # a new request in a's slot starts from the pool
-    assert est.rows[est.slots([c], pooled)][0].tolist() == pooled
+    assert est.cols.T[est.slots([c], pooled)][0].tolist() == pooled
 
 
 def test_the_pooled_estimate_learns_alike_under_budget_and_adaptive():

@@ -67,7 +67,7 @@ def test_calibration_gives_a_complete_table_and_leaves_the_engine_idle(shipped_t
 
 def test_a_second_start_reads_the_cache(shipped_tiny, cache, one_thread, monkeypatch, caplog):
     first = start(shipped_tiny).rounds.policy.table
-    monkeypatch.setattr(cal, "calibrate", lambda *a, **k: pytest.fail("calibrated again on a cache hit"))
+    monkeypatch.setattr(cal, "time_forwards", lambda *a, **k: pytest.fail("calibrated again on a cache hit"))
     with caplog.at_level(logging.INFO, logger="engine.policy.calibration"):
         second = start(shipped_tiny).rounds.policy.table
     assert second.verify == first.verify and second.draft == first.draft

@@ -249,9 +249,7 @@ def test_a_gated_round_plans_the_next_while_the_device_runs(tiny_target, tiny_dr
     in_turn = oracle_engine(tiny_target, tiny_drafter, plain, loses_from_3())
     spans = in_turn.rounds.adaptive
     launched = spans.launched
-    spans.launched = lambda reqs, levers, draining, limits: (
-        limits is not None and launched(reqs, levers, draining, limits)
-    )
+    spans.launched = lambda reqs, draining, limits: limits is not None and launched(reqs, draining, limits)
     outs_in_turn, rows_in_turn = run(in_turn, capsys)
     assert rows == rows_in_turn and [o.token_ids for o in outs] == [o.token_ids for o in outs_in_turn]
     policy = planned.rounds.policy

@@ -10,9 +10,9 @@ K_i = request i's slots taken. The round's B is the argmax over 0..sum(cap_i) (t
 
 verify_ms(N + B rows) = the table's verify at batch N and span 1 + B / N, linear between its measured
 spans; a speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
-round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1);
-MAX_BATCH reached: every K_i = 0. Equal estimates give a uniform K (the value is linear-fractional
-between multiples of N).
+round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1).
+Equal estimates give a uniform K (the value is linear-fractional between multiples of N). MAX_BATCH
+gates a round before any span is chosen (the scheduler's `decide_plan`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.levers import gated
 from engine.policy.costs import CostTable
-from engine.policy.span import SPEC_DISCOUNT
+from engine.policy.span import SPEC_DISCOUNT, round_drafts
 
 REQUEST_EMA = 0.25  # a request-round's weight in its own estimate, per position tried
 REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled estimate (slow: a re-probe)
@@ -32,7 +31,7 @@ REQUEST_RELAX = 0.01  # per round, an untried position's step toward the pooled 
 def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> np.ndarray:
     """[N] the most drafts each request may verify: MAX_DRAFTS (0: none), the drafter's P, its tokens
     left minus the bonus."""
-    cap = min(max_drafts or per_round, per_round)
+    cap = round_drafts(per_round, max_drafts)
     if len(remaining) and min(remaining) > cap:  # none near its end: one Python pass, no conversion
         return np.full(len(remaining), cap)
     return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, cap)
@@ -43,8 +42,7 @@ def span_costs(table: CostTable, batch: int, heads: int, context: float | None =
     for B in 0..batch * heads, [the B `budget_spans` last searched out on these costs: where it looks
     first]) at `batch` (clamped into the table's range) and mean `context`."""
     spans = table.spans()
-    lo, hi = table.batch_range(spans)
-    at = min(max(batch, lo), hi)
+    at = table.clamp(batch, spans)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
     spans = np.array(spans, dtype=np.float64)
@@ -66,7 +64,6 @@ def budget_spans(
     caps: Sequence[int] | Callable[[], Sequence[int]],
     context: float | None = None,
     host: tuple[float, float] = (0.0, 0.0),
-    max_batch: int = 0,
     costs: tuple | None = None,
 ) -> tuple[list[int], float]:
     """(K_i per request, the round's device ms on the table) from survival [N, P] (s_ij, non-increasing
@@ -81,7 +78,7 @@ def budget_spans(
     spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
     last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
     gated_value, size, floor = n / (verify[0] + host[0]), n * p, lambda: float(draft[: p + 1].min()) + host[1]
-    if gated(n, max_batch) or not size:
+    if not size:
         return [0] * n, float(verify[0])
     if not last[0]:  # without caps or sorting: for any tau, the top-B s sum to at most sum (s - tau)+ + B tau
         tau = max(gated_value * (1.0 + SPEC_DISCOUNT) * (base[-1] - base[0]) / size, 0.0)  # a slot's mean price
@@ -130,8 +127,8 @@ def budget_spans(
 class RequestAcceptance:
     """Per-request conditional acceptance, one row per block-table slot, owned by the request index that
     last used it (a new owner, or one re-admitted after a preemption, starts from the pooled estimate).
-    Held position-major: `rows` [slots, P] is a view of `cols` [P, slots]; the last observed batch's
-    columns are held apart (no scatter, no gather) until another batch or a read of `cols` writes them back."""
+    Held position-major (`cols` [P, slots]); the last observed batch's columns are held apart (no scatter,
+    no gather) until another batch or a read of `cols` writes them back."""
 
     def __init__(self, per_round: int, ema: float = REQUEST_EMA, relax: float = REQUEST_RELAX):
         self.per_round, self.ema, self.relax = per_round, ema, relax
@@ -149,10 +146,6 @@ class RequestAcceptance:
         if held is not None:
             self._cols[:, held] = cols
         return self._cols
-
-    @property
-    def rows(self) -> np.ndarray:
-        return self.cols.T
 
     def slots(self, reqs: Sequence, pooled: Sequence[float]) -> np.ndarray:
         """[N] the requests' rows; a request new to its row is seeded from `pooled`. The same requests

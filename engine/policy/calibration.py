@@ -80,17 +80,6 @@ def time_forwards(
     return rows
 
 
-def calibrate(engine: EngineView, accept: AcceptRule, how: CalibrationPlan) -> tuple[CostTable, list[dict]]:
-    """Measure the table on the idle engine, at the plan's context and then its long one: (table, rows)."""
-    repeats, iters, warmup = GRAPH_TIMING if engine.runner.graphs.enabled else EAGER_TIMING
-    rows = []
-    for batches, context in ((how.batches, how.context), (how.long_batches, how.long_context)):
-        if batches:
-            with dummy_requests(engine, max(batches), context, max(how.spans)) as reqs:
-                rows += time_forwards(engine.runner, accept, reqs, batches, how.spans, repeats, iters, warmup=warmup)
-    return CostTable.from_rows(rows), rows
-
-
 def cache_key(engine: EngineView, how: CalibrationPlan) -> dict:
     """What a measured table depends on; a cached table is reused only for an equal key."""
     device, graphs = engine.device, engine.runner.graphs
@@ -128,8 +117,9 @@ def read_cached(path: Path, key: dict) -> CostTable | None:
 
 
 def calibrated_table(engine: EngineView, accept: AcceptRule) -> CostTable:
-    """The engine's cost table: cached for its key, else calibrated now and cached (one process
-    calibrates; another waiting on the lock then reads its file)."""
+    """The engine's cost table: cached for its key, else measured now on the idle engine (at the plan's
+    context, then its long one) and cached (one process calibrates; another waiting on the lock then
+    reads its file)."""
     how = plan_calibration(engine)
     key = cache_key(engine, how)
     path = cache_path(key)
@@ -139,9 +129,15 @@ def calibrated_table(engine: EngineView, accept: AcceptRule) -> CostTable:
         if table is not None:
             log.info("cost table: cache hit %s", path)
             return table
-        start = time.perf_counter()
-        table, rows = calibrate(engine, accept, how)
-        wall = time.perf_counter() - start
+        start, rows = time.perf_counter(), []
+        repeats, iters, warmup = GRAPH_TIMING if engine.runner.graphs.enabled else EAGER_TIMING
+        for batches, context in ((how.batches, how.context), (how.long_batches, how.long_context)):
+            if batches:
+                with dummy_requests(engine, max(batches), context, max(how.spans)) as reqs:
+                    rows += time_forwards(
+                        engine.runner, accept, reqs, batches, how.spans, repeats, iters, warmup=warmup
+                    )
+        table, wall = CostTable.from_rows(rows), time.perf_counter() - start
         tmp = path.with_suffix(".tmp")  # written whole under the lock, then renamed
         record = {"key": key, "rows": rows, "wall_s": wall, "created": time.time()}
         tmp.write_text(json.dumps(record, indent=1, default=str))

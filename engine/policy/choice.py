@@ -1,5 +1,6 @@
-"""The span choice a round calls (engine/round.py), static or adaptive, in round order: `choose` (K; 0 =
-gated), `launched`, `settled` (its outcome), `wall` (the step's ms); `gates_next`: may a successor launch ahead."""
+"""The span choice a round calls (engine/round.py), static or adaptive: `configure` (the levers), then in
+round order `choose` (K; 0 = gated), `launched`, `settled` (its outcome), `wall` (the step's ms); `next_k`:
+the next round's K where known now (else 0); `gates_next`: may a successor launch ahead."""
 
 from __future__ import annotations
 
@@ -20,10 +21,6 @@ def mean_context(reqs: Sequence[Request]) -> float:
     return sum(map(attrgetter("num_kv"), reqs)) / len(reqs)  # the same int sum, no generator frame
 
 
-def ahead_key(levers: Levers, draining: bool) -> tuple[int, int, bool]:
-    return levers.max_drafts, levers.max_batch, draining
-
-
 class StaticSpans:
     """K = the drafter's drafts per round, trimmed by MAX_DRAFTS."""
 
@@ -31,10 +28,15 @@ class StaticSpans:
     per_request = False
 
     def __init__(self, per_round: int):
-        self.per_round = per_round
+        self.per_round, self.levers = per_round, Levers()
 
-    def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int:
-        return round_drafts(self.per_round, levers.max_drafts)
+    def configure(self, levers: Levers) -> None:
+        self.levers = levers
+
+    def choose(self, reqs: list[Request], draining: bool) -> int:
+        return round_drafts(self.per_round, self.levers.max_drafts)
+
+    next_k = choose
 
     def launched(self, *args: object) -> None:
         """Nothing to learn: `settled` and `wall` alike."""
@@ -47,17 +49,17 @@ class StaticSpans:
 
 @dataclass(frozen=True)
 class Ahead:
-    """A decision for the next round made while the device ran this one, under `key` (ahead_key), at mean
-    `context`: for exactly `reqs`, or (not exact) any batch of their power-of-two bucket."""
+    """A decision for the next round made while the device ran this one, for a `draining` wave or not, at
+    mean `context`: for exactly `reqs`, or (not exact) any batch of their power-of-two bucket."""
 
     reqs: list[Request]
-    key: tuple[int, int, bool]
+    draining: bool
     decision: Decision
     exact: bool = True
     context: float | None = None
 
-    def holds_for(self, reqs: list[Request], key: tuple[int, int, bool]) -> bool:
-        if key != self.key:
+    def holds_for(self, reqs: list[Request], draining: bool) -> bool:
+        if draining != self.draining:
             return False
         return reqs == self.reqs if self.exact else (len(reqs) - 1).bit_length() == (len(self.reqs) - 1).bit_length()
 
@@ -68,7 +70,7 @@ class AdaptiveSpans:
     per_request (policy=budget): K_i per request under one verify budget (engine/policy/budget.py)."""
 
     def __init__(self, policy: SpanPolicy):
-        self.policy, self.per_request = policy, False
+        self.policy, self.per_request, self.levers = policy, False, Levers()
         self.ahead: Ahead | None = None
         self.requests = RequestAcceptance(policy.per_round)
         self._costs = cache(lambda n, context: span_costs(self.policy.table, n, self.policy.per_round, context))
@@ -78,6 +80,10 @@ class AdaptiveSpans:
         self._k: int | None = None  # the K of the last round, until its wall arrives
         self._context: float | None = None  # the mean context its decision read
 
+    def configure(self, levers: Levers) -> None:
+        """Levers in force from now: a plan made under others is dropped."""
+        self.levers, self.ahead, self.per_request = levers, None, levers.policy == "budget"
+
     def set_table(self, table: CostTable) -> None:
         """A table measured on this device: the host term is learnt, the acceptance estimate kept."""
         self.ahead = None
@@ -86,34 +92,39 @@ class AdaptiveSpans:
         conditional, self.policy = self.policy.conditional, SpanPolicy(table, self.policy.per_round)
         self.policy.conditional = list(conditional)
 
-    def choose(self, reqs: list[Request], levers: Levers, draining: bool) -> int | list[int]:
+    def choose(self, reqs: list[Request], draining: bool) -> int | list[int]:
         """The plan made for this round where it holds, else a decision in turn (every outcome observed);
         per request: K_i each (an int where all are equal)."""
         if self.per_request:
-            return self._per_request(reqs, levers)
+            return self._per_request(reqs)
         ahead, self.ahead = self.ahead, None
-        if ahead is not None and ahead.holds_for(reqs, ahead_key(levers, draining)):
+        if ahead is not None and ahead.holds_for(reqs, draining):
             self._context = ahead.context
             return self.policy.apply(ahead.decision)
         self.flush()
         remaining = [r.remaining for r in reqs]  # one pass over the requests: each costs at batch 256
         self._context, wave = mean_context(reqs), remaining if draining else None
-        return self.policy.decide(len(reqs), levers.max_drafts, wave, max(remaining) - 1, self._context)
+        return self.policy.decide(len(reqs), self.levers.max_drafts, wave, max(remaining) - 1, self._context)
 
-    def _per_request(self, reqs: list[Request], levers: Levers) -> int | list[int]:
+    def next_k(self, reqs: list[Request], draining: bool) -> int:
+        a = self.ahead
+        return a.decision.k if a is not None and a.holds_for(reqs, draining) else 0
+
+    def _per_request(self, reqs: list[Request]) -> int | list[int]:
         self.flush()
-        p, n = self.policy, len(reqs)
+        p, n, max_drafts = self.policy, len(reqs), self.levers.max_drafts
         self._context = mean_context(reqs)
         bucket = context_bucket(self._context)
-        caps = lambda: request_caps([r.remaining for r in reqs], p.per_round, levers.max_drafts)  # read if not gated
+        caps = lambda: request_caps([r.remaining for r in reqs], p.per_round, max_drafts)  # read if not gated
         self._slots = (reqs, self.requests.slots(reqs, p.conditional))
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
-        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, levers.max_batch, self._costs(n, bucket))
+        costs = self._costs(n, bucket)
+        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, costs)
         uniform = ks.count(ks[0]) == n  # one C pass where all are equal (a gated round: all 0)
         p.chosen[ks[0] if uniform else max(ks)] += 1
         return ks[0] if uniform else ks
 
-    def launched(self, reqs: list[Request], levers: Levers, draining: bool, limits: Sequence[int] | None) -> None:
+    def launched(self, reqs: list[Request], draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose, whose next batch is
         this one less those it finishes. After a verify the next round is planned only where no request's
         budget can cap its K."""
@@ -122,18 +133,18 @@ class AdaptiveSpans:
             return
         if limits is None:
             if nxt := [r for r in reqs if r.remaining > 1]:
-                self._plan(nxt, levers, draining, max(r.remaining for r in nxt) - 2, exact=True)
+                self._plan(nxt, draining, max(r.remaining for r in nxt) - 2, exact=True)
             return
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
-        if useful >= min(levers.max_drafts or self.policy.per_round, self.policy.per_round):  # the largest K
-            self._plan(reqs, levers, draining, useful, exact=False)
+        if useful >= round_drafts(self.policy.per_round, self.levers.max_drafts):  # the largest K
+            self._plan(reqs, draining, useful, exact=False)
 
-    def _plan(self, reqs: list[Request], levers: Levers, draining: bool, useful: int, exact: bool) -> None:
+    def _plan(self, reqs: list[Request], draining: bool, useful: int, exact: bool) -> None:
         """The next round's decision, on each request's tokens left and context after one committed token."""
         remaining = [r.remaining - 1 for r in reqs] if draining else None
         context = mean_context(reqs) + 1
-        decision = self.policy.plan(len(reqs), levers.max_drafts, remaining, useful, context)
-        self.ahead = Ahead(list(reqs), ahead_key(levers, draining), decision, exact, context)
+        decision = self.policy.plan(len(reqs), self.levers.max_drafts, remaining, useful, context)
+        self.ahead = Ahead(list(reqs), draining, decision, exact, context)
 
     def settled(
         self, k: int | None, reqs: Sequence[Request], limits: Sequence[int] = (), accepted: Sequence[int] = ()
@@ -141,10 +152,9 @@ class AdaptiveSpans:
         """k None: a plain decode step; 0: a gated round; else per request its draft limit and accepted
         drafts, observed at the next launch or decision (per request: now, its own estimate and the pool)."""
         self._k = k
-        if self.per_request and k is not None:  # 0: nothing tried, each estimate relaxes toward the pool
+        if self.per_request and k is not None:  # 0 (no limits): nothing tried, each estimate relaxes toward the pool
             p, (chosen, slots) = self.policy, self._slots
             slots = slots if chosen is reqs else self.requests.slots(reqs, p.conditional)
-            limits, accepted = (limits, accepted) if k else ([0] * len(reqs), [0] * len(reqs))
             p.observe_counts(*self.requests.observe(slots, limits, accepted, p.conditional))
         if k and not self.per_request:
             self._unobserved = (limits, accepted)

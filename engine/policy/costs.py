@@ -61,13 +61,13 @@ class CostTable:
     def spans(self) -> list[int]:
         return sorted({s for _, s in self.verify})
 
-    def batch_range(self, spans: Sequence[int]) -> tuple[int, int]:
-        """The batches every one of `spans` and the drafter rows cover: (lowest, highest)."""
+    def clamp(self, batch: int, spans: Sequence[int]) -> int:
+        """`batch`, or the nearest end of the batches every one of `spans` and the drafter rows cover."""
         series = [[b for b, s in self.verify if s == span] for span in spans] + [list(self.draft)]
         lo, hi = max(min(xs) for xs in series), min(max(xs) for xs in series)
         if lo > hi:
             raise ValueError(f"the cost table's spans {list(spans)} and drafter rows share no batch range")
-        return lo, hi
+        return min(max(batch, lo), hi)
 
     def verify_ms(self, batch: int, span: int, context: float | None = None) -> float:
         points = {b: ms for (b, s), ms in self.verify.items() if s == span}

@@ -51,8 +51,7 @@ def span_candidates(per_round: int, max_drafts: int, table: CostTable) -> list[i
 
 def round_times(table: CostTable, batch: int, ks: Sequence[int], context: float | None = None) -> dict[int, float]:
     """ms per K (0: gated) of a round of `batch` requests (clamped into the table) at mean `context`."""
-    lo, hi = table.batch_range([1 + k for k in ks])
-    at = min(max(batch, lo), hi)
+    at = table.clamp(batch, [1 + k for k in ks])
     return {k: table.round_ms(at, k, context) if k else table.gated_ms(at, context) for k in ks}
 
 
