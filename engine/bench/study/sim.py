@@ -1,7 +1,8 @@
 """The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots, finished
 requests replaced by one prefill (after the round launched ahead, where one is: engine/decode_overlap.py),
-each speculative request-round committing a draw (the profile's or the drafter's own: draws.py); an
-arm's tok/s and the (plan, batch) steps it replayed."""
+each speculative request-round committing a draw (its request class's, or the drafter's own: draws.py);
+an arm's tok/s and the (plan, batch) steps it replayed. policy=budget rounds take K_i from the engine's
+own per-request chooser (`RequestSpans`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TypeAlias
 
+import numpy as np
+
 from engine.bench.study.model import StepCosts, committed_pmf
-from engine.levers import gated
+from engine.kernels.span_meta import ragged_spans
+from engine.levers import Levers, gated
+from engine.policy.choice import AdaptiveSpans
+from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy
+from engine.round import draft_heads
 from engine.scheduler import Plan
 
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
@@ -43,16 +51,20 @@ def simulate_closed_loop(
     buckets: Sequence[int] = (),
     seed: int = 0,
     draws: Iterator[int] | None = None,
-    policy: SpanPolicy | None = None,
+    policy: SpanPolicy | RequestSpans | None = None,
     accepted: Accepted | None = None,
+    classes: Sequence[Sequence[float]] = (),
 ) -> SimResult:
     """drafts None: plain decode; gate N gates rounds of >= N requests; buckets: a step of n requests
     runs the graphs of the first bucket >= n; draws: the request-rounds' accepted-draft counts in order
-    (default: seeded from `conditional`); accepted: request i's draws by tokens output (draws.py);
-    policy: the adaptive span policy choosing and observing each round as the engine's does."""
+    (default: seeded from `conditional`, or from one of `classes` drawn per request); accepted: request
+    i's draws by tokens output (draws.py); policy: the adaptive span policy (or the per-request one)
+    choosing and observing each round as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
-    draw = _request_drawer(conditional, seed, draws, accepted, new_tokens)
+    draw = _request_drawer(classes or [conditional], seed, draws, accepted, new_tokens, requests)
+    if isinstance(policy, RequestSpans):
+        return _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, policy)
     engine = "plain" if drafts is None else "spec"
     res = SimResult()
     waiting, running, ids = requests, [], []  # running: tokens left; ids: admission indices
@@ -104,27 +116,80 @@ def simulate_closed_loop(
 
 
 def _request_drawer(
-    conditional: Sequence[float], seed: int, draws: Iterator[int] | None, accepted: Accepted | None, new_tokens: int
+    rates: Sequence[Sequence[float]], seed: int, draws, accepted: Accepted | None, new_tokens: int, requests: int
 ) -> Callable[[int, int, int], int]:
-    """draw(request index, tokens left, k): the accepted-draft count of one request-round of k drafts."""
+    """draw(request index, tokens left, k): the accepted-draft count of one request-round of k drafts;
+    seeded, request i's class (one of `rates`) drawn from a second generator (one class: none drawn)."""
     if accepted is not None:
         return lambda i, left, k: min(accepted(i, new_tokens - left), k)
     if draws is not None:
         return lambda _i, _left, _k: next(draws)
-    draw = _drawer(conditional, seed)
-    return lambda _i, _left, k: draw(k)
+    rng, pick, cdfs = random.Random(seed), random.Random(seed + (1 << 32)), {}
+    cls = [pick.randrange(len(rates)) for _ in range(requests)] if len(rates) > 1 else [0] * requests
 
-
-def _drawer(conditional: Sequence[float], seed: int) -> Callable[[int], int]:
-    """Seeded accepted-draft counts for rounds of k drafts (one generator for every k)."""
-    rng, cdfs = random.Random(seed), {}
-
-    def draw(k: int) -> int:
-        if k not in cdfs:
-            cdfs[k] = list(itertools.accumulate(committed_pmf(conditional, k)))
-        return min(bisect.bisect_right(cdfs[k], rng.random()), len(cdfs[k]) - 1)
+    def draw(i: int, _left: int, k: int) -> int:
+        if (cls[i], k) not in cdfs:
+            cdfs[cls[i], k] = list(itertools.accumulate(committed_pmf(rates[cls[i]], k)))
+        cdf = cdfs[cls[i], k]
+        return min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
 
     return draw
+
+
+class RequestSpans:
+    """policy=budget in the replay: the engine's own chooser (engine/policy/choice.py AdaptiveSpans,
+    per_request) on stand-in requests, its estimate starting at `conditional`, settled and timed per
+    round as engine/round.py does; `ms` the step of K_i on the table as the engine runs it (ragged rows
+    at the request bucket times the least ragged span holding them; eager: the rows, linear in span)."""
+
+    def __init__(self, table: CostTable, per_round: int, conditional: Sequence[float], max_drafts: int = 0, gate=0):
+        policy = SpanPolicy(table, per_round)
+        policy.conditional = list(conditional)
+        self.spans, self.levers = AdaptiveSpans(policy), Levers(max_batch=gate, max_drafts=max_drafts)
+        self.spans.per_request, self.per_round, self.table = True, per_round, table
+
+    def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
+        k, rows, ragged = max(ks), n + sum(ks), min(ks) != max(ks)
+        span = next(s for s in ragged_spans(self.per_round) if m * s >= rows) if graphs and ragged else rows / n
+        heads, spans = draft_heads(k, ragged, self.per_round), self.table.spans()
+        verify = np.interp(span, spans, [self.table.verify_ms(m, s) for s in spans])
+        return self.table.draft_ms(m, heads) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
+
+
+def _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, spans: RequestSpans) -> SimResult:
+    """simulate_closed_loop under policy=budget: no round is launched ahead (engine/round.py: only a uniform
+    round of the uniform policy is), so a finished request's slot is refilled at the next step."""
+    res, waiting, running, free = SimResult(), requests, [], list(range(concurrency))  # running: [index, slot, left]
+    while waiting or running:
+        if waiting and len(running) < concurrency:
+            n = min(concurrency - len(running), waiting)
+            running += [[requests - waiting + j, free.pop(0), new_tokens - 1] for j in range(n)]
+            waiting -= n
+            res.steps.append((Plan.PREFILL.value, n))
+            res.ms, res.tokens = res.ms + costs.prefill_ms("spec", n), res.tokens + n
+            continue
+        n, m = len(running), _bucket(len(running), buckets)
+        reqs = [SimpleNamespace(index=i, slot=slot, remaining=left, num_kv=0) for i, slot, left in running]
+        chosen = [0] * n if gated(n, gate) else spans.spans.choose(reqs, spans.levers, not waiting)
+        ks = [chosen] * n if isinstance(chosen, int) else chosen
+        if max(ks) == 0:
+            res.steps.append((Plan.GATED.value, n))
+            ms, commits = costs.step_ms(Plan.GATED.value, n, m), [1] * n
+            spans.spans.settled(0, reqs)
+        else:
+            res.steps.append((Plan.SPECULATIVE.value, n))
+            limits = [min(k, left - 1) for k, (*_, left) in zip(ks, running, strict=True)]
+            ms = spans.ms(costs, n, m, ks, bool(buckets))
+            got = [min(draw(i, left, k), lim) for k, lim, (i, _, left) in zip(ks, limits, running, strict=True)]
+            spans.spans.settled(max(ks), reqs, limits, got)
+            commits = [1 + a for a in got]
+        spans.spans.wall(n, ms)
+        res.ms, res.tokens = res.ms + ms, res.tokens + sum(commits)
+        for r, c in zip(running, commits, strict=True):
+            r[2] -= c
+        free += [slot for _, slot, left in running if left <= 0]
+        running = [r for r in running if r[2] > 0]
+    return res
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
