@@ -18,11 +18,14 @@ from engine.graphs import StepGraphs, _pad
 
 def test_the_arms_name_the_verify_spans_and_whether_one_token_rounds_run():
     static = parse_arms(["spec", "spec+trim=2", "spec+trim=4", "spec+trim=8", "spec+trim=32"], noise_arm=True)
-    assert graph_keys(static, 15) == ([2, 4, 8, 15], False)
-    assert graph_keys(parse_arms(["spec+gate=32"]), 15) == ([15], True)
+    assert graph_keys(static, 15) == ([2, 4, 8, 15], False, [])
+    assert graph_keys(parse_arms(["spec+gate=32"]), 15) == ([15], True, [])
     adaptive = parse_arms(["spec+trim=4+policy=adaptive"])
-    assert graph_keys(adaptive, 15) == ([1, 2, 4], True)  # the policy's K up to the trim (K = 0 runs one token)
-    assert graph_keys(parse_arms(["plain"]), 15) == ([], False)
+    assert graph_keys(adaptive, 15) == ([1, 2, 4], True, [])  # the policy's K up to the trim (K = 0: one token)
+    assert graph_keys(parse_arms(["plain"]), 15) == ([], False, [])
+    # policy=budget: every uniform K up to the trim and the ragged spans holding its rows, as the engine warms
+    assert graph_keys(parse_arms(["spec+trim=4+policy=budget"]), 15) == ([1, 2, 3, 4], True, [2, 3, 5])
+    assert graph_keys(parse_arms(["spec+policy=budget"]), 15) == (list(range(1, 16)), True, [2, 3, 5, 9, 16])
 
 
 class EagerGraphs(StepGraphs):
