@@ -386,7 +386,7 @@ def test_the_budget_arm_replays_the_engines_chooser_per_request_on_a_mixed_profi
 def budget_spans(conditional=None, learn_host: bool = True) -> RequestSpans:
     rates = parse_profile("code+weak").first(7).conditional if conditional is None else conditional
     spans = RequestSpans(dear_rows().table, 7, rates)
-    spans.spans.policy.learn_host = learn_host
+    spans.policy.learn_host = learn_host
     return spans
 
 

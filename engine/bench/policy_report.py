@@ -13,7 +13,7 @@ from engine.bench.arms import PLAIN, SPEC, parse_arm
 from engine.bench.report import markdown_table, pct
 
 
-def is_static(label: str) -> bool:
+def _is_static(label: str) -> bool:
     return "#" not in label and not parse_arm(label).adaptive
 
 
@@ -33,7 +33,7 @@ def best_single_static(summary: Sequence[dict]) -> tuple[str, float] | None:
     missing a concurrency are left out."""
     cs = sorted({s["concurrency"] for s in summary})
     best = None
-    for label in dict.fromkeys(s["arm"] for s in summary if is_static(s["arm"])):
+    for label in dict.fromkeys(s["arm"] for s in summary if _is_static(s["arm"])):
         ratios = [static_ratio(summary, label, c) for c in cs]
         if any(r is None or r <= 0 for r in ratios):
             continue
@@ -72,7 +72,7 @@ def adaptive_rows(rows: Sequence[dict], summary: Sequence[dict], arm: str) -> li
     out = []
     for c in sorted({s["concurrency"] for s in summary}):
         mine = next((s for s in summary if s["concurrency"] == c and s["arm"] == arm), None)
-        static = [s for s in summary if s["concurrency"] == c and is_static(s["arm"])]
+        static = [s for s in summary if s["concurrency"] == c and _is_static(s["arm"])]
         if mine is None or not static:
             continue
         best = max(static, key=lambda s: s["tok_s"])

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
 from engine.bench.meta import meta_lines
 from engine.bench.plots import sweep_plot
-from engine.bench.policy_report import adaptive_markdown, is_static, paired
+from engine.bench.policy_report import adaptive_markdown, adaptive_rows, paired
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.study.draws import StudyDraws, replay_check
@@ -178,30 +178,21 @@ def profile_table(summary: Sequence[dict]) -> str:
 
 def policies_markdown(rows: Sequence[dict], summary: Sequence[dict]) -> str:
     """Per c: the best static arm, the uniform adaptive arm and the per-request budget arm, tok/s median
-    (least … most over rounds); budget over adaptive and over the best static (paired medians over rounds)
-    beside the cost model's budget over adaptive ('' without both policy arms)."""
-    labels = [s["arm"] for s in summary if "#" not in s["arm"] and parse_arm(s["arm"]).adaptive]
-    uni = next((a for a in labels if not parse_arm(a).per_request), None)
-    per = next((a for a in labels if parse_arm(a).per_request), None)
-    table = []
-    for c in sorted({s["concurrency"] for s in summary}) if uni and per else []:
-        cell = {s["arm"]: s for s in summary if s["concurrency"] == c}
-        static = [s for s in cell.values() if is_static(s["arm"])]
-        if uni not in cell or per not in cell or not static:
-            continue
-        best = max(static, key=lambda s: s["tok_s"])["arm"]
+    (least … most over rounds); budget over adaptive (paired over rounds) beside the cost model's, budget
+    over the best static ('' without both policy arms)."""
+    arms = [s["arm"] for s in summary if "#" not in s["arm"] and parse_arm(s["arm"]).adaptive]
+    uni, per = (next((a for a in arms if parse_arm(a).per_request == each), None) for each in (False, True))
+    pred, table = {(s["concurrency"], s["arm"]): s["predicted_tok_s"] for s in summary}, []
+    for g in adaptive_rows(rows, summary, per) if uni and per else []:
+        c, best = g["concurrency"], g["best_static"]
         tok = [[r["tok_s"] for r in rows if (r["concurrency"], r["arm"]) == (c, a)] for a in (best, uni, per)]
-        pred = [cell[a]["predicted_tok_s"] for a in (per, uni)]
-        row = [c, best, *(f"{statistics.median(t):,.0f} ({min(t):,.0f} … {max(t):,.0f})" for t in tok)]
-        row += [pct(paired(rows, c, per, uni)), pct(pred[0] / pred[1] if all(pred) else None)]
-        table.append([*row, pct(paired(rows, c, per, best)), f"±{100 * (cell[per]['noise_floor'] or 0):.1f} %"])
-    if not table:
-        return ""
-    header = ["c", "best static", "its tok/s", f"`{uni}` tok/s", f"`{per}` tok/s", "budget / adaptive"]
-    header += ["predicted", "budget / best static", "noise"]
-    return "Per-request spans against one K (tok/s: median, least … most over rounds):\n\n" + (
-        markdown_table(header, table) + "\n\n"
-    )
+        gain = pred[c, per] / pred[c, uni] if pred[c, per] and pred.get((c, uni)) else None
+        row = [c, best, *(f"{statistics.median(t):,.0f} ({min(t):,.0f} … {max(t):,.0f})" for t in tok if t)]
+        row += [pct(paired(rows, c, per, uni)), pct(gain), pct(g["vs_best"]), f"±{100 * g['noise']:.1f} %"]
+        table += [row] if tok[1] else []
+    header = ["c", "best static", "its tok/s", f"`{uni}` tok/s", f"`{per}` tok/s", "budget / adaptive", "predicted"]
+    text = "Per-request spans against one K (tok/s: median, least … most over rounds):\n\n"
+    return text + markdown_table([*header, "budget / best static", "noise"], table) + "\n\n" if table else ""
 
 
 def checks_markdown(costs: dict[str, list[dict]], echo: dict | None, lossless: list[dict] | None) -> str:

@@ -25,6 +25,8 @@ from engine.policy.span import SpanPolicy
 from engine.round import draft_heads
 from engine.scheduler import Plan
 
+SPEC = Plan.SPECULATIVE.value
+
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
 Accepted: TypeAlias = Callable[[int, int], int]
 
@@ -63,7 +65,7 @@ def simulate_closed_loop(
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _request_drawer(classes or [conditional], seed, draws, accepted, new_tokens, requests)
-    if isinstance(policy, RequestSpans):
+    if isinstance(policy, RequestSpans):  # K_i per request (slot: the request's index, a fresh row each)
         return _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, policy)
     engine = "plain" if drafts is None else "spec"
     res = SimResult()
@@ -136,59 +138,52 @@ def _request_drawer(
     return draw
 
 
-class RequestSpans:
-    """policy=budget in the replay: the engine's own chooser (engine/policy/choice.py AdaptiveSpans,
-    per_request) on stand-in requests, its estimate starting at `conditional`, settled and timed per
-    round as engine/round.py does; `ms` the step of K_i on the table as the engine runs it (ragged rows
-    at the request bucket times the least ragged span holding them; eager: the rows, linear in span)."""
+class RequestSpans(AdaptiveSpans):
+    """policy=budget in the replay: the engine's own per-request chooser (engine/policy/choice.py) over
+    stand-in requests (a block-table row each), its estimate from `conditional`, each round settled and
+    timed as engine/round.py does; `ms`: a round of K_i on the table as the engine runs it (ragged rows at
+    the request bucket times the least ragged span holding them; eager: the rows, linear in span)."""
 
     def __init__(self, table: CostTable, per_round: int, conditional: Sequence[float], max_drafts: int = 0, gate=0):
-        policy = SpanPolicy(table, per_round)
-        policy.conditional = list(conditional)
-        self.spans, self.levers = AdaptiveSpans(policy), Levers(max_batch=gate, max_drafts=max_drafts)
-        self.spans.per_request, self.per_round, self.table = True, per_round, table
+        super().__init__(SpanPolicy(table, per_round))
+        self.policy.conditional, self.per_request = list(conditional), True
+        self.levers = Levers(max_batch=gate, max_drafts=max_drafts)
 
     def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
-        k, rows, ragged = max(ks), n + sum(ks), min(ks) != max(ks)
-        span = next(s for s in ragged_spans(self.per_round) if m * s >= rows) if graphs and ragged else rows / n
-        heads, spans = draft_heads(k, ragged, self.per_round), self.table.spans()
-        verify = np.interp(span, spans, [self.table.verify_ms(m, s) for s in spans])
-        return self.table.draft_ms(m, heads) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
+        k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
+        span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
+        verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
+        return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(SPEC, n, k)
 
 
 def _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, spans: RequestSpans) -> SimResult:
     """simulate_closed_loop under policy=budget: no round is launched ahead (engine/round.py: only a uniform
     round of the uniform policy is), so a finished request's slot is refilled at the next step."""
-    res, waiting, running, free = SimResult(), requests, [], list(range(concurrency))  # running: [index, slot, left]
+    res, waiting, running = SimResult(), requests, []  # running: [admission index, tokens left]
     while waiting or running:
         if waiting and len(running) < concurrency:
             n = min(concurrency - len(running), waiting)
-            running += [[requests - waiting + j, free.pop(0), new_tokens - 1] for j in range(n)]
-            waiting -= n
+            running, waiting = running + [[requests - waiting + j, new_tokens - 1] for j in range(n)], waiting - n
             res.steps.append((Plan.PREFILL.value, n))
             res.ms, res.tokens = res.ms + costs.prefill_ms("spec", n), res.tokens + n
             continue
         n, m = len(running), _bucket(len(running), buckets)
-        reqs = [SimpleNamespace(index=i, slot=slot, remaining=left, num_kv=0) for i, slot, left in running]
-        chosen = [0] * n if gated(n, gate) else spans.spans.choose(reqs, spans.levers, not waiting)
+        reqs = [SimpleNamespace(index=i, slot=i, remaining=left, num_kv=0) for i, left in running]
+        chosen = 0 if gated(n, gate) else spans.choose(reqs, spans.levers, not waiting)
         ks = [chosen] * n if isinstance(chosen, int) else chosen
         if max(ks) == 0:
-            res.steps.append((Plan.GATED.value, n))
             ms, commits = costs.step_ms(Plan.GATED.value, n, m), [1] * n
-            spans.spans.settled(0, reqs)
+            spans.settled(0, reqs)
         else:
-            res.steps.append((Plan.SPECULATIVE.value, n))
-            limits = [min(k, left - 1) for k, (*_, left) in zip(ks, running, strict=True)]
             ms = spans.ms(costs, n, m, ks, bool(buckets))
-            got = [min(draw(i, left, k), lim) for k, lim, (i, _, left) in zip(ks, limits, running, strict=True)]
-            spans.spans.settled(max(ks), reqs, limits, got)
+            limits = [min(k, left - 1) for k, (_, left) in zip(ks, running, strict=True)]
+            got = [min(draw(i, left, k), lim) for k, lim, (i, left) in zip(ks, limits, running, strict=True)]
+            spans.settled(max(ks), reqs, limits, got)
             commits = [1 + a for a in got]
-        spans.spans.wall(n, ms)
+        spans.wall(n, ms)
+        res.steps.append((Plan.GATED.value if max(ks) == 0 else SPEC, n))
         res.ms, res.tokens = res.ms + ms, res.tokens + sum(commits)
-        for r, c in zip(running, commits, strict=True):
-            r[2] -= c
-        free += [slot for _, slot, left in running if left <= 0]
-        running = [r for r in running if r[2] > 0]
+        running = [[i, left - c] for (i, left), c in zip(running, commits, strict=True) if left > c]
     return res
 
 
