@@ -25,8 +25,6 @@ from engine.policy.span import SpanPolicy
 from engine.round import draft_heads
 from engine.scheduler import Plan
 
-SPEC = Plan.SPECULATIVE.value
-
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
 Accepted: TypeAlias = Callable[[int, int], int]
 
@@ -65,9 +63,7 @@ def simulate_closed_loop(
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
     draw = _request_drawer(classes or [conditional], seed, draws, accepted, new_tokens, requests)
-    if isinstance(policy, RequestSpans):  # K_i per request (slot: the request's index, a fresh row each)
-        return _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, policy)
-    engine = "plain" if drafts is None else "spec"
+    engine, each = "plain" if drafts is None else "spec", isinstance(policy, RequestSpans)  # each: K_i per request
     res = SimResult()
     waiting, running, ids = requests, [], []  # running: tokens left; ids: admission indices
     held = False  # a speculative round launched ahead: the next step runs it before any prefill
@@ -83,32 +79,42 @@ def simulate_closed_loop(
             running += [new_tokens - 1] * n
         else:
             n, k = len(running), drafts or 0
+            reqs = policy.stand_ins(ids, running) if each else []
             if drafts is None:
                 plan = Plan.DECODE.value
             else:
                 gate_on = gated(n, gate)
-                if policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
+                if each and not gate_on:  # a row per request index: each starts from the pooled estimate
+                    k = policy.choose(reqs, policy.levers, not waiting)
+                elif policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
                     k = policy.decide(n, drafts, None if waiting else list(running), max(running) - 1)
+                ks, k = (k, max(k)) if isinstance(k, list) else ([k] * n, k)
                 plan = Plan.GATED.value if gate_on or k == 0 else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
-            ms = costs.step_ms(plan, n, _bucket(n, buckets), k)
+            spec, m = plan == Plan.SPECULATIVE.value, _bucket(n, buckets)
+            ms = policy.ms(costs, n, m, ks, bool(buckets)) if each and spec else costs.step_ms(plan, n, m, k)
             res.ms += ms
-            if policy is not None and drafts is not None:
+            if policy is not None and drafts is not None and not each:
                 policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
-            if plan == Plan.SPECULATIVE.value:
-                limits = [min(k, left - 1) for left in running]
-                useful = (
-                    policy is None or max(left - 1 - lim for left, lim in zip(running, limits, strict=True)) > drafts
-                )
-                held = not admitting and useful and any(left >= k + 2 for left in running)
-                got = [min(draw(i, left, k), limit) for i, left, limit in zip(ids, running, limits, strict=True)]
-                if policy is not None:
+            if spec:
+                limits = [min(ki, left - 1) for ki, left in zip(ks, running, strict=True)]
+                spare = max(left - 1 - lim for left, lim in zip(running, limits, strict=True))
+                held = not admitting and (policy is None or not each and spare > drafts)  # per request: never ahead
+                held = held and any(left >= k + 2 for left in running)
+                got = [min(draw(i, left, ki), lim) for i, left, ki, lim in zip(ids, running, ks, limits, strict=True)]
+                if each:
+                    policy.settled(k, reqs, limits, got)
+                elif policy is not None:
                     policy.observe(limits, got)
                 commits = [1 + a for a in got]
             else:
                 commits = [1] * n
-                if policy is not None and drafts is not None:
+                if each:
+                    policy.settled(0, reqs)
+                elif policy is not None and drafts is not None:
                     policy.gated()
+            if each:  # as the engine: the round settled, then its step's wall
+                policy.wall(n, ms)
             res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
             held = plan == Plan.SPECULATIVE.value and held and any(left > 0 for left in running)
@@ -149,42 +155,17 @@ class RequestSpans(AdaptiveSpans):
         self.policy.conditional, self.per_request = list(conditional), True
         self.levers = Levers(max_batch=gate, max_drafts=max_drafts)
 
+    def stand_ins(self, ids: Sequence[int], running: Sequence[int]) -> list[SimpleNamespace]:
+        """The running requests as the chooser reads them: a row per request index, tokens left, no context."""
+        return [
+            SimpleNamespace(index=i, slot=i, remaining=left, num_kv=0) for i, left in zip(ids, running, strict=True)
+        ]
+
     def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
         k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
         span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
         verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
-        return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(SPEC, n, k)
-
-
-def _per_request_loop(costs, concurrency, requests, new_tokens, gate, buckets, draw, spans: RequestSpans) -> SimResult:
-    """simulate_closed_loop under policy=budget: no round is launched ahead (engine/round.py: only a uniform
-    round of the uniform policy is), so a finished request's slot is refilled at the next step."""
-    res, waiting, running = SimResult(), requests, []  # running: [admission index, tokens left]
-    while waiting or running:
-        if waiting and len(running) < concurrency:
-            n = min(concurrency - len(running), waiting)
-            running, waiting = running + [[requests - waiting + j, new_tokens - 1] for j in range(n)], waiting - n
-            res.steps.append((Plan.PREFILL.value, n))
-            res.ms, res.tokens = res.ms + costs.prefill_ms("spec", n), res.tokens + n
-            continue
-        n, m = len(running), _bucket(len(running), buckets)
-        reqs = [SimpleNamespace(index=i, slot=i, remaining=left, num_kv=0) for i, left in running]
-        chosen = 0 if gated(n, gate) else spans.choose(reqs, spans.levers, not waiting)
-        ks = [chosen] * n if isinstance(chosen, int) else chosen
-        if max(ks) == 0:
-            ms, commits = costs.step_ms(Plan.GATED.value, n, m), [1] * n
-            spans.settled(0, reqs)
-        else:
-            ms = spans.ms(costs, n, m, ks, bool(buckets))
-            limits = [min(k, left - 1) for k, (_, left) in zip(ks, running, strict=True)]
-            got = [min(draw(i, left, k), lim) for k, lim, (i, left) in zip(ks, limits, running, strict=True)]
-            spans.settled(max(ks), reqs, limits, got)
-            commits = [1 + a for a in got]
-        spans.wall(n, ms)
-        res.steps.append((Plan.GATED.value if max(ks) == 0 else SPEC, n))
-        res.ms, res.tokens = res.ms + ms, res.tokens + sum(commits)
-        running = [[i, left - c] for (i, left), c in zip(running, commits, strict=True) if left > c]
-    return res
+        return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
