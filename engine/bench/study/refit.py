@@ -115,7 +115,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

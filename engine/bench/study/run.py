@@ -290,7 +290,3 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     meta["seconds"] = time.perf_counter() - t0
     buckets = graph_buckets(engines["spec"])
     return write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
