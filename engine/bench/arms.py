@@ -79,7 +79,7 @@ def parse_arm(spec: str) -> Arm:
         m = _OPTION.match(option)
         if not m:
             raise ValueError(
-                f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N (an integer >= 1) or policy=adaptive"
+                f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N (>= 1) or policy=adaptive|budget"
             )
         name, value = m.group(1), int(m.group(2))
         if value < 1:

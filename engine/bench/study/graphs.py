@@ -23,8 +23,7 @@ FREE_GIB = 8.0  # stop capturing with less device memory free than this (the swe
 def graph_keys(arms: Sequence[Arm], per_round: int) -> tuple[list[int], bool, list[int]]:
     """(the drafts K of every uniform speculative round an arm can run, whether any runs one-token rounds:
     a gate, or a policy's K = 0, the ragged verify spans of policy=budget: as the engine's warm-up)."""
-    ks, ragged, spans = set(), set(), ragged_spans(per_round)
-    one_token = False
+    ks, ragged, spans, one_token = set(), set(), ragged_spans(per_round), False
     for arm in arms:
         if arm.is_plain:
             continue
