@@ -78,5 +78,5 @@ def test_a_mixed_study_measures_and_predicts_the_budget_arm(tmp_path):
     write_csv(tmp_path / "sweep.csv", [r for r in rows if r["profile"] != "spread"])  # a sweep cut before it
     assert files_main([str(tmp_path)]) == 0
     text = (tmp_path / "study.md").read_text()
-    assert "Not measured (the sweep's time budget left no time): c = [2]" in text
+    assert "Not measured (no round: the time budget left none, or the run ended): c = [2]" in text
     assert not [r for r in read_csv(tmp_path / "summary.csv") if r["profile"] == "spread"]  # nothing made up

@@ -244,8 +244,8 @@ def write_study(
         mixed = f"{len(profile.classes)} request classes, one a request: {', '.join(c.name for c in profile.classes)}; "
         text.append(f"## Profile `{profile.name}` ({mixed if profile.classes else ''}")
         text.append(f"{'pooled ' if profile.classes else ''}conditional acceptance by position: {cond})\n\n")
-        skipped = [c for c in args.concurrency if not any(r["concurrency"] == c for r in mine)]
-        text.append(f"Not measured (the sweep's time budget left no time): c = {skipped}.\n\n" if skipped else "")
+        if skipped := [c for c in args.concurrency if not any(r["concurrency"] == c for r in mine)]:
+            text.append(f"Not measured (no round: the time budget left none, or the run ended): c = {skipped}.\n\n")
         text.append(profile_table(summary))
         text.append(f"\nBest arm per c (`{profile.name}`):\n\n")
         header = ["c", "measured best", "vs plain", "verdict", "predicted best", "predicted vs plain"]

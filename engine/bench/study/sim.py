@@ -146,7 +146,7 @@ def _request_drawer(
 
 class RequestSpans(AdaptiveSpans):
     """policy=budget in the replay: the engine's own per-request chooser (engine/policy/choice.py) over
-    stand-in requests (a block-table row each), its estimate from `conditional`, each round settled and
+    stand-in requests (a row of estimates per request index), its estimate from `conditional`, each round settled and
     timed as engine/round.py does; `ms`: a round of K_i on the table as the engine runs it (ragged rows at
     the request bucket times the least ragged span holding them; eager: the rows, linear in span)."""
 
@@ -157,9 +157,7 @@ class RequestSpans(AdaptiveSpans):
 
     def stand_ins(self, ids: Sequence[int], running: Sequence[int]) -> list[SimpleNamespace]:
         """The running requests as the chooser reads them: a row per request index, tokens left, no context."""
-        return [
-            SimpleNamespace(index=i, slot=i, remaining=left, num_kv=0) for i, left in zip(ids, running, strict=True)
-        ]
+        return [SimpleNamespace(index=i, slot=i, remaining=r, num_kv=0) for i, r in zip(ids, running, strict=True)]
 
     def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
         k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
