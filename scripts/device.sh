@@ -166,6 +166,17 @@ stage study 480 "the 4B-geometry lever study (known-continuation target, modelle
 run_study() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
   python3 -m engine.bench study --out "$LOG/study" --time-budget-s "${STUDY_BUDGET:-420}" --profile-budget-s 90 --rounds 3 ${STUDY_ARGS:-}
 }
+stage study-mixed 560 "the 4B study on mixed workloads: MIXED_PROFILES (default code+chat spread code) at c=MIXED_C (1 16 64 256), arms best static, uniform adaptive, per-request budget; pinned lanes split the profiles (study-mixed@0+study-mixed@1: lane G the profiles G, G+2, ..)"
+run_study_mixed() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
+  local profiles=(${MIXED_PROFILES:-code+chat spread code}) lanes=$(nvidia-smi -L | wc -l) mine=() i
+  if [[ $LOG == */g${CUDA_VISIBLE_DEVICES:-none} ]]; then  # pinned: this lane's share of the profiles
+    for ((i = CUDA_VISIBLE_DEVICES; i < ${#profiles[@]}; i += lanes)); do mine+=("${profiles[i]}"); done
+    profiles=("${mine[@]}")
+  fi
+  python3 -m engine.bench study --out "$LOG/study-mixed" --profiles "${profiles[@]}" --concurrency ${MIXED_C:-1 16 64 256} \
+    --arms spec spec+trim=4 spec+gate=32 spec+policy=adaptive spec+policy=budget --time-budget-s "${STUDY_BUDGET:-500}" \
+    --profile-budget-s 90 --graphs-budget-s 150 --rounds 5 ${STUDY_ARGS:-}
+}
 stage study-context 560 "the 4B-geometry study over batch x context: prompts of 2048 and 8192 tokens at c=1 8 32 64 (CONTEXT_C), one shared KV pool (a grid over --gpu-memory-utilization is refused, naming the bytes); logs/study-context/contexts.md"
 run_study_context() {  # STUDY_BUDGET: its wall budget (under the cap); STUDY_ARGS: more flags (later ones win)
   python3 -m engine.bench study --out "$LOG/study-context" --prompt-lens 2048 8192 --concurrency ${CONTEXT_C:-1 8 32 64} \

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from engine.bench.report import read_csv
+from engine.bench.report import read_csv, write_csv
 from engine.bench.study.draws import StudyDraws
 from engine.bench.study.files import main as files_main
 from engine.bench.study.files import typed
@@ -53,3 +53,30 @@ def test_a_study_is_reported_again_from_its_files(tmp_path, capsys):
 def test_csv_cells_come_back_typed():
     row = typed({"a": "", "b": "3", "c": "2.5", "d": "15:23", "e": "spec+trim=2", "f": "1e-3"})
     assert row == {"a": None, "b": 3, "c": 2.5, "d": "15:23", "e": "spec+trim=2", "f": 0.001}
+
+
+def test_a_mixed_study_measures_and_predicts_the_budget_arm(tmp_path):
+    """The tiny geometry's study on `code+chat` and `spread` with both policies: every class's conditionals in
+    meta.json, the budget arm measured (lossless) and predicted in every cell, the replay check on the static
+    arms alone, the per-request table in study.md; a cell without rows is named as not measured."""
+    flags = [*FLAGS[: FLAGS.index("--concurrency") + 1], "2", *FLAGS[FLAGS.index("--rounds") : FLAGS.index("--arms")]]
+    flags += ["--arms", "spec", "spec+policy=adaptive", "spec+policy=budget", "--profiles", "code+chat", "spread"]
+    study_main(["--out", str(tmp_path), *flags])
+    meta, checks = (json.loads((tmp_path / f).read_text()) for f in ("meta.json", "checks.json"))
+    assert list(meta["profiles"]["code+chat"]["classes"]) == ["code", "chat"]
+    assert len(meta["profiles"]["spread"]["classes"]) == 8 and len(meta["profiles"]["spread"]["pooled"]) == 7
+    assert {r["arm"]: r["mismatches"] for r in checks["lossless"]}["spec+policy=budget"] == 0
+    summary = [typed(r) for r in read_csv(tmp_path / "summary.csv")]
+    budget = [s for s in summary if s["arm"] == "spec+policy=budget"]
+    assert {s["profile"] for s in budget} == {"code+chat", "spread"} and all(s["predicted_tok_s"] for s in budget)
+    assert all(s["tau_model"] is None for s in summary)  # no τ model for a mixed profile
+    text = (tmp_path / "study.md").read_text()
+    checked = re.search(r"replayed on them, (\d+) of (\d+) static", text)
+    assert checked and checked[1] == checked[2] == "4"  # spec and spec#2 per profile: the policies not replayed
+    assert text.count("Per-request spans against one K") == 2 and "Not measured" not in text
+    rows = read_csv(tmp_path / "sweep.csv")
+    write_csv(tmp_path / "sweep.csv", [r for r in rows if r["profile"] != "spread"])  # a sweep cut before it
+    assert files_main([str(tmp_path)]) == 0
+    text = (tmp_path / "study.md").read_text()
+    assert "Not measured (no round: the time budget left none, or the run ended): c = [2]" in text
+    assert not [r for r in read_csv(tmp_path / "summary.csv") if r["profile"] == "spread"]  # nothing made up

@@ -11,7 +11,14 @@ import torch
 
 from engine import Engine, EngineConfig, SamplingParams
 from engine.fixture.known.geometry import random_prompts
-from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile, parse_profiles
+from engine.fixture.known.modelled import (
+    AcceptanceProfile,
+    ModelledDrafter,
+    linear_profile,
+    mixed_profile,
+    parse_profile,
+    parse_profiles,
+)
 from engine.fixture.known.target import echo_failures, known_pair
 from engine.policy.costs import expected_committed
 
@@ -58,6 +65,60 @@ def test_malformed_manifests_are_refused(tmp_path):
             parse_profile(f"measured:{path}")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         AcceptanceProfile("bad", (0.5, 1.2))
+
+
+def test_a_mixed_profile_holds_its_classes_and_pools_their_rates_by_survival():
+    mixed, code, chat = parse_profile("code+chat"), parse_profile("code"), parse_profile("chat")
+    assert (
+        mixed.name == "code+chat"
+        and mixed.classes == (code, chat)
+        and mixed.rates() == [code.conditional, chat.conditional]
+    )
+    assert mixed.conditional[0] == pytest.approx((0.87 + 0.72) / 2)  # every request-round tries position 1
+    reach = (code.conditional[0], chat.conditional[0])  # position 2: the rounds that accepted position 1
+    pooled = (reach[0] * code.conditional[1] + reach[1] * chat.conditional[1]) / sum(reach)
+    assert mixed.conditional[1] == pytest.approx(pooled, abs=1e-6) and mixed.conditional[1] > (0.87 + 0.72) / 2 - 0.01
+    assert [c.conditional for c in mixed.first(4).classes] == [code.conditional[:4], chat.conditional[:4]]
+    assert mixed.first(4).conditional == mixed.conditional[:4]
+    assert mixed.record() == {
+        "pooled": list(mixed.conditional),
+        "classes": {"code": list(code.conditional), "chat": list(chat.conditional)},
+    }
+    assert code.record() == list(code.conditional) and code.rates() == [code.conditional]
+    same = mixed_profile("x", [linear_profile("a", 0.6, 0.5)] * 3)  # alike classes pool to themselves
+    assert same.conditional == pytest.approx(linear_profile("a", 0.6, 0.5).conditional)
+
+
+def test_a_spread_is_eight_linear_classes_evenly_over_its_range():
+    spread = parse_profile("spread")
+    firsts = [c.conditional[0] for c in spread.classes]
+    assert len(spread.classes) == 8 and firsts == pytest.approx([0.35 + 0.6 * i / 7 for i in range(8)])
+    assert [c.conditional[-1] for c in spread.classes] == pytest.approx([a - 0.09 for a in firsts])
+    assert all(len(c.conditional) == 15 for c in spread.classes) and len(spread.conditional) == 15
+    narrow = parse_profile("spread:0.5-0.6")
+    assert narrow.name == "spread:0.5-0.6" and [c.conditional[0] for c in narrow.classes] == pytest.approx(
+        [0.5 + 0.1 * i / 7 for i in range(8)]
+    )
+    low = parse_profile("spread:0-0.05")  # the slope stops at 0
+    assert min(min(c.conditional) for c in low.classes) == 0.0
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("spread:0.9-0.5", "LO-HI"),
+        ("spread:0.5", "LO-HI"),
+        ("spread:a-b", "LO-HI"),
+        ("spread:0.5-1.5", "LO-HI"),
+        ("spreads", "LO-HI"),
+        ("code+", "expected one of"),
+        ("code+math", "expected one of"),
+        ("code+spread", "one class"),
+    ],
+)
+def test_bad_mixed_profiles_are_refused(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_profile(spec)
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +210,7 @@ def test_several_profiles_draw_by_the_current_token(engine):
     n = modelled.accepted(token, torch.full((40,), 9))
     assert n[::2].tolist() == [d] * 20 and n[1::2].tolist() == [0] * 20  # class = token % 2
     assert modelled.profile.name == "all" and [p.name for p in parse_profiles("code+weak")] == ["code", "weak"]
+    mixed = ModelledDrafter(engine, parse_profile("code+chat"), seed=0)  # a mixed profile: its classes, by token
+    assert [p.name for p in mixed.profiles] == ["code", "chat"] and mixed.profile.name == "code+chat"
+    mixed.set_profile(AcceptanceProfile("one", (1.0,) * d, tuple(profiles)))
+    assert mixed.accepted(token, torch.full((40,), 9)).tolist() == n.tolist()

@@ -5,6 +5,7 @@ modelled drafter's draws fed to the replay, must give the same (plan, batch) seq
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import numpy as np
@@ -17,12 +18,13 @@ from engine.bench.closed_loop import closed_loop
 from engine.bench.study.draws import StudyDraws, read_draws, replay_check
 from engine.bench.study.model import StepCosts
 from engine.bench.study.report import predict
-from engine.bench.study.sim import simulate_closed_loop
+from engine.bench.study.sim import RequestSpans, simulate_closed_loop
 from engine.bench.study.step_walls import calibrate, calibration_stage, centred_warmup
 from engine.bench.sweep import engine_for
 from engine.fixture.known.geometry import random_prompts
 from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.fixture.known.target import known_pair
+from engine.policy.choice import AdaptiveSpans
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy
 from engine.scheduler import Plan
@@ -327,3 +329,86 @@ def test_the_replayed_policy_learns_the_calibrated_host_term():
     assert cheap[-1] == GATED and all(plan != GATED for plan in cheap[:-1])  # the last: one token left to all
     dear = [plan for plan, _ in runs["dear"].steps if plan != PREFILL]
     assert dear[0] == SPEC and GATED in dear[:12] and dear[12:].count(GATED) > 0.8 * len(dear[12:])
+
+
+def test_a_mixed_profile_draws_one_class_per_request():
+    """Without recorded draws each request draws its class once (seeded) and every round from it: with one
+    class accepting everything and one nothing, a request alone in its slot runs 2 rounds or 10, never between."""
+    all_or_none = [(1.0,) * 4, (0.0,) * 4]
+    got = simulate_closed_loop(costs(), 1, 12, 11, drafts=4, classes=all_or_none, seed=5)
+    runs, n = [], 0
+    for plan, _ in got.steps[1:] + [(PREFILL, 1)]:
+        runs, n = (runs + [n], 0) if plan == PREFILL else (runs, n + 1)
+    assert sorted(set(runs)) == [2, 10] and got.tokens == 12 * 11  # 1 + 5 + 5, or 1 + 10 x 1
+    again = simulate_closed_loop(costs(), 1, 12, 11, drafts=4, classes=all_or_none, seed=5)
+    assert again.steps == got.steps  # seeded
+    one = simulate_closed_loop(costs(), 1, 12, 11, drafts=4, conditional=(0.5,) * 4, seed=5)
+    assert one.steps == simulate_closed_loop(costs(), 1, 12, 11, drafts=4, classes=[(0.5,) * 4], seed=5).steps
+
+
+def dear_rows() -> StepCosts:
+    """A round's base 4 ms, a verify row past the first per request 0.05 ms, the drafter 1 ms: batches 1..64."""
+    verify = {(b, s): 4.0 + 0.05 * b * (s - 1) + 0.02 * b for b in (1, 4, 16, 64) for s in (1, 2, 3, 5, 8)}
+    table = CostTable(verify, {b: 1.0 + 0.01 * b for b in (1, 4, 16, 64)})
+    flat = {1: 5.0, 64: 5.0}
+    return StepCosts(table, {}, {"plain": flat, "spec": flat})
+
+
+def test_the_budget_arm_replays_the_engines_chooser_per_request_on_a_mixed_profile():
+    """policy=budget is predicted by the engine's own chooser on each request's class: on `code+weak` its
+    K_i differ within a round (the uniform policy's cannot) and its prediction is not the uniform one's;
+    on a single class the estimates start equal and its K is one for all."""
+    args, mixed, dear = argparse.Namespace(new_tokens=40, seed=0), parse_profile("code+weak").first(7), dear_rows()
+    budget, adaptive = parse_arm("spec+policy=budget"), parse_arm("spec+policy=adaptive")
+    got = predict(dear, 16, budget, mixed, args, 1, [])
+    replays = [
+        simulate_closed_loop(dear, 16, 16, 40, 7, seed=s, classes=mixed.rates(), policy=budget_spans()).tok_s
+        for s in range(16)
+    ]
+    assert got == statistics.median(replays) and got != predict(dear, 16, adaptive, mixed, args, 1, [])
+    seen = []
+    real = AdaptiveSpans.choose
+
+    def spy(self, reqs, levers, draining):
+        seen.append(real(self, reqs, levers, draining))
+        return seen[-1]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(AdaptiveSpans, "choose", spy)
+        simulate_closed_loop(dear, 16, 16, 40, 7, classes=mixed.rates(), policy=budget_spans())
+        assert any(isinstance(k, list) and max(k) > min(k) for k in seen)  # K_i differ within a round
+        seen.clear()
+        code = parse_profile("code").first(7)
+        simulate_closed_loop(dear, 16, 16, 40, 7, code.conditional, policy=budget_spans(code.conditional))
+        assert isinstance(seen[0], int) and seen[0] > 0  # one class: the estimates start equal, one K for all
+
+
+def budget_spans(conditional=None, learn_host: bool = True) -> RequestSpans:
+    rates = parse_profile("code+weak").first(7).conditional if conditional is None else conditional
+    spans = RequestSpans(dear_rows().table, 7, rates)
+    spans.policy.learn_host = learn_host
+    return spans
+
+
+def test_the_budget_replay_steps_like_the_engine():
+    """The tiny known pair under policy=budget on the replay's cost table (given at start: no host term
+    learnt, so no wall moves a decision), each request's class by its prompt: the replay on the draws the
+    engine's drafter made takes the engine's (plan, batch) steps, ragged rounds included."""
+    target, drafter = known_pair("tiny", torch.device("cpu"), torch.float32, seed=0)
+    cfg = EngineConfig(model=target, draft_model=drafter, device="cpu", max_num_seqs=4, max_model_len=64, trace=False)
+    engine = Engine(dataclasses.replace(cfg, cost_table=dear_rows().table))
+    mixed = parse_profile("code+weak").first(engine.drafts_per_round)
+    ModelledDrafter(engine, mixed, seed=3).install()
+    engine.set_levers(policy="budget")
+    engine.rounds.policy.conditional = list(mixed.conditional)  # as the sweep's warm-up round leaves it
+    recorder = RecordedDraws(engine)
+    ragged = []
+    real = AdaptiveSpans.choose
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(AdaptiveSpans, "choose", lambda *a: ragged.append(real(*a)) or ragged[-1])
+        res = closed_loop(engine, random_prompts(9, 5, engine.target_cfg.geometry.vocab_size, seed=2), 4, 9, 16)
+    spans = budget_spans(mixed.conditional, learn_host=False)
+    sim = simulate_closed_loop(dear_rows(), 4, 9, 16, 7, accepted=recorder.accepted, policy=spans)
+    policy_gated = [(SPEC if plan == GATED else plan, n) for plan, n in sim.steps]  # the scheduler planned them
+    assert policy_gated == [(s.plan, s.batch) for s in res.steps] and sim.tokens == res.output_tokens == 9 * 16
+    assert any(isinstance(k, list) for k in ragged) and GATED in {plan for plan, _ in sim.steps}

@@ -1,6 +1,6 @@
 """Lever arms: `plain`, `spec`, `spec+trim=K`, `spec+gate=N`, `spec+trim=K+gate=N`, `spec+policy=adaptive`
-(the adaptive span policy; trim and gate still bound it), each optionally tagged `#2` for a duplicate
-(the noise arm). Arms switch the levers of one speculative engine."""
+(the adaptive span policy) or `spec+policy=budget` (K per request; trim and gate bound both), each
+optionally tagged `#2` for a duplicate (the noise arm). Arms switch the levers of one speculative engine."""
 
 from __future__ import annotations
 
@@ -31,7 +31,12 @@ class Arm:
 
     @property
     def adaptive(self) -> bool:
-        return self.policy == "adaptive"
+        """Any span policy that decides per round (adaptive or budget): not a static K."""
+        return self.policy != "static"
+
+    @property
+    def per_request(self) -> bool:
+        return self.policy == "budget"
 
     def levers(self) -> dict[str, object]:
         """The lever values a speculative engine of this arm runs with ({} for plain), the hedge off,
@@ -74,7 +79,7 @@ def parse_arm(spec: str) -> Arm:
         m = _OPTION.match(option)
         if not m:
             raise ValueError(
-                f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N (an integer >= 1) or policy=adaptive"
+                f"arm {spec!r}: bad lever {option!r}; expected trim=K or gate=N (>= 1) or policy=adaptive|budget"
             )
         name, value = m.group(1), int(m.group(2))
         if value < 1:

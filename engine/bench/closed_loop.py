@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 
 from engine.bench.gcstate import GcWatch, settle_heap
 from engine.bench.hw import peak_memory_gib, reset_peak_memory
@@ -111,9 +113,7 @@ def output_lengths(n: int, mean: int, spread: float, seed: int = 0) -> list[int]
 
 
 def stats_delta(before: SpecStats, after: SpecStats) -> SpecStats:
-    by_pos = list(after.accepted_by_position)
-    for i, v in enumerate(before.accepted_by_position):
-        by_pos[i] -= v
+    by_pos = [a - b for a, b in zip_longest(after.accepted_by_position, before.accepted_by_position, fillvalue=0)]
     counts = ("rounds", "gated_rounds", "draft_forwards", "drafts", "committed_tokens")
     counts += ("draft_tokens_verified", "draft_tokens_accepted")
     return SpecStats(**{k: getattr(after, k) - getattr(before, k) for k in counts}, accepted_by_position=by_pos)
@@ -145,8 +145,5 @@ def mean_batch(steps: Sequence[StepTiming]) -> float | None:
     return sum(batches) / len(batches) if batches else None
 
 
-def plan_counts(steps: Sequence[StepTiming]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for s in steps:
-        counts[s.plan] = counts.get(s.plan, 0) + 1
-    return counts
+def plan_counts(steps: Sequence[StepTiming]) -> Counter[str]:
+    return Counter(s.plan for s in steps)

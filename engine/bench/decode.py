@@ -1,7 +1,7 @@
 """The decode bench: Qwen3-4B geometry, random bf16 weights, greedy, EOS ignored, random-token prompts;
 our engine vs the HF transformers peer on the same weights, against the measured roofline.
 
-    python -m engine.bench.decode --out DIR [--concurrency 1 8 16 32 64] [--prompt-len 128]
+    python -m engine.bench decode --out DIR [--concurrency 1 8 16 32 64] [--prompt-len 128]
         [--new-tokens 128] [--peer/--no-peer] [--peer-modes compiled eager] [--peer-warmup-cap-s 240]
 """
 
@@ -199,7 +199,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report(agree))
     print(f"wrote {args.out}/decode_runs.csv, decode_summary.csv, decode.md, decode.json")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from engine.bench import roofline
 from engine.bench.report import fmt, markdown_table
+from engine.bench.summary import median_of
 
 
 def roofline_columns(
@@ -47,20 +48,16 @@ def summarize(
     rate: float,
     dtype_bytes: int = 2,
 ) -> list[dict]:
-    def med(rows, key):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
-
     out = []
     for c in concurrency:
         ours = [r for r in raw if r["impl"] == "pegaspec" and r["concurrency"] == c]
         peer = [r for r in raw if r["impl"] == "hf" and r["concurrency"] == c]
         eager = [r for r in raw if r["impl"] == "hf-eager" and r["concurrency"] == c]
-        tok_s, step_ms, wall = (med(ours, k) for k in ("tok_s", "step_ms", "wall_s"))
-        peer_tok_s = med(peer, "tok_s")
+        tok_s, step_ms, wall, target_ms = (median_of(ours, k) for k in ("tok_s", "step_ms", "wall_s", "target_ms"))
+        peer_tok_s = median_of(peer, "tok_s")
         row = dict(concurrency=c, tok_s=tok_s, peer_tok_s=peer_tok_s)
         row["vs_peer"] = tok_s / peer_tok_s if peer_tok_s else None
-        row.update(peer_eager_tok_s=med(eager, "tok_s"), step_ms=step_ms, target_ms=med(ours, "target_ms"), wall_s=wall)
+        row.update(peer_eager_tok_s=median_of(eager, "tok_s"), step_ms=step_ms, target_ms=target_ms, wall_s=wall)
         out.append(row | roofline_columns(config, c, prompt_len, new_tokens, bw, rate, step_ms, wall, dtype_bytes))
     return out
 

@@ -37,9 +37,7 @@ class GcWatch:
     """Collections (count and ms, per generation) while entered, from gc.callbacks."""
 
     def __init__(self) -> None:
-        self.count = [0, 0, 0]
-        self.ms = [0.0, 0.0, 0.0]
-        self._start = 0.0
+        self.count, self.ms, self._start = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
 
     @property
     def total_ms(self) -> float:

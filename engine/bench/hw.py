@@ -31,9 +31,7 @@ def gemm_rate(device: torch.device, n: int = 8192, dtype: torch.dtype | None = N
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    return torch.cuda.max_memory_allocated(device) / 2**30
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -139,7 +139,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(md)
     print(f"wrote {args.out}/preempt.csv, preempt_summary.csv, preempt.md, preempt.json")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

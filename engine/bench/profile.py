@@ -150,7 +150,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     print(f"wrote {args.out}/profile.csv, profile.md, profile.json" + (", profile.png" if plotted else ""))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -207,7 +207,3 @@ def write_outputs(out: Path, rows: list[dict], summary: list[dict], arms: list[s
     write_json(out / "serve_load.json", {**meta, "arms": arms, "summary": summary})
     print(table)
     log.info("wrote %s/serve_load.csv, serve_load_summary.csv, serve_load.md, serve_load.json", out)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

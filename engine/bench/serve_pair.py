@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -20,7 +20,7 @@ from engine.bench.common import add_device_args, resolve_device, setup_logging, 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.fixture.known.geometry import GEOMETRIES
-from engine.fixture.known.modelled import AcceptanceProfile, ModelledDrafter, parse_profile
+from engine.fixture.known.modelled import PROFILE_HELP, AcceptanceProfile, ModelledDrafter, parse_profile
 from engine.fixture.known.target import known_pair, known_target
 from engine.levers import Levers
 from engine.serve.cli import freeze_start_up_heap
@@ -51,18 +51,16 @@ class TokenIdText:
         raise BadRequest("this bench pair has no vocabulary and no chat template; use /v1/completions with token ids")
 
 
-def _arm(raw: str) -> Arm:
-    try:
-        return parse_arm(raw)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type of `parse`: its ValueError is the option's usage error."""
 
+    def typed(raw: str) -> object:
+        try:
+            return parse(raw)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
-def _profile(raw: str) -> AcceptanceProfile:
-    try:
-        return parse_profile(raw)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return typed
 
 
 def known_engine(
@@ -98,8 +96,8 @@ def known_engine(
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench serve-pair", description=__doc__.split("\n\n")[0])
     p.add_argument("--geometry", default="4b", choices=GEOMETRIES, help="4b, or a fixture recipe's shapes")
-    p.add_argument("--profile", type=_profile, default="code", help="code, chat or measured:<pair dir>")
-    p.add_argument("--arm", type=_arm, default="spec", help="plain, spec, spec+trim=K, spec+gate=N (arms.py)")
+    p.add_argument("--profile", type=_typed(parse_profile), default="code", help=PROFILE_HELP)
+    p.add_argument("--arm", type=_typed(parse_arm), default="spec", help="a lever arm, e.g. spec+trim=4 (arms.py)")
     p.add_argument("--seed", type=int, default=0, help="the weights' and the modelled drafter's seed")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: known-GEOMETRY)")
     p.add_argument("--host", default="127.0.0.1")
@@ -136,7 +134,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         worker.stop()
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

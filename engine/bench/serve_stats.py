@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
+
+import numpy as np
 
 from engine.bench.open_loop import RequestRecord
 from engine.bench.report import fmt, markdown_table
@@ -13,13 +14,8 @@ METRICS = ("output_tok_s", "req_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", 
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in [0, 100]), like numpy's default; None for no values."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """Linear-interpolated percentile (q in [0, 100]), numpy's default; None for no values."""
+    return float(np.percentile(values, q)) if len(values) else None
 
 
 def _ms(value: float | None) -> float | None:
@@ -81,10 +77,7 @@ def markdown(summary: Sequence[dict], first_arm: str) -> str:
     body = []
     for s in summary:
         tok_s = f"{fmt(s['output_tok_s'])} ({fmt(s['tok_s_min'])}–{fmt(s['tok_s_max'])})"
-        row = [fmt(s["rate"], 1), s["arm"], tok_s, fmt(s["tok_s_vs_first"], 3)]
-        row += [
-            f"{fmt(s['ttft_p50_ms'])} / {fmt(s['ttft_p99_ms'])}",
-            f"{fmt(s['itl_p50_ms'])} / {fmt(s['itl_p99_ms'])}",
-        ]
+        ttft, itl = (f"{fmt(s[f'{m}_p50_ms'])} / {fmt(s[f'{m}_p99_ms'])}" for m in ("ttft", "itl"))
+        row = [fmt(s["rate"], 1), s["arm"], tok_s, fmt(s["tok_s_vs_first"], 3), ttft, itl]
         body.append([*row, fmt(s["tpot_p50_ms"], 2), fmt(s["tau"], 2), s["errors"]])
     return markdown_table(header, body)

@@ -86,7 +86,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     (args.out / "spread.md").write_text(table + "\n")
     log.info("%s", table)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

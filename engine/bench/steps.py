@@ -112,7 +112,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out / "steps.json", {**meta, "results": results})
     print(table)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

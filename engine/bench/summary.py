@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from itertools import zip_longest
 
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC, SPEC_NOISE_ARM, verdict
 
@@ -40,13 +41,10 @@ def arm_floor(arm: str, c: int, plain: dict[int, float], spec: dict[int, float])
 
 def _pooled_hist(group: Sequence[dict]) -> list[int]:
     hists = [[int(x) for x in str(r["accept_hist"]).split()] for r in group if r.get("accept_hist")]
-    if not hists:
-        return []
-    width = max(len(h) for h in hists)
-    return [sum(h[i] if i < len(h) else 0 for h in hists) for i in range(width)]
+    return [sum(column) for column in zip_longest(*hists, fillvalue=0)]
 
 
-def _median_of(group: Sequence[dict], key: str) -> float | None:
+def median_of(group: Sequence[dict], key: str) -> float | None:
     values = [r[key] for r in group if r.get(key) is not None]
     return statistics.median(values) if values else None
 
@@ -81,7 +79,7 @@ def summarize(rows: Sequence[dict], arms: Sequence[str], bar: float = 0.0) -> li
             s.update(ratio_median=med, ratio_min=min(ratios) if ratios else None)
             s.update(ratio_max=max(ratios) if ratios else None, noise_floor=arm_floor(arm, c, floors, spec_floors))
             s.update(verdict=call, tokens_per_round=tau, gated_share=gated / rounds if rounds else None)
-            s.update(mean_batch=_median_of(g, "mean_batch"), accept_hist=_pooled_hist(g))
+            s.update(mean_batch=median_of(g, "mean_batch"), accept_hist=_pooled_hist(g))
             s.update({f"{k}_share": sum(r[f"{k}_ms"] for r in g) / steps_ms for k in ("draft", "target", "other")})
             out.append(s | dict(peak_mem_gib=max(peaks) if peaks else None))
     return out

@@ -213,7 +213,3 @@ def write_outputs(out: Path, rows: list[dict], arms: list[str], meta: dict, trim
     print(table)
     print(f"wrote {out}/sweep.csv, sweep_summary.csv, sweep.md, sweep.json" + (", sweep.png" if plotted else ""))
     return summary
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -154,14 +155,7 @@ def rebuild_draws(directory: Path, parser: argparse.ArgumentParser, prompts_for,
     return directory / DRAWS_FILE
 
 
-class _Free:
-    """Step costs of nothing: a static arm's replayed steps do not depend on what they cost."""
-
-    def prefill_ms(self, engine: str, n: int) -> float:
-        return 0.0
-
-    def step_ms(self, plan: str, batch: int, rows: int, drafts: int = 0) -> float:
-        return 0.0
+_FREE = SimpleNamespace(prefill_ms=lambda *_: 0.0, step_ms=lambda *_: 0.0)  # a static arm's steps: not their costs
 
 
 def replay_check(
@@ -179,7 +173,7 @@ def replay_check(
             continue
         try:
             res = simulate_closed_loop(
-                _Free(), c, waves_for(c) * c, args.new_tokens, drafts, gate=arm.gate, accepted=accepted
+                _FREE, c, waves_for(c) * c, args.new_tokens, drafts, gate=arm.gate, accepted=accepted
             )
         except ValueError:  # a run past the stored draws (read_draws: the prompts the sweep reaches)
             continue

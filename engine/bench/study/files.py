@@ -72,7 +72,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, KeyError, ValueError) as err:
         raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -11,6 +11,7 @@ import torch
 
 from engine.bench.arms import Arm, arm_drafts
 from engine.engine import Engine
+from engine.kernels.span_meta import ragged_spans
 from engine.policy.span import policy_spans
 from engine.policy.warmup import dummy_requests, warm_graphs
 
@@ -19,26 +20,27 @@ log = logging.getLogger(__name__)
 FREE_GIB = 8.0  # stop capturing with less device memory free than this (the sweep captures the rest)
 
 
-def graph_keys(arms: Sequence[Arm], per_round: int) -> tuple[list[int], bool]:
-    """(the drafts K of every speculative round an arm can run, whether any runs one-token rounds:
-    a gate, or the adaptive policy's K = 0)."""
-    ks: set[int] = set()
-    one_token = False
+def graph_keys(arms: Sequence[Arm], per_round: int) -> tuple[list[int], bool, list[int]]:
+    """(the drafts K of every uniform speculative round an arm can run, whether any runs one-token rounds:
+    a gate, or a policy's K = 0, the ragged verify spans of policy=budget: as the engine's warm-up)."""
+    ks, ragged, spans, one_token = set(), set(), ragged_spans(per_round), False
     for arm in arms:
         if arm.is_plain:
             continue
         k = arm_drafts(arm, per_round)
         ks |= {s - 1 for s in policy_spans(per_round) if 0 < s - 1 <= k} if arm.adaptive else {k}
+        ks |= set(range(1, k + 1)) if arm.per_request else set()
+        ragged |= {s for s in spans if s <= min(s for s in spans if s > k)} if arm.per_request else set()
         one_token |= bool(arm.gate) or arm.adaptive
-    return sorted(ks), one_token
+    return sorted(ks), one_token, sorted(ragged)
 
 
 def capture_graphs(
-    engine: Engine, ks: Sequence[int], one_token: bool, batches: Sequence[int], context: int, budget_s: float | None
+    engine: Engine, ks: Sequence[int], one_token: bool, batches: Sequence[int], context: int, budget_s, ragged=()
 ) -> int:
     """The graphs captured by warming (engine/policy/warmup.py) the one-token step (one_token), the
-    drafter and the verify of each K at each batch on dummy requests of `context` tokens, up to the time
-    budget or the memory floor."""
+    drafter and the verify of each K and each ragged span at each batch on dummy requests of `context`
+    tokens, up to the time budget or the memory floor."""
     runner = engine.runner
     if not runner.graphs.enabled or not batches:
         return 0
@@ -50,8 +52,8 @@ def capture_graphs(
             return True
         return False
 
-    with dummy_requests(engine, max(batches), context, max(ks, default=0) + 1) as reqs:
-        return warm_graphs(runner, engine.rounds.accept, reqs, batches, ks, one_token, stop)
+    with dummy_requests(engine, max(batches), context, max([0, *ks, *ragged]) + 1) as reqs:
+        return warm_graphs(runner, engine.rounds.accept, reqs, batches, ks, one_token, stop, ragged)
 
 
 def _stop(device: torch.device, start: float, budget_s: float | None) -> bool:
@@ -93,10 +95,10 @@ def tag_rows(rows: list[dict], captures: list[int], warmup_runs: int) -> None:
 def graph_stage(engine: Engine, arms: Sequence[Arm], per_round: int, batches: Sequence[int], context: int, budget_s):
     """capture_graphs for the study's arms at these buckets (a failure is logged: the sweep captures on
     first use)."""
-    ks, one_token = graph_keys(arms, per_round)
+    ks, one_token, ragged = graph_keys(arms, per_round)
     t0 = time.perf_counter()
     try:
-        n = capture_graphs(engine, ks, one_token, batches, context, budget_s)
+        n = capture_graphs(engine, ks, one_token, batches, context, budget_s, ragged)
     except Exception:
         log.exception("graph capture failed: the sweep captures its graphs on first use")
         return 0

@@ -28,14 +28,14 @@ log = logging.getLogger(__name__)
 
 
 def step_features(
-    table: CostTable, c: int, requests: int, new_tokens: int, drafts: int | None, profile, gate, buckets, seeds
+    table: CostTable, c: int, requests: int, new_tokens: int, drafts: int | None, rates, gate, buckets, seeds
 ) -> tuple[float, np.ndarray, int]:
-    """(device ms, the terms' coefficients, tokens) of one arm-run's replay, averaged over seeds:
-    per plan [steps, sum of batches], then per engine [prefill steps, sum of requests admitted]."""
+    """(device ms, the terms' coefficients, tokens) of one arm-run's replay on the profile's class `rates`,
+    averaged over seeds: per plan [steps, sum of batches], then per engine [prefill steps, requests admitted]."""
     device, coef = 0.0, np.zeros(2 * len(HOST_PLANS) + 2 * len(ENGINES))
     bare = StepCosts(table, prefill={e: {1: 0.0, requests: 0.0} for e in ENGINES})
     for seed in seeds:
-        res = simulate_closed_loop(bare, c, requests, new_tokens, drafts, profile, gate, buckets, seed)
+        res = simulate_closed_loop(bare, c, requests, new_tokens, drafts, (), gate, buckets, seed, classes=rates)
         for plan, n in res.steps:
             if plan == Plan.PREFILL.value:
                 i = 2 * len(HOST_PLANS) + 2 * ENGINES.index("plain" if drafts is None else "spec")
@@ -84,7 +84,7 @@ def refit_study(
             arm = parse_arm(label)
             drafts = arm_drafts(arm, per_round)
             cache[c, label, name] = step_features(
-                table, c, waves_for(c) * c, new_tokens, drafts, profile.conditional, arm.gate, buckets, seeds
+                table, c, waves_for(c) * c, new_tokens, drafts, profile.rates(), arm.gate, buckets, seeds
             )
         return cache[c, label, name]
 
@@ -115,7 +115,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{args.study}: {type(err).__name__}: {err}") from None
     print(text)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

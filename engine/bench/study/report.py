@@ -11,13 +11,13 @@ from collections.abc import Sequence
 from engine.bench.arms import NOISE_ARM, PLAIN, SPEC_NOISE_ARM, Arm, arm_drafts, parse_arm
 from engine.bench.meta import meta_lines
 from engine.bench.plots import sweep_plot
-from engine.bench.policy_report import adaptive_markdown
+from engine.bench.policy_report import adaptive_markdown, adaptive_rows, paired
 from engine.bench.profile import mark_over, profile_markdown
 from engine.bench.report import fmt, markdown_table, pct, write_csv, write_json
 from engine.bench.study.draws import StudyDraws, replay_check
 from engine.bench.study.fit import PREDICTION_BAR, calibration_markdown, prediction_markdown, round_markdown
 from engine.bench.study.model import StepCosts, committed_pmf, truncated_tau
-from engine.bench.study.sim import simulate_closed_loop
+from engine.bench.study.sim import RequestSpans, simulate_closed_loop
 from engine.bench.summary import summarize
 from engine.fixture.known.modelled import AcceptanceProfile
 from engine.policy.costs import expected_committed
@@ -67,7 +67,9 @@ def predict(
     calibration lacks a point (the benchmarks README, "study")."""
     drafts = arm_drafts(arm, len(profile.conditional))
 
-    def policy() -> SpanPolicy | None:
+    def policy() -> SpanPolicy | RequestSpans | None:
+        if arm.per_request:
+            return RequestSpans(costs.table, len(profile.conditional), profile.conditional, arm.trim, arm.gate)
         if not arm.adaptive:
             return None
         policy = SpanPolicy(costs.table, len(profile.conditional))
@@ -83,6 +85,7 @@ def predict(
             simulate_closed_loop(
                 *(costs, c, waves * c, args.new_tokens, drafts, profile.conditional, arm.gate, buckets),
                 policy=policy(),
+                classes=profile.rates(),
                 **run,
             ).tok_s
             for run in runs
@@ -134,7 +137,7 @@ def annotate(
             plain_pred[c] = pred
         s["predicted_ratio"] = pred / plain_pred[c] if pred and plain_pred.get(c) else None
         drafts, hist = arm_drafts(arm, len(profile.conditional)), s["accept_hist"]
-        if drafts is None or arm.adaptive or not sum(hist or [0]) or (arm.gate and c >= arm.gate):
+        if drafts is None or arm.adaptive or profile.classes or not sum(hist or [0]) or (arm.gate and c >= arm.gate):
             s["tau_model"] = s["tau_se"] = s["tau_agrees"] = None
             continue
         s["tau_model"], s["tau_se"] = tau_model(profile, drafts, args.new_tokens, sum(hist))
@@ -171,6 +174,25 @@ def profile_table(summary: Sequence[dict]) -> str:
         rows.append([*row, fmt(s["predicted_tok_s"], 0), miss, s["rounds"]])
     header = ["c", "arm", "tok/s", "vs plain", "round range", "noise", "verdict", "τ obs / model ± se"]
     return markdown_table([*header, "predicted tok/s", "pred vs meas", "rounds"], rows) + "\n"
+
+
+def policies_markdown(rows: Sequence[dict], summary: Sequence[dict]) -> str:
+    """Per c: the best static arm, the uniform adaptive arm and the per-request budget arm, tok/s median
+    (least … most over rounds); budget over adaptive (paired over rounds) beside the cost model's, budget
+    over the best static ('' without both policy arms)."""
+    arms = [s["arm"] for s in summary if "#" not in s["arm"] and parse_arm(s["arm"]).adaptive]
+    uni, per = (next((a for a in arms if parse_arm(a).per_request == each), None) for each in (False, True))
+    pred, table = {(s["concurrency"], s["arm"]): s["predicted_tok_s"] for s in summary}, []
+    for g in adaptive_rows(rows, summary, per) if uni and per else []:
+        c, best = g["concurrency"], g["best_static"]
+        tok = [[r["tok_s"] for r in rows if (r["concurrency"], r["arm"]) == (c, a)] for a in (best, uni, per)]
+        gain = pred[c, per] / pred[c, uni] if pred[c, per] and pred.get((c, uni)) else None
+        row = [c, best, *(f"{statistics.median(t):,.0f} ({min(t):,.0f} … {max(t):,.0f})" for t in tok if t)]
+        row += [pct(paired(rows, c, per, uni)), pct(gain), pct(g["vs_best"]), f"±{100 * g['noise']:.1f} %"]
+        table += [row] if tok[1] else []
+    header = ["c", "best static", "its tok/s", f"`{uni}` tok/s", f"`{per}` tok/s", "budget / adaptive", "predicted"]
+    text = "Per-request spans against one K (tok/s: median, least … most over rounds):\n\n"
+    return text + markdown_table([*header, "budget / best static", "noise"], table) + "\n\n" if table else ""
 
 
 def checks_markdown(costs: dict[str, list[dict]], echo: dict | None, lossless: list[dict] | None) -> str:
@@ -219,14 +241,19 @@ def write_study(
             checked = [checked[0] + same, checked[1] + total]
         summaries += summary
         cond = ", ".join(f"{a:.3f}" for a in profile.conditional)
-        text.append(f"## Profile `{profile.name}` (conditional acceptance by position: {cond})\n\n")
+        mixed = f"{len(profile.classes)} request classes, one a request: {', '.join(c.name for c in profile.classes)}; "
+        text.append(f"## Profile `{profile.name}` ({mixed if profile.classes else ''}")
+        text.append(f"{'pooled ' if profile.classes else ''}conditional acceptance by position: {cond})\n\n")
+        if skipped := [c for c in args.concurrency if not any(r["concurrency"] == c for r in mine)]:
+            text.append(f"Not measured (no round: the time budget left none, or the run ended): c = {skipped}.\n\n")
         text.append(profile_table(summary))
         text.append(f"\nBest arm per c (`{profile.name}`):\n\n")
         header = ["c", "measured best", "vs plain", "verdict", "predicted best", "predicted vs plain"]
         text.append(markdown_table(header, best_arms(summary)) + "\n\n")
-        text.append(adaptive_markdown(mine, summary))
+        text.append(adaptive_markdown(mine, summary) + policies_markdown(mine, summary))
         png = out / f"sweep-{profile.name.replace(':', '-').replace('/', '-')}.png"
-        sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
+        if summary:  # a profile the sweep never reached has no plot
+            sweep_plot(summary, labels, png, f"{profile.name}: {meta['command']}")
     fit_text, fit = prediction_markdown(summaries)
     replay = "seeded draws from the profile"
     if draws:

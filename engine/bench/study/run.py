@@ -1,7 +1,7 @@
 """The lever study on the Qwen3-4B geometry: the known-continuation target and the modelled drafter
 (real forwards, modelled first wrong draft), one device run end to end.
 
-    python -m engine.bench study --out DIR --profiles code chat --time-budget-s 300
+    python -m engine.bench study --out DIR --profiles code chat code+chat spread --time-budget-s 300
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ from engine.bench.sweep import run_sweep
 from engine.config import SamplingParams
 from engine.engine import Engine
 from engine.fixture.known.geometry import random_pair, random_prompts
-from engine.fixture.known.modelled import ModelledDrafter, parse_profile
+from engine.fixture.known.modelled import PROFILE_HELP, ModelledDrafter, parse_profile
 from engine.fixture.known.target import echo_failures, known_pair
+from engine.kernels.span_meta import ragged_spans
 from engine.models.config import DFlashConfig
 from engine.policy.costs import CostTable
 from engine.policy.span import policy_spans
@@ -67,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m engine.bench study", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--geometry", default="4b", help="4b (the study) or a fixture recipe's shapes: tiny, small")
-    p.add_argument("--profiles", nargs="+", default=["code", "chat"], help="code, chat, measured:<pair dir>")
+    p.add_argument("--profiles", nargs="+", default=["code", "chat"], help=PROFILE_HELP)
     p.add_argument("--concurrency", type=int, nargs="+", default=CONCURRENCY)
     p.add_argument("--arms", nargs="+", default=ARMS, help="plain#2 and spec#2 are always added")
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per (c, profile), + 1 warm-up")
@@ -178,11 +179,13 @@ def study_prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
     return random_prompts(count, args.prompt_len, vocab, args.seed + 1)
 
 
-def study_spans(arms: Sequence[Arm], per_round: int) -> list[int]:
-    """The verify spans the cost profile times: 1 and every 1 + K an arm (or the adaptive policy) verifies;
-    never a prompt-long span (a prefill is timed as one: time_prefills, one logits row a request)."""
+def study_spans(arms: Sequence[Arm], per_round: int, needed: bool = False) -> list[int]:
+    """The verify spans the cost profile times: 1 and every 1 + K an arm verifies, the adaptive policy's and
+    policy=budget's ragged spans (its rows); never a prompt-long span (a prefill is timed as one:
+    time_prefills, one logits row a request). needed: those timed whatever the budget (the arms' own)."""
     spans = {1} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain}
-    return sorted(spans | set(policy_spans(per_round)) if any(a.adaptive for a in arms) else spans)
+    spans |= set(ragged_spans(per_round)) if any(a.per_request for a in arms) else set()
+    return sorted(spans | set(policy_spans(per_round)) if any(a.adaptive for a in arms) and not needed else spans)
 
 
 def seq_tokens_at(args: argparse.Namespace, prompt_len: int, max_span: int, per_round: int) -> int:
@@ -258,12 +261,13 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
     meta = run_meta("study", engines["spec"].device, run.argv)
     context, batches = table_context(args), run.batches
     plain_rows = measure_costs(engines["plain"], batches, [1], context, args.profile_budget_s / 3)
-    needed = sorted({1} | {1 + arm_drafts(a, per_round) for a in arms if not a.is_plain})  # whatever the budget
+    needed = study_spans(arms, per_round, needed=True)
     profile_rows = measure_costs(engines["spec"], batches, spans, context, args.profile_budget_s, needed)
     prefill_rows = time_prefills(engines["spec"], args.calib_batches, args.prompt_len)
     table = CostTable.from_rows(profile_rows, plain_rows)
     engines["spec"].set_cost_table(table)  # the adaptive arm decides on the costs this run measured
-    write_json(args.out / "meta.json", {**meta, "argv": run.argv, "buckets": graph_buckets(engines["spec"])})
+    meta.update(profiles={p.name: p.record() for p in profiles}, argv=run.argv)
+    write_json(args.out / "meta.json", {**meta, "buckets": graph_buckets(engines["spec"])})
     profiled = {"spec": profile_rows, "plain": plain_rows, "random": run.equality}
     write_csv(args.out / "profile.csv", _profile_csv(profile_rows, plain_rows, run.equality, prefill_rows))
     prompts = study_prompts(args, engines["plain"].target_cfg.geometry.vocab_size)
@@ -282,11 +286,7 @@ def study_context(run, engines: dict, drafter: ModelledDrafter, profiles, arms, 
         log.info("prompt length %d: sweep budget %.0f s", args.prompt_len, args.sweep_budget_s)
     rows = sweep_all(engines, drafter, profiles, arms, prompts, args, costs)
     meta.update(geometry=args.geometry, target="known-" + args.geometry, drafter=f"random-{args.geometry}-dflash")
-    meta.update(profiles={p.name: list(p.conditional) for p in profiles}, new_tokens=args.new_tokens)
-    meta.update(prompt_len=args.prompt_len, graphs_captured=graphs, seconds=time.perf_counter() - t0)
+    meta.update(new_tokens=args.new_tokens, prompt_len=args.prompt_len, graphs_captured=graphs)
+    meta["seconds"] = time.perf_counter() - t0
     buckets = graph_buckets(engines["spec"])
     return write_study(args, meta, profiles, arms, rows, profiled, echo, lossless, costs, waves_for, buckets, draws)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,8 @@
 """The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots, finished
 requests replaced by one prefill (after the round launched ahead, where one is: engine/decode_overlap.py),
-each speculative request-round committing a draw (the profile's or the drafter's own: draws.py); an
-arm's tok/s and the (plan, batch) steps it replayed."""
+each speculative request-round committing a draw (its request class's, or the drafter's own: draws.py);
+an arm's tok/s and the (plan, batch) steps it replayed. policy=budget rounds take K_i from the engine's
+own per-request chooser (`RequestSpans`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TypeAlias
 
+import numpy as np
+
 from engine.bench.study.model import StepCosts, committed_pmf
-from engine.levers import gated
+from engine.kernels.span_meta import ragged_spans
+from engine.levers import Levers, gated
+from engine.policy.choice import AdaptiveSpans
+from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy
+from engine.round import draft_heads
 from engine.scheduler import Plan
 
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
@@ -43,17 +51,19 @@ def simulate_closed_loop(
     buckets: Sequence[int] = (),
     seed: int = 0,
     draws: Iterator[int] | None = None,
-    policy: SpanPolicy | None = None,
+    policy: SpanPolicy | RequestSpans | None = None,
     accepted: Accepted | None = None,
+    classes: Sequence[Sequence[float]] = (),
 ) -> SimResult:
     """drafts None: plain decode; gate N gates rounds of >= N requests; buckets: a step of n requests
     runs the graphs of the first bucket >= n; draws: the request-rounds' accepted-draft counts in order
-    (default: seeded from `conditional`); accepted: request i's draws by tokens output (draws.py);
-    policy: the adaptive span policy choosing and observing each round as the engine's does."""
+    (default: seeded from `conditional`, or from one of `classes` drawn per request); accepted: request
+    i's draws by tokens output (draws.py); policy: the adaptive span policy (or the per-request one)
+    choosing and observing each round as the engine's does."""
     if concurrency < 1 or requests < 1 or new_tokens < 1:
         raise ValueError(f"need concurrency, requests, new_tokens >= 1 (got {concurrency}, {requests}, {new_tokens})")
-    draw = _request_drawer(conditional, seed, draws, accepted, new_tokens)
-    engine = "plain" if drafts is None else "spec"
+    draw = _request_drawer(classes or [conditional], seed, draws, accepted, new_tokens, requests)
+    engine, each = "plain" if drafts is None else "spec", isinstance(policy, RequestSpans)  # each: K_i per request
     res = SimResult()
     waiting, running, ids = requests, [], []  # running: tokens left; ids: admission indices
     held = False  # a speculative round launched ahead: the next step runs it before any prefill
@@ -69,32 +79,42 @@ def simulate_closed_loop(
             running += [new_tokens - 1] * n
         else:
             n, k = len(running), drafts or 0
+            reqs = policy.stand_ins(ids, running) if each else []
             if drafts is None:
                 plan = Plan.DECODE.value
             else:
                 gate_on = gated(n, gate)
-                if policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
+                if each and not gate_on:  # a row per request index: each starts from the pooled estimate
+                    k = policy.choose(reqs, policy.levers, not waiting)
+                elif policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
                     k = policy.decide(n, drafts, None if waiting else list(running), max(running) - 1)
+                ks, k = (k, max(k)) if isinstance(k, list) else ([k] * n, k)
                 plan = Plan.GATED.value if gate_on or k == 0 else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
-            ms = costs.step_ms(plan, n, _bucket(n, buckets), k)
+            spec, m = plan == Plan.SPECULATIVE.value, _bucket(n, buckets)
+            ms = policy.ms(costs, n, m, ks, bool(buckets)) if each and spec else costs.step_ms(plan, n, m, k)
             res.ms += ms
-            if policy is not None and drafts is not None:
+            if policy is not None and drafts is not None and not each:
                 policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
-            if plan == Plan.SPECULATIVE.value:
-                limits = [min(k, left - 1) for left in running]
-                useful = (
-                    policy is None or max(left - 1 - lim for left, lim in zip(running, limits, strict=True)) > drafts
-                )
-                held = not admitting and useful and any(left >= k + 2 for left in running)
-                got = [min(draw(i, left, k), limit) for i, left, limit in zip(ids, running, limits, strict=True)]
-                if policy is not None:
+            if spec:
+                limits = [min(ki, left - 1) for ki, left in zip(ks, running, strict=True)]
+                spare = max(left - 1 - lim for left, lim in zip(running, limits, strict=True))
+                held = not admitting and (policy is None or not each and spare > drafts)  # per request: never ahead
+                held = held and any(left >= k + 2 for left in running)
+                got = [min(draw(i, left, ki), lim) for i, left, ki, lim in zip(ids, running, ks, limits, strict=True)]
+                if each:
+                    policy.settled(k, reqs, limits, got)
+                elif policy is not None:
                     policy.observe(limits, got)
                 commits = [1 + a for a in got]
             else:
                 commits = [1] * n
-                if policy is not None and drafts is not None:
+                if each:
+                    policy.settled(0, reqs)
+                elif policy is not None and drafts is not None:
                     policy.gated()
+            if each:  # as the engine: the round settled, then its step's wall
+                policy.wall(n, ms)
             res.tokens += sum(commits)
             running = [left - k for left, k in zip(running, commits, strict=True)]
             held = plan == Plan.SPECULATIVE.value and held and any(left > 0 for left in running)
@@ -104,27 +124,46 @@ def simulate_closed_loop(
 
 
 def _request_drawer(
-    conditional: Sequence[float], seed: int, draws: Iterator[int] | None, accepted: Accepted | None, new_tokens: int
+    rates: Sequence[Sequence[float]], seed: int, draws, accepted: Accepted | None, new_tokens: int, requests: int
 ) -> Callable[[int, int, int], int]:
-    """draw(request index, tokens left, k): the accepted-draft count of one request-round of k drafts."""
+    """draw(request index, tokens left, k): the accepted-draft count of one request-round of k drafts;
+    seeded, request i's class (one of `rates`) drawn from a second generator (one class: none drawn)."""
     if accepted is not None:
         return lambda i, left, k: min(accepted(i, new_tokens - left), k)
     if draws is not None:
         return lambda _i, _left, _k: next(draws)
-    draw = _drawer(conditional, seed)
-    return lambda _i, _left, k: draw(k)
+    rng, pick, cdfs = random.Random(seed), random.Random(seed + (1 << 32)), {}
+    cls = [pick.randrange(len(rates)) for _ in range(requests)] if len(rates) > 1 else [0] * requests
 
-
-def _drawer(conditional: Sequence[float], seed: int) -> Callable[[int], int]:
-    """Seeded accepted-draft counts for rounds of k drafts (one generator for every k)."""
-    rng, cdfs = random.Random(seed), {}
-
-    def draw(k: int) -> int:
-        if k not in cdfs:
-            cdfs[k] = list(itertools.accumulate(committed_pmf(conditional, k)))
-        return min(bisect.bisect_right(cdfs[k], rng.random()), len(cdfs[k]) - 1)
+    def draw(i: int, _left: int, k: int) -> int:
+        if (cls[i], k) not in cdfs:
+            cdfs[cls[i], k] = list(itertools.accumulate(committed_pmf(rates[cls[i]], k)))
+        cdf = cdfs[cls[i], k]
+        return min(bisect.bisect_right(cdf, rng.random()), len(cdf) - 1)
 
     return draw
+
+
+class RequestSpans(AdaptiveSpans):
+    """policy=budget in the replay: the engine's own per-request chooser (engine/policy/choice.py) over
+    stand-in requests (a row of estimates per request index), its estimate from `conditional`, each round settled and
+    timed as engine/round.py does; `ms`: a round of K_i on the table as the engine runs it (ragged rows at
+    the request bucket times the least ragged span holding them; eager: the rows, linear in span)."""
+
+    def __init__(self, table: CostTable, per_round: int, conditional: Sequence[float], max_drafts: int = 0, gate=0):
+        super().__init__(SpanPolicy(table, per_round))
+        self.policy.conditional, self.per_request = list(conditional), True
+        self.levers = Levers(max_batch=gate, max_drafts=max_drafts)
+
+    def stand_ins(self, ids: Sequence[int], running: Sequence[int]) -> list[SimpleNamespace]:
+        """The running requests as the chooser reads them: a row per request index, tokens left, no context."""
+        return [SimpleNamespace(index=i, slot=i, remaining=r, num_kv=0) for i, r in zip(ids, running, strict=True)]
+
+    def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
+        k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
+        span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
+        verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
+        return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
