@@ -369,8 +369,8 @@ def test_the_budget_arm_replays_the_engines_chooser_per_request_on_a_mixed_profi
     seen = []
     real = AdaptiveSpans.choose
 
-    def spy(self, reqs, levers, draining):
-        seen.append(real(self, reqs, levers, draining))
+    def spy(self, reqs, draining):
+        seen.append(real(self, reqs, draining))
         return seen[-1]
 
     with pytest.MonkeyPatch.context() as m:

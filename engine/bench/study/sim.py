@@ -85,7 +85,7 @@ def simulate_closed_loop(
             else:
                 gate_on = gated(n, gate)
                 if each and not gate_on:  # a row per request index: each starts from the pooled estimate
-                    k = policy.choose(reqs, policy.levers, not waiting)
+                    k = policy.choose(reqs, not waiting)
                 elif policy is not None and not gate_on:  # nothing waiting: the wave's remaining tokens, as the engine
                     k = policy.decide(n, drafts, None if waiting else list(running), max(running) - 1)
                 ks, k = (k, max(k)) if isinstance(k, list) else ([k] * n, k)
@@ -152,8 +152,8 @@ class RequestSpans(AdaptiveSpans):
 
     def __init__(self, table: CostTable, per_round: int, conditional: Sequence[float], max_drafts: int = 0, gate=0):
         super().__init__(SpanPolicy(table, per_round))
-        self.policy.conditional, self.per_request = list(conditional), True
-        self.levers = Levers(max_batch=gate, max_drafts=max_drafts)
+        self.policy.conditional = list(conditional)
+        self.configure(Levers(max_batch=gate, max_drafts=max_drafts, policy="budget"))
 
     def stand_ins(self, ids: Sequence[int], running: Sequence[int]) -> list[SimpleNamespace]:
         """The running requests as the chooser reads them: a row per request index, tokens left, no context."""
