@@ -179,3 +179,22 @@ def test_the_adaptive_policy_launches_the_round_it_planned(shipped_tiny, prompts
     _, engine = both(shipped_tiny, script, **opts)
     assert engine.rounds.policy.chosen == off.rounds.policy.chosen
     assert launched_rounds(engine)[1] > 5
+
+
+def test_the_budget_policy_launches_the_gated_round_it_planned(shipped_tiny, prompts, one_thread):
+    """Under policy=budget a gated round plans the next one once it is launched (estimates one round late);
+    where that plan is a gated round of the same requests its step launches ahead. Gated, uniform and
+    ragged rounds mix here; the choices, tokens and statistics are the round-by-round engine's."""
+    from engine.policy.costs import CostTable
+
+    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 0.6 * s} for b in (1, 2, 4) for s in range(1, 9)]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 1.0} for b in (1, 2, 4)]
+    opts = dict(levers={"policy": "budget"}, cost_table=CostTable.from_rows(rows))
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [70, 55, 64, 80], strict=True)]})
+    off = make(shipped_tiny, False, **opts)
+    run(off, script)
+    _, engine = both(shipped_tiny, script, **opts)
+    chosen = engine.rounds.policy.chosen
+    assert chosen == off.rounds.policy.chosen and chosen[0] > 10 and len(chosen) > 2
+    launches, used = launched_rounds(engine)
+    assert launches > 10 and used == launches

@@ -95,9 +95,9 @@ class AdaptiveSpans:
     def choose(self, reqs: list[Request], draining: bool) -> int | list[int]:
         """The plan made for this round where it holds, else a decision in turn (every outcome observed);
         per request: K_i each (an int where all are equal)."""
-        if self.per_request:
-            return self._per_request(reqs)
         ahead, self.ahead = self.ahead, None
+        if self.per_request:
+            return self._per_request(reqs, ahead if ahead is not None and ahead.holds_for(reqs, draining) else None)
         if ahead is not None and ahead.holds_for(reqs, draining):
             self._context = ahead.context
             return self.policy.apply(ahead.decision)
@@ -110,30 +110,49 @@ class AdaptiveSpans:
         a = self.ahead
         return a.decision.k if a is not None and a.holds_for(reqs, draining) else 0
 
-    def _per_request(self, reqs: list[Request]) -> int | list[int]:
+    def _per_request(self, reqs: list[Request], ahead: Ahead | None) -> int | list[int]:
+        """K_i in turn, or 0 where a gated round was planned for exactly these requests (`_budget_ahead`)."""
+        if ahead is not None:
+            self._context, self._slots = ahead.context, (None, None)
+            self.policy.chosen[0] += 1
+            return 0
         self.flush()
-        p, n, max_drafts = self.policy, len(reqs), self.levers.max_drafts
         self._context = mean_context(reqs)
-        bucket = context_bucket(self._context)
-        caps = lambda: request_caps([r.remaining for r in reqs], p.per_round, max_drafts)  # read if not gated
-        self._slots = (reqs, self.requests.slots(reqs, p.conditional))
-        host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(self._slots[1])
-        costs = self._costs(n, bucket)
-        ks, self._device = budget_spans(p.table, survival, caps, bucket, host, costs)
-        uniform = ks.count(ks[0]) == n  # one C pass where all are equal (a gated round: all 0)
-        p.chosen[ks[0] if uniform else max(ks)] += 1
+        slots, (ks, self._device) = self._budget(reqs, self._context, 0)
+        self._slots = (reqs, slots)
+        uniform = ks.count(ks[0]) == len(reqs)  # one C pass where all are equal (a gated round: all 0)
+        self.policy.chosen[ks[0] if uniform else max(ks)] += 1
         return ks[0] if uniform else ks
+
+    def _budget(self, reqs: list[Request], context: float, ahead: int) -> tuple:
+        """(their estimate rows, budget_spans' (K_i, device ms)) at mean `context`, `ahead` tokens on."""
+        p, n = self.policy, len(reqs)
+        bucket, max_drafts = context_bucket(context), self.levers.max_drafts
+        caps = lambda: request_caps([r.remaining - ahead for r in reqs], p.per_round, max_drafts)  # read if not gated
+        slots = self.requests.slots(reqs, p.conditional)
+        host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(slots)
+        return slots, budget_spans(p.table, survival, caps, bucket, host, self._costs(n, bucket))
+
+    def _budget_ahead(self, reqs: list[Request], draining: bool) -> None:
+        """policy=budget, once a gated round is launched: the next round (these requests, one token on) is
+        chosen now, on estimates one round late; only a gated answer is kept (its step may launch ahead),
+        a speculative one is chosen again in turn."""
+        context = mean_context(reqs) + 1
+        if not any(self._budget(reqs, context, 1)[1][0]):
+            self.ahead = Ahead(list(reqs), draining, Decision(0), True, context)
 
     def launched(self, reqs: list[Request], draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose, whose next batch is
         this one less those it finishes. After a verify the next round is planned only where no request's
         budget can cap its K."""
         self.flush()
-        if self.per_request:
-            return
         if limits is None:
-            if nxt := [r for r in reqs if r.remaining > 1]:
+            if (nxt := [r for r in reqs if r.remaining > 1]) and self.per_request:
+                self._budget_ahead(nxt, draining)
+            elif nxt:
                 self._plan(nxt, draining, max(r.remaining for r in nxt) - 2, exact=True)
+            return
+        if self.per_request:
             return
         useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
         if useful >= round_drafts(self.policy.per_round, self.levers.max_drafts):  # the largest K

@@ -110,6 +110,8 @@ def simulate_closed_loop(
             else:
                 commits = [1] * n
                 if each:
+                    if not gate_on:  # a gated round it chose: it plans the next one now (engine/round.py)
+                        policy.launched(reqs, not waiting, None)
                     policy.settled(0, reqs)
                 elif policy is not None and drafts is not None:
                     policy.gated()
