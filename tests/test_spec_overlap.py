@@ -164,19 +164,28 @@ def test_gpu_graph_replays_launched_ahead_match_round_by_round(shipped_tiny, pro
     assert rounds and all(r.phases.get("target", 0) > 0 for r in rounds)
 
 
+def policy_runs(pair, prompts, policy: str, per_span_ms: float, draft_ms: float) -> tuple[Engine, Engine]:
+    """(round-by-round engine, engine with rounds launched ahead) under `policy` on a table whose verify
+    costs per_span_ms a span row and the drafter draft_ms, four requests of uneven budgets; their tokens
+    and statistics checked equal."""
+    from engine.policy.costs import CostTable
+
+    rows = [
+        {"kind": "verify", "batch": b, "span": s, "ms": 1.0 + per_span_ms * s} for b in (1, 2, 4) for s in range(1, 9)
+    ]
+    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": draft_ms} for b in (1, 2, 4)]
+    opts = dict(levers={"policy": policy}, cost_table=CostTable.from_rows(rows))
+    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [70, 55, 64, 80], strict=True)]})
+    off = make(pair, False, **opts)
+    run(off, script)
+    return off, both(pair, script, **opts)[1]
+
+
 def test_the_adaptive_policy_launches_the_round_it_planned(shipped_tiny, prompts, one_thread):
     """Under policy=adaptive the next round's K is planned once this round's forwards are launched (an
     estimate one round late): a round launches its successor at that K. The policy sees the same calls
     in the same order, so its choices, the tokens and the statistics are the round-by-round engine's."""
-    from engine.policy.costs import CostTable
-
-    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 0.1 * s} for b in (1, 2, 4) for s in range(1, 9)]
-    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 0.5} for b in (1, 2, 4)]
-    opts = dict(levers={"policy": "adaptive"}, cost_table=CostTable.from_rows(rows))
-    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [70, 55, 64, 80], strict=True)]})
-    off = make(shipped_tiny, False, **opts)
-    run(off, script)
-    _, engine = both(shipped_tiny, script, **opts)
+    off, engine = policy_runs(shipped_tiny, prompts, "adaptive", 0.1, 0.5)
     assert engine.rounds.policy.chosen == off.rounds.policy.chosen
     assert launched_rounds(engine)[1] > 5
 
@@ -185,15 +194,7 @@ def test_the_budget_policy_launches_the_gated_round_it_planned(shipped_tiny, pro
     """Under policy=budget a gated round plans the next one once it is launched (estimates one round late);
     where that plan is a gated round of the same requests its step launches ahead. Gated, uniform and
     ragged rounds mix here; the choices, tokens and statistics are the round-by-round engine's."""
-    from engine.policy.costs import CostTable
-
-    rows = [{"kind": "verify", "batch": b, "span": s, "ms": 1.0 + 0.6 * s} for b in (1, 2, 4) for s in range(1, 9)]
-    rows += [{"kind": "draft", "batch": b, "span": 0, "ms": 1.0} for b in (1, 2, 4)]
-    opts = dict(levers={"policy": "budget"}, cost_table=CostTable.from_rows(rows))
-    script = submit_at({0: [(p, greedy(n)) for p, n in zip(prompts, [70, 55, 64, 80], strict=True)]})
-    off = make(shipped_tiny, False, **opts)
-    run(off, script)
-    _, engine = both(shipped_tiny, script, **opts)
+    off, engine = policy_runs(shipped_tiny, prompts, "budget", 0.6, 1.0)
     chosen = engine.rounds.policy.chosen
     assert chosen == off.rounds.policy.chosen and chosen[0] > 10 and len(chosen) > 2
     launches, used = launched_rounds(engine)
