@@ -96,9 +96,10 @@ class AdaptiveSpans:
         """The plan made for this round where it holds, else a decision in turn (every outcome observed);
         per request: K_i each (an int where all are equal)."""
         ahead, self.ahead = self.ahead, None
+        ahead = ahead if ahead is not None and ahead.holds_for(reqs, draining) else None
         if self.per_request:
-            return self._per_request(reqs, ahead if ahead is not None and ahead.holds_for(reqs, draining) else None)
-        if ahead is not None and ahead.holds_for(reqs, draining):
+            return self._per_request(reqs, ahead)
+        if ahead is not None:
             self._context = ahead.context
             return self.policy.apply(ahead.decision)
         self.flush()
