@@ -169,7 +169,7 @@ class Rounds:
             self.one_token(reqs, gated=True, draining=draining, admitting=admitting)
             return
         # Only a uniform unhedged round launches its successor ahead, or uses one launched.
-        uniform = isinstance(chosen, int) and self.hedger.on is None and not self.spans.per_request
+        uniform = isinstance(chosen, int) and self.hedger.on is None
         launched = self.overlap.take(reqs, False, k) if uniform else None
         if not uniform:
             self.overlap.drop()

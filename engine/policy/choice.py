@@ -25,7 +25,6 @@ class StaticSpans:
     """K = the drafter's drafts per round, trimmed by MAX_DRAFTS."""
 
     policy: SpanPolicy | None = None
-    per_request = False
 
     def __init__(self, per_round: int):
         self.per_round, self.levers = per_round, Levers()
@@ -57,6 +56,7 @@ class Ahead:
     decision: Decision
     exact: bool = True
     context: float | None = None
+    device: float = 0.0  # policy=budget: the device ms its table gives the planned round
 
     def holds_for(self, reqs: list[Request], draining: bool) -> bool:
         if draining != self.draining:
@@ -112,11 +112,11 @@ class AdaptiveSpans:
         return a.decision.k if a is not None and a.holds_for(reqs, draining) else 0
 
     def _per_request(self, reqs: list[Request], ahead: Ahead | None) -> int | list[int]:
-        """K_i in turn, or 0 where a gated round was planned for exactly these requests (`_budget_ahead`)."""
+        """K_i in turn, or the uniform K planned for exactly these requests (`_budget_ahead`)."""
         if ahead is not None:
-            self._context, self._slots = ahead.context, (None, None)
-            self.policy.chosen[0] += 1
-            return 0
+            self._context, self._slots, self._device = ahead.context, (None, None), ahead.device
+            self.policy.chosen[ahead.decision.k] += 1
+            return ahead.decision.k
         self.flush()
         self._context = mean_context(reqs)
         slots, (ks, self._device) = self._budget(reqs, self._context, 0)
@@ -134,13 +134,14 @@ class AdaptiveSpans:
         host, survival = (p.host.predict(n, False), p.host.predict(n, True)), self.requests.survival(slots)
         return slots, budget_spans(p.table, survival, caps, bucket, host, self._costs(n, bucket))
 
-    def _budget_ahead(self, reqs: list[Request], draining: bool) -> None:
-        """policy=budget, once a gated round is launched: the next round (these requests, one token on) is
-        chosen now, on estimates one round late; only a gated answer is kept (its step may launch ahead),
-        a speculative one is chosen again in turn."""
+    def _budget_ahead(self, reqs: list[Request], draining: bool, tokens: int) -> None:
+        """policy=budget, once a round is launched: the next round (these requests, up to `tokens` committed
+        each) is chosen now, on estimates one round late; a uniform answer is kept (its round may launch
+        ahead), a ragged one is chosen again in turn."""
         context = mean_context(reqs) + 1
-        if not any(self._budget(reqs, context, 1)[1][0]):
-            self.ahead = Ahead(list(reqs), draining, Decision(0), True, context)
+        ks, device = self._budget(reqs, context, tokens)[1]
+        if ks.count(ks[0]) == len(ks):
+            self.ahead = Ahead(list(reqs), draining, Decision(ks[0]), True, context, device)
 
     def launched(self, reqs: list[Request], draining: bool, limits: Sequence[int] | None) -> None:
         """limits: the verify's draft limits; None for a gated round the policy chose, whose next batch is
@@ -149,15 +150,17 @@ class AdaptiveSpans:
         self.flush()
         if limits is None:
             if (nxt := [r for r in reqs if r.remaining > 1]) and self.per_request:
-                self._budget_ahead(nxt, draining)
+                self._budget_ahead(nxt, draining, 1)
             elif nxt:
                 self._plan(nxt, draining, max(r.remaining for r in nxt) - 2, exact=True)
             return
-        if self.per_request:
+        left = [r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)]  # the least, each
+        if self.per_request:  # every K_i's cap known now: none can bind
+            if min(left) - 1 >= round_drafts(self.policy.per_round, self.levers.max_drafts):
+                self._budget_ahead(reqs, draining, max(limits) + 1)
             return
-        useful = max(r.remaining - 1 - limit for r, limit in zip(reqs, limits, strict=True)) - 1
-        if useful >= round_drafts(self.policy.per_round, self.levers.max_drafts):  # the largest K
-            self._plan(reqs, draining, useful, exact=False)
+        if max(left) - 1 >= round_drafts(self.policy.per_round, self.levers.max_drafts):  # the largest K
+            self._plan(reqs, draining, max(left) - 1, exact=False)
 
     def _plan(self, reqs: list[Request], draining: bool, useful: int, exact: bool) -> None:
         """The next round's decision, on each request's tokens left and context after one committed token."""

@@ -1,8 +1,7 @@
 """The sweep's closed loop (closed_loop.py) replayed on step costs (model.py): c slots, finished
 requests replaced by one prefill (after the round launched ahead, where one is: engine/decode_overlap.py),
 each speculative request-round committing a draw (its request class's, or the drafter's own: draws.py);
-an arm's tok/s and the (plan, batch) steps it replayed. policy=budget rounds take K_i from the engine's
-own per-request chooser (`RequestSpans`)."""
+an arm's tok/s and its (plan, batch) steps. policy=budget takes K_i from the engine's chooser (`RequestSpans`)."""
 
 from __future__ import annotations
 
@@ -98,9 +97,11 @@ def simulate_closed_loop(
                 policy.observe_wall(n, 0 if plan == Plan.GATED.value else k, ms)
             if spec:
                 limits = [min(ki, left - 1) for ki, left in zip(ks, running, strict=True)]
-                spare = max(left - 1 - lim for left, lim in zip(running, limits, strict=True))
-                held = not admitting and (policy is None or not each and spare > drafts)  # per request: never ahead
-                held = held and any(left >= k + 2 for left in running)
+                ahead = max(left - 1 - lim for left, lim in zip(running, limits, strict=True)) > drafts
+                if each:  # as the engine: launched ahead where a uniform K is planned now
+                    policy.launched(reqs, not waiting, limits)
+                    ahead = ks.count(k) == n and policy.next_k(reqs, not waiting) > 0
+                held = not admitting and (policy is None or ahead) and any(left >= k + 2 for left in running)
                 got = [min(draw(i, left, ki), lim) for i, left, ki, lim in zip(ids, running, ks, limits, strict=True)]
                 if each:
                     policy.settled(k, reqs, limits, got)
@@ -156,10 +157,14 @@ class RequestSpans(AdaptiveSpans):
         super().__init__(SpanPolicy(table, per_round))
         self.policy.conditional = list(conditional)
         self.configure(Levers(max_batch=gate, max_drafts=max_drafts, policy="budget"))
+        self._stand: dict[int, SimpleNamespace] = {}
 
     def stand_ins(self, ids: Sequence[int], running: Sequence[int]) -> list[SimpleNamespace]:
-        """The running requests as the chooser reads them: a row per request index, tokens left, no context."""
-        return [SimpleNamespace(index=i, slot=i, remaining=r, num_kv=0) for i, r in zip(ids, running, strict=True)]
+        """The running requests as the chooser reads them, one object a request index (a plan holds for
+        them, as for the engine's requests): a row per index, tokens left, no context."""
+        for i, r in zip(ids, running, strict=True):
+            self._stand.setdefault(i, SimpleNamespace(index=i, slot=i, num_kv=0)).remaining = r
+        return [self._stand[i] for i in ids]
 
     def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
         k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
