@@ -85,6 +85,7 @@ class Rounds:
         self.hedger.configure(levers)
         if adaptive and self.adaptive is None:
             self.adaptive = AdaptiveSpans(SpanPolicy(self.cost_table, self.per_round, learn_host=self.learn_host))
+            self.adaptive.padded = self.runner.graphs.enabled
         self.spans = self.adaptive if adaptive else self.static
         self.spans.configure(levers)
 

@@ -207,3 +207,31 @@ def test_hedged_rounds_under_the_budget_stay_lossless(shipped_tiny, plain, capsy
     err = capsys.readouterr().err.splitlines()
     assert summarize_hedge(hedge_trace_rows(err)).chains > 0
     assert all(r.verified_draft <= r.span_limit <= 6 for r in levers_trace_rows(err))
+
+
+@pytest.mark.parametrize(("n", "p"), [(1, 7), (3, 7), (16, 15), (5, 4)])
+def test_under_graphs_a_ragged_verify_is_valued_at_its_padded_span(n, p):
+    """span_costs(padded=True): B >= 1 draft slots cost the verify of the least ragged span S with n x S >=
+    n + B rows (a graph's row bucket, engine/ragged.py), never less than the exact rows; B = 0 span 1."""
+    from engine.kernels.span_meta import ragged_spans
+    from engine.policy.budget import span_costs
+
+    t = linear(0.3, spans=(1, 2, 3, 5, 8, 9, 16))
+    spans, verify, _, exact, padded, _ = span_costs(t, n, p, padded=True)
+    want = [1.0] + [min(s for s in ragged_spans(p) if n * s >= n + b) for b in range(1, n * p + 1)]
+    assert padded.tolist() == np.interp(want, spans, verify).tolist() and (padded >= exact).all()
+    assert span_costs(t, n, p)[4].tolist() == exact.tolist()  # eager: the exact rows
+
+
+def test_under_graphs_the_chooser_fills_the_rows_it_pays_for():
+    """Two requests that accept well, two less so, verify rows at 0.3 ms a slot: on exact rows the chooser
+    verifies 24 rows, which a graph runs as 4 x 8 (the least ragged span holding them); valuing the rows
+    it would run, it takes a round whose rows fill their bucket (4 x 5)."""
+    from engine.kernels.span_meta import ragged_spans
+    from engine.policy.budget import span_costs
+
+    t = linear(0.3, spans=(1, 2, 3, 5, 8))
+    survival = survival_of([[0.95] * 7, [0.95] * 7, [0.7] * 7, [0.7] * 7])
+    assert budget_spans(t, survival, [7] * 4)[0] == [7, 7, 3, 3]  # 24 rows: padded to 4 x 8 under graphs
+    ks, ms = budget_spans(t, survival, [7] * 4, costs=span_costs(t, 4, 7, padded=True))
+    assert ks == [7, 7, 1, 1] and 4 + sum(ks) in {4 * s for s in ragged_spans(7)} and ms == t.verify_ms(4, 5) + 2.0

@@ -10,12 +10,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from engine.kernels.span_meta import ragged_spans
 from engine.policy import budget
 from engine.policy.budget import REQUEST_EMA, REQUEST_RELAX, RequestAcceptance, budget_spans
 from engine.policy.span import SPEC_DISCOUNT
 
 
-def reference(survival, caps, spans, verify, draft, host=(0.0, 0.0)) -> tuple[list[int], float]:
+def reference(survival, caps, spans, verify, draft, base, as_run, host=(0.0, 0.0)) -> tuple[list[int], float]:
     n, p = survival.shape
     if n == 0:
         return [0] * n, float(verify[0])
@@ -27,23 +28,28 @@ def reference(survival, caps, spans, verify, draft, host=(0.0, 0.0)) -> tuple[li
     b = np.arange(order.size + 1)
     committed = n + np.concatenate(([0.0], np.cumsum(masked.T.reshape(-1)[order])))
     heads = np.concatenate(([0], np.maximum.accumulate(order // n + 1)))
-    device = draft[heads] + np.interp(1.0 + b / n, spans, verify)
+    device = draft[heads] + as_run[b]  # as_run: the verify of n + B rows as the round runs them
     device[0] = verify[0]
     value = committed / (device + np.where(b > 0, host[1], host[0])) / np.where(b > 0, 1.0 + SPEC_DISCOUNT, 1.0)
     best = int(np.argmax(value))
     return np.bincount(order[:best] % n, minlength=n).tolist(), float(device[best])
 
 
-def costs(rng, n: int, p: int) -> tuple:
-    """Measured spans 1..widest, verify rising in rows, drafter ms rising in heads; the verify row for
-    B in 0..n*p as span_costs gives it."""
+def costs(rng, n: int, p: int, graphs: bool = False) -> tuple:
+    """Measured spans 1..widest, verify rising in rows, drafter ms rising in heads; the verify of n + B
+    rows for B in 0..n*p, exact and as run: eager (the exact rows) or under graphs (the least ragged span
+    holding the rows), by a loop over B."""
     widest = int(rng.integers(2, p + 3))
     spans = np.array(sorted({1, widest, *rng.integers(1, widest + 1, size=3).tolist()}), dtype=np.float64)
     per_slot, base = rng.uniform(0.001, 1.0) * rng.choice([1.0, 0.1, 0.01]), rng.uniform(1.0, 20.0)
     verify = base + per_slot * n * (spans - 1) * rng.uniform(0.8, 1.2, size=spans.size)
     verify = np.maximum.accumulate(verify)
     draft = rng.uniform(0.1, 5.0) + np.cumsum(rng.uniform(0.0, 0.3, size=p + 1)) * rng.choice([0.0, 1.0])
-    return spans, verify, draft, np.interp(1.0 + np.arange(n * p + 1) / n, spans, verify)
+    exact = np.interp(1.0 + np.arange(n * p + 1) / n, spans, verify)
+    if not graphs:
+        return spans, verify, draft, exact, exact
+    padded = [1.0] + [min(s for s in ragged_spans(p) if s * n >= n + b) for b in range(1, n * p + 1)]
+    return spans, verify, draft, exact, np.interp(padded, spans, verify)
 
 
 def survival(rng, n: int, p: int) -> np.ndarray:
@@ -64,31 +70,32 @@ def survival(rng, n: int, p: int) -> np.ndarray:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_the_threshold_chooser_matches_the_sorting_chooser(seed):
-    rng = np.random.default_rng(seed)
-    mixed = 0
+    rng, graphs = np.random.default_rng(seed), np.random.default_rng(1000 + seed)  # eager or under graphs
+    mixed = mixed_padded = 0
     for _ in range(250):
         n, p = int(rng.choice([1, 2, 3, 7, 16, 64, 256])), int(rng.integers(1, 16))
-        s, c = survival(rng, n, p), costs(rng, n, p)
+        s, c = survival(rng, n, p), costs(rng, n, p, graphs.random() < 0.5)
         caps = rng.integers(0, p + 1, size=n) if rng.random() < 0.5 else np.full(n, p)
         if rng.random() < 0.1:
             caps[:] = 0
         host = (rng.uniform(0, 2), rng.uniform(0, 4)) if rng.random() < 0.5 else (0.0, 0.0)
-        want = reference(s, caps, *c[:3], host)
+        want = reference(s, caps, *c, host)
+        mixed_padded += len(set(want[0])) > 1 and c[3] is not c[4]
         if rng.random() < 0.5:  # the estimator's layout: the transpose of a C-contiguous [P, N]
             s = np.ascontiguousarray(s.T).T
         got = budget_spans(None, s, caps, host=host, costs=c)
         assert got == want, (seed, n, p)
         mixed += len(set(got[0])) > 1
-    assert mixed > 10  # the draws reach mixed K_i, not only budgets of 0 or everything
+    assert mixed > 10 and mixed_padded > 3  # the draws reach mixed K_i, eager and under graphs
 
 
 def test_equal_estimates_and_all_ones_tie_alike():
     rng = np.random.default_rng(99)
     for n in (1, 5, 64, 256):
-        c = costs(rng, n, 15)
+        c = costs(rng, n, 15, graphs=n > 1)
         for s in (np.ones((n, 15)), np.tile(np.cumprod(np.full(15, 0.8)), (n, 1))):
             caps = np.full(n, 15)
-            assert budget_spans(None, s, caps, costs=c) == reference(s, caps, *c[:3])
+            assert budget_spans(None, s, caps, costs=c) == reference(s, caps, *c)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -101,13 +108,13 @@ def test_the_proofs_that_skip_work_match_the_sorting_chooser(seed, monkeypatch):
     proofs = []
     short = budget._short
     monkeypatch.setattr(budget, "_short", lambda *a: proofs.append((a[2] > 0, short(*a))) or proofs[-1][1])
-    rng = np.random.default_rng(100 + seed)
+    rng, graphs = np.random.default_rng(100 + seed), np.random.default_rng(1100 + seed)
     for _ in range(200):
         n, p = int(rng.choice([1, 7, 64, 256, 256])), int(rng.integers(1, 16))
-        s, c = survival(rng, n, p), costs(rng, n, p)
+        s, c = survival(rng, n, p), costs(rng, n, p, graphs.random() < 0.5)
         caps = rng.integers(0, p + 1, size=n) if rng.random() < 0.3 else np.full(n, p)
         host = (rng.uniform(0, 2), rng.uniform(0, 4)) if rng.random() < 0.5 else (0.0, 0.0)
-        want = reference(s, caps, *c[:3], host)
+        want = reference(s, caps, *c, host)
         near = sum(want[0]) + int(rng.integers(-n, n + 1))
         memo = [max(int(rng.choice([near, near, 0, rng.integers(0, n * p + 1)])), 0)]
         last, calls, seen = memo[0], [], len(proofs)

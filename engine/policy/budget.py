@@ -9,7 +9,9 @@ K_i = request i's slots taken. The round's B is the argmax over 0..sum(cap_i) (t
     value(B) = (N + sum of the top-B s) / (draft_ms(N, max K_i) + verify_ms(N + B rows) + host)
 
 verify_ms(N + B rows) = the table's verify at batch N and span 1 + B / N, linear between its measured
-spans; a speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
+spans; under CUDA graphs (`padded`) a ragged verify runs at N x S rows, S the least of `ragged_spans`
+holding them, and B is valued at that span's verify (its proofs keep the exact rows: a lower bound); a
+speculative B is discounted by SPEC_DISCOUNT like the uniform policy's K; B = 0 is the gated
 round (span 1, no drafter). cap_i = min(MAX_DRAFTS or P, P, tokens left - 1, widest measured span - 1).
 Equal estimates give a uniform K (the value is linear-fractional between multiples of N). MAX_BATCH
 gates a round before any span is chosen (the scheduler's `decide_plan`).
@@ -21,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from engine.kernels.span_meta import ragged_spans
 from engine.policy.costs import CostTable
 from engine.policy.span import SPEC_DISCOUNT, round_drafts
 
@@ -37,16 +40,22 @@ def request_caps(remaining: Sequence[int], per_round: int, max_drafts: int) -> n
     return np.clip(np.asarray(remaining, dtype=np.int64) - 1, 0, cap)
 
 
-def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None) -> tuple:
+def span_costs(table: CostTable, batch: int, heads: int, context: float | None = None, padded: bool = False) -> tuple:
     """(measured spans, their verify ms, drafter ms per head count 0..heads, verify ms of batch + B rows
-    for B in 0..batch * heads, [the B `budget_spans` last searched out on these costs: where it looks
-    first]) at `batch` (clamped into the table's range) and mean `context`."""
+    for B in 0..batch * heads: exact, and as run (padded: B >= 1 at the least ragged span holding the
+    rows), [the B `budget_spans` last searched out on these costs: where it looks first]) at `batch`
+    (clamped into the table's range) and mean `context`."""
     spans = table.spans()
     at = table.clamp(batch, spans)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
-    spans = np.array(spans, dtype=np.float64)
-    return spans, verify, draft, np.interp(1.0 + np.arange(batch * heads + 1) / max(batch, 1), spans, verify), [0]
+    spans, n = np.array(spans, dtype=np.float64), max(batch, 1)
+    exact, run = np.interp(1.0 + np.arange(batch * heads + 1) / n, spans, verify), None
+    if padded:  # rows n + B in a graph of n x S rows; B = 0 is the gated round's span 1
+        ragged = np.array(ragged_spans(heads))
+        run = np.interp(ragged[np.searchsorted(ragged * n, n + np.arange(batch * heads + 1))], spans, verify)
+        run[0] = exact[0]
+    return spans, verify, draft, exact, exact if run is None else run, [0]
 
 
 def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, floor: float, value: float) -> bool:
@@ -75,7 +84,7 @@ def budget_spans(
     argmax's; its work is less where the costs' memo holds the last B: 0, a proof of a gated round without
     sorting is tried first; else B is valued up to a little past it, the rest proven short."""
     n, p = survival.shape
-    spans, verify, draft, base, *memo = costs or span_costs(table, n, p, context)
+    spans, verify, draft, base, as_run, *memo = costs or span_costs(table, n, p, context)
     last = memo[0] if memo else [0]  # the B last taken: 0, try to prove the round gated; else look near it
     gated_value, size, floor = n / (verify[0] + host[0]), n * p, lambda: float(draft[: p + 1].min()) + host[1]
     if not size:
@@ -106,7 +115,7 @@ def budget_spans(
         np.cumsum(asc[::-1][:hi], out=value[1:])
         value[1:] += n
         device = np.repeat(draft[: p + 1], heads[1:] - heads[:-1])
-        device += base[: hi + 1]
+        device += as_run[: hi + 1]
         top = value[hi]
         value[1:] /= device[1:] + host[1] if host[1] else device[1:]
         value[1:] /= 1.0 + SPEC_DISCOUNT

@@ -73,7 +73,8 @@ class AdaptiveSpans:
         self.policy, self.per_request, self.levers = policy, False, Levers()
         self.ahead: Ahead | None = None
         self.requests = RequestAcceptance(policy.per_round)
-        self._costs = cache(lambda n, context: span_costs(self.policy.table, n, self.policy.per_round, context))
+        self.padded = False  # under CUDA graphs a ragged verify runs at a ragged span's rows (Rounds sets it)
+        self._costs = cache(lambda n, ctx: span_costs(self.policy.table, n, self.policy.per_round, ctx, self.padded))
         self._device = 0.0  # per request: the device ms the table gives the last round chosen
         self._slots: tuple[list[Request] | None, object] = (None, None)  # the requests chosen for, their rows
         self._unobserved: tuple[Sequence[int], Sequence[int]] | None = None  # the last round's limits, accepted

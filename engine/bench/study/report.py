@@ -68,8 +68,10 @@ def predict(
     drafts = arm_drafts(arm, len(profile.conditional))
 
     def policy() -> SpanPolicy | RequestSpans | None:
-        if arm.per_request:
-            return RequestSpans(costs.table, len(profile.conditional), profile.conditional, arm.trim, arm.gate)
+        if arm.per_request:  # under graphs (buckets) its chooser values a ragged verify's padded rows, as the engine's
+            spans = RequestSpans(costs.table, len(profile.conditional), profile.conditional, arm.trim, arm.gate)
+            spans.padded = bool(buckets)
+            return spans
         if not arm.adaptive:
             return None
         policy = SpanPolicy(costs.table, len(profile.conditional))

@@ -90,7 +90,7 @@ def simulate_closed_loop(
                 ks, k = (k, max(k)) if isinstance(k, list) else ([k] * n, k)
                 plan = Plan.GATED.value if gate_on or k == 0 else Plan.SPECULATIVE.value
             res.steps.append((plan, n))
-            spec, m = plan == Plan.SPECULATIVE.value, _bucket(n, buckets)
+            spec, m = plan == Plan.SPECULATIVE.value, next((b for b in sorted(buckets) if b >= n), n)
             ms = policy.ms(costs, n, m, ks, bool(buckets)) if each and spec else costs.step_ms(plan, n, m, k)
             res.ms += ms
             if policy is not None and drafts is not None and not each:
@@ -171,7 +171,3 @@ class RequestSpans(AdaptiveSpans):
         span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
         verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
         return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
-
-
-def _bucket(n: int, buckets: Sequence[int]) -> int:
-    return next((b for b in sorted(buckets) if b >= n), n)
