@@ -13,7 +13,6 @@ import torch
 
 from engine.decode_overlap import HostTokens, OverlappedDecode, TakeBlocks
 from engine.hedge import Hedger
-from engine.kernels.span_meta import ragged_spans
 from engine.levers import Levers
 from engine.logprobs import record_logprobs
 from engine.policy.choice import AdaptiveSpans, StaticSpans
@@ -35,12 +34,6 @@ def accept_rows(accept_prefix, drafts: torch.Tensor, targets: torch.Tensor, limi
     targets (every request greedy). Host form: `Rounds._accept_on_host`, on sampled targets."""
     n = accept_prefix(drafts, targets, limits)
     return torch.cat([n[:, None], drafts, targets], dim=1)
-
-
-def draft_heads(k: int, ragged: bool, per_round: int) -> int:
-    """The drafter head's positions for a round whose widest span verifies k drafts: k, or for a ragged
-    round the least uniform variant at or above it (1, 2, 4, .., all), whose draft graph is captured."""
-    return k if not ragged else min(s - 1 for s in ragged_spans(per_round) if s - 1 >= k)
 
 
 def settle(req: Request, row: list[int], k: int, limit: int) -> RoundOutcome:
@@ -223,7 +216,7 @@ class Rounds:
             res, rows, best = self.hedger.verify(reqs, plan, drafted, k, limits, self._accept_on_host)
             self._mark("target")
             return plan, res, rows, best, starts, k
-        drafts = runner.draft(reqs, draft_heads(k, ragged, self.per_round))  # the head over max K_i
+        drafts = runner.draft(reqs, k)  # the head over max K_i (a ragged round's too: the chooser's drafter ms)
         self._mark("draft")
         if ragged:
             out, rows, starts = ragged_verify(runner, reqs, drafts, ks, self.accept)

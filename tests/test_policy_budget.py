@@ -179,6 +179,8 @@ def test_the_engine_mixes_k_within_a_round_and_stays_lossless(shipped_tiny, plai
     want = plain.generate(PROMPTS, [params] * len(PROMPTS))
     spec = budget_engine(*shipped_tiny)
     capsys.readouterr()
+    heads, draft = [], spec.runner.draft
+    spec.runner.draft = lambda reqs, k=None: heads.append(k) or draft(reqs, k)
     got = spec.generate(PROMPTS, [params] * len(PROMPTS))
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for g, w in zip(got, want, strict=True):  # each committed token's logprob from its own span's row
@@ -190,6 +192,10 @@ def test_the_engine_mixes_k_within_a_round_and_stays_lossless(shipped_tiny, plai
     assert rows and all(r.verified_draft <= r.span_limit <= 6 for r in rows)
     mixed = [rd for rd in rounds_of(rows) if len({r.span_limit for r in rd.values() if not r.gated}) > 1]
     assert mixed, "no round verified different K for its requests"
+    # each round drafts exactly the widest K_i it verifies (a ragged round too: the chooser's drafter ms)
+    assert heads == [
+        max(r.span_limit for r in rd.values()) for rd in rounds_of(rows) if not all(r.gated for r in rd.values())
+    ]
     assert any(r.accepted_draft for rd in mixed for r in rd.values())
 
 

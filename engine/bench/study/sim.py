@@ -21,7 +21,6 @@ from engine.levers import Levers, gated
 from engine.policy.choice import AdaptiveSpans
 from engine.policy.costs import CostTable
 from engine.policy.span import SpanPolicy
-from engine.round import draft_heads
 from engine.scheduler import Plan
 
 # (request index in admission order, tokens it has output) -> the leading drafts its drafter gets right
@@ -170,4 +169,4 @@ class RequestSpans(AdaptiveSpans):
         k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
         span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
         verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
-        return t.draft_ms(m, draft_heads(k, ragged, p)) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
+        return t.draft_ms(m, k) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
