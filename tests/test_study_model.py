@@ -68,3 +68,23 @@ def test_from_rows_reads_profile_csv_rows_and_plain_rows():
         CostTable.from_rows([{"kind": "prefill", "batch": 1, "span": 1, "ms": 1}])
     with pytest.raises(ValueError, match="> 0"):
         CostTable.from_rows([{"kind": "verify", "batch": 1, "span": 1, "ms": 0}])
+
+
+def test_a_head_count_between_two_measured_ones_costs_between_them():
+    """CostTable.draft_ms: a measured head count's own ms; between two measured counts (the full head at
+    full_heads, 15 here) linear between them; None, below every measured count or at the full: all."""
+    rows = [{"kind": "verify", "batch": b, "span": 1, "ms": 5.0} for b in (1, 16)]
+    rows += [
+        {"kind": "draft", "batch": b, "span": k, "ms": ms} for b in (1, 16) for k, ms in ((2, 1.0), (8, 1.6), (15, 3.0))
+    ]
+    t = CostTable.from_rows(rows)
+    assert t.full_heads == 15 and [t.draft_ms(4, k) for k in (2, 8, None, 15, 16, 1, 0)] == [
+        1.0,
+        1.6,
+        3.0,
+        3.0,
+        3.0,
+        3.0,
+        3.0,
+    ]
+    assert t.draft_ms(4, 5) == pytest.approx(1.3) and t.draft_ms(4, 12) == pytest.approx(1.6 + 1.4 * 4 / 7)

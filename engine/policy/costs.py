@@ -9,6 +9,7 @@ import csv
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import accumulate
 from operator import mul
 from pathlib import Path
@@ -34,6 +35,7 @@ class CostTable:
     heads: dict[tuple[int, int], float] = field(default_factory=dict)
     context: int = 0  # tokens in each request's cache when the table's rows were timed
     kv_ms: dict[tuple[str, int], float] = field(default_factory=dict)  # (kind, span) -> ms per request-token
+    full_heads: int = 0  # the head count of `draft` (0: unknown)
 
     @classmethod
     def from_rows(cls, rows: Iterable[dict], plain_rows: Iterable[dict] = ()) -> CostTable:
@@ -54,7 +56,8 @@ class CostTable:
             raise ValueError("a cost table needs verify rows")
         full = max((k for _, k in heads), default=0)
         draft = {b: ms for (b, k), ms in heads.items() if k == full}
-        table = cls(verify, draft, plain, heads={key: ms for key, ms in heads.items() if key[1] != full}, context=base)
+        heads = {key: ms for key, ms in heads.items() if key[1] != full}
+        table = cls(verify, draft, plain, heads=heads, context=base, full_heads=full)
         table.kv_ms = _kv_slopes(table, [(r, c) for r, c in rows if c > base])
         return table
 
@@ -76,14 +79,33 @@ class CostTable:
         return interpolate(points, batch, f"verify span {span}") + self.kv_extra("verify", span, batch, context)
 
     def draft_ms(self, batch: int, heads: int | None = None, context: float | None = None) -> float:
-        """The drafter forward with its LM head over `heads` positions (None or unmeasured: all)."""
+        """The drafter forward with its LM head over `heads` positions: a measured count's ms, a count
+        between two measured ones (the full head at `full_heads`) linear between them; None, or below every
+        measured count: all."""
         if not self.draft:
             raise ValueError("no drafter rows in the cost table")
-        extra = self.kv_extra("draft", 0, batch, context)
-        points = {b: ms for (b, k), ms in self.heads.items() if k == heads}
-        if points and min(points) <= batch <= max(points):
-            return interpolate(points, batch, f"draft heads {heads}") + extra
-        return interpolate(self.draft, batch, "draft") + extra
+        extra, full = self.kv_extra("draft", 0, batch, context), interpolate(self.draft, batch, "draft")
+        timed = {  # head count -> ms at this batch, where its rows cover the batch
+            k: interpolate(points, batch, f"draft heads {k}")
+            for k, points in self.head_points.items()
+            if min(points) <= batch <= max(points)
+        }
+        if heads in timed:
+            return timed[heads] + extra
+        below = max((h for h in timed if h < (heads or 0)), default=None)
+        if heads is None or below is None or heads >= self.full_heads:
+            return full + extra
+        above = min((h for h in timed if h > heads), default=self.full_heads)
+        lo, hi = timed[below], timed.get(above, full)
+        return lo + (hi - lo) * (heads - below) / (above - below) + extra
+
+    @cached_property
+    def head_points(self) -> dict[int, dict[int, float]]:
+        """heads, by head count: {batch: ms}."""
+        out: dict[int, dict[int, float]] = {}
+        for (b, k), ms in self.heads.items():
+            out.setdefault(k, {})[b] = ms
+        return out
 
     def kv_extra(self, kind: str, span: int, batch: int, context: float | None) -> float:
         """ms past the table's context for `batch` requests at mean `context` tokens (a span without a slope
