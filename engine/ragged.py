@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from engine.kernels.span_meta import ragged_layout, ragged_meta, ragged_spans
+from engine.kernels.span_meta import ragged_layout, ragged_meta, ragged_span
 from engine.models.layers import AttnMeta
 from engine.request import Request
 
@@ -29,8 +29,7 @@ def ragged_rows(runner: ModelRunner, n: int, total: int) -> tuple[int, int]:
     m = runner.graphs.rows(n)
     if runner.graphs.bucket(n) is None:
         return m, total
-    span = next(s for s in ragged_spans(runner.drafter.cfg.drafts_per_round) if m * s >= total)
-    return m, m * span
+    return m, m * ragged_span(runner.drafter.cfg.drafts_per_round, m, total)
 
 
 def ragged_verify(

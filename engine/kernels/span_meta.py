@@ -113,6 +113,11 @@ def ragged_spans(per_round: int) -> list[int]:
     return sorted({1 + (1 << i) for i in range(per_round.bit_length()) if 1 << i < per_round} | {1 + per_round})
 
 
+def ragged_span(per_round: int, requests: int, rows: int) -> int:
+    """S of a ragged verify's row bucket requests x S: the least of `ragged_spans` holding `rows`."""
+    return next(s for s in ragged_spans(per_round) if requests * s >= rows)
+
+
 def ragged_layout(
     drafts: Sequence[int],
     num_kv: Sequence[int],

@@ -49,13 +49,13 @@ def span_costs(table: CostTable, batch: int, heads: int, context: float | None =
     at = table.clamp(batch, spans)
     verify = np.array([table.verify_ms(at, s, context) for s in spans])
     draft = np.array([table.draft_ms(at, h, context) for h in range(heads + 1)])
-    spans, n = np.array(spans, dtype=np.float64), max(batch, 1)
-    exact, run = np.interp(1.0 + np.arange(batch * heads + 1) / n, spans, verify), None
-    if padded:  # rows n + B in a graph of n x S rows; B = 0 is the gated round's span 1
+    spans, n, b = np.array(spans, dtype=np.float64), max(batch, 1), np.arange(batch * heads + 1)
+    exact = run = np.interp(1.0 + b / n, spans, verify)
+    if padded:  # `ragged_span` of n + B rows, over every B at once; B = 0 is the gated round's span 1
         ragged = np.array(ragged_spans(heads))
-        run = np.interp(ragged[np.searchsorted(ragged * n, n + np.arange(batch * heads + 1))], spans, verify)
+        run = np.interp(ragged[np.searchsorted(ragged * n, n + b)], spans, verify)
         run[0] = exact[0]
-    return spans, verify, draft, exact, exact if run is None else run, [0]
+    return spans, verify, draft, exact, run, [0]
 
 
 def _short(a: float, slope: float, lo: int, end: int, n: int, base: np.ndarray, floor: float, value: float) -> bool:

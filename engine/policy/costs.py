@@ -92,8 +92,10 @@ class CostTable:
         }
         if heads in timed:
             return timed[heads] + extra
-        below = max((h for h in timed if h < (heads or 0)), default=None)
-        if heads is None or below is None or heads >= self.full_heads:
+        if heads is None or heads >= self.full_heads:
+            return full + extra
+        below = max((h for h in timed if h < heads), default=None)
+        if below is None:
             return full + extra
         above = min((h for h in timed if h > heads), default=self.full_heads)
         lo, hi = timed[below], timed.get(above, full)

@@ -16,7 +16,7 @@ from typing import TypeAlias
 import numpy as np
 
 from engine.bench.study.model import StepCosts, committed_pmf
-from engine.kernels.span_meta import ragged_spans
+from engine.kernels.span_meta import ragged_span
 from engine.levers import Levers, gated
 from engine.policy.choice import AdaptiveSpans
 from engine.policy.costs import CostTable
@@ -167,6 +167,6 @@ class RequestSpans(AdaptiveSpans):
 
     def ms(self, costs: StepCosts, n: int, m: int, ks: list[int], graphs: bool) -> float:
         k, rows, ragged, (t, p) = max(ks), n + sum(ks), min(ks) != max(ks), (self.policy.table, self.policy.per_round)
-        span = next(s for s in ragged_spans(p) if m * s >= rows) if graphs and ragged else rows / n
+        span = ragged_span(p, m, rows) if graphs and ragged else rows / n
         verify = np.interp(span, t.spans(), [t.verify_ms(m, s) for s in t.spans()])
         return t.draft_ms(m, k) + float(verify) + costs.host_ms(Plan.SPECULATIVE.value, n, k)
